@@ -1,0 +1,94 @@
+//! The command line: parses arguments with clap, runs one subcommand, and
+//! turns any error into one line on stderr with exit status 2.
+
+mod snapshot;
+
+use clap::{Parser, Subcommand};
+
+/// Errors reach the command line boxed; each is one line for the user.
+pub type CliError = Box<dyn std::error::Error + Send + Sync>;
+pub type CliResult<T = ()> = Result<T, CliError>;
+
+/// Exit status for errors in what the user asked for.
+pub const EXIT_USAGE: i32 = 2;
+
+#[derive(Parser, Debug)]
+#[command(
+    name = "prunemem",
+    version,
+    about = "Prune Llama-family models with Burn, profile their memory as they run, and predict memory before you buy a GPU",
+    propagate_version = true
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Print the memory status of this machine and process (GPU when present)
+    Snapshot(snapshot::SnapshotArgs),
+}
+
+/// Parses `std::env::args`, runs the command and returns the exit status.
+pub fn main() -> i32 {
+    install_panic_hook();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => {
+            let _ = e.print();
+            return match e.kind() {
+                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
+                _ => EXIT_USAGE,
+            };
+        }
+    };
+    let argv: Vec<String> = std::env::args().collect();
+    let outcome = match cli.command {
+        Command::Snapshot(args) => snapshot::run(args, argv),
+    };
+    match outcome {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {}", one_line(&*e));
+            EXIT_USAGE
+        }
+    }
+}
+
+/// The error and its causes on one line.
+pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        let part = s.to_string();
+        if !text.contains(&part) {
+            text.push_str(": ");
+            text.push_str(&part);
+        }
+        source = s.source();
+    }
+    text.replace('\n', " ")
+}
+
+fn install_panic_hook() {
+    let previous = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        if std::env::var_os("PRUNEMEM_BACKTRACE").is_some() {
+            previous(info);
+        }
+        let msg = info
+            .payload()
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| info.payload().downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        let place = info
+            .location()
+            .map(|l| format!(" at {}:{}", l.file(), l.line()))
+            .unwrap_or_default();
+        eprintln!(
+            "internal error: {msg}{place} (this is a prunemem bug; set PRUNEMEM_BACKTRACE=1 for details)"
+        );
+    }));
+}

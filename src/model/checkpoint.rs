@@ -1,0 +1,505 @@
+//! A Hugging Face checkpoint folder: `config.json` plus `model.safetensors`,
+//! or shards listed in `model.safetensors.index.json`.
+//!
+//! Every shard is memory-mapped once and its header validated (sizes,
+//! offsets, dtypes) when the checkpoint is opened; no tensor bytes are read
+//! then. Loading a module builds lazy burn-store [`TensorSnapshot`]s for just
+//! its tensors and applies them with [`PyTorchToBurnAdapter`] (Linear weights
+//! transposed from [out, in] to [in, out]) after converting to the compute
+//! dtype — so loading decoder layer k reads layer k's bytes and nothing else.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::Arc;
+
+use burn::module::Module;
+use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
+use burn::prelude::*;
+use burn_store::{ModuleSnapshot, PyTorchToBurnAdapter, TensorSnapshot, TensorSnapshotError};
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use super::ModelError;
+use super::config::LlamaConfig;
+use super::dtype::{self, ComputeDtype};
+use super::llama::{DecoderLayer, Llama, LlamaAttention, LlamaMlp, LlamaModel, LlamaRmsNorm};
+
+/// One memory-mapped safetensors file.
+pub struct Shard {
+    pub path: PathBuf,
+    pub mmap: Arc<Mmap>,
+    /// Raw header JSON and its length, kept to write pruned copies with the
+    /// same layout.
+    pub header_len: usize,
+}
+
+/// Where one tensor lives.
+#[derive(Debug, Clone)]
+pub struct TensorEntry {
+    pub shard: usize,
+    pub dtype: Dtype,
+    pub shape: Vec<usize>,
+    /// Absolute byte range in the shard file.
+    pub start: usize,
+    pub end: usize,
+}
+
+/// An opened checkpoint.
+pub struct Checkpoint {
+    pub dir: PathBuf,
+    pub config: LlamaConfig,
+    pub shards: Vec<Shard>,
+    pub tensors: BTreeMap<String, TensorEntry>,
+    /// Whether the weights came from an index file (sharded).
+    pub sharded: bool,
+}
+
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+pub const SINGLE_FILE: &str = "model.safetensors";
+
+impl Checkpoint {
+    /// Opens `dir`: reads config.json, maps every shard, validates headers.
+    pub fn open(dir: &Path) -> Result<Self, ModelError> {
+        if dir.is_file() {
+            let hint = if dir.extension().is_some_and(|e| e == "gguf") {
+                format!(
+                    "; convert it first: prunemem convert --gguf {} --out DIR",
+                    dir.display()
+                )
+            } else {
+                String::new()
+            };
+            return Err(ModelError::Checkpoint(format!(
+                "{} is a file; --model expects a folder with config.json and safetensors weights{hint}",
+                dir.display()
+            )));
+        }
+        if !dir.is_dir() {
+            return Err(ModelError::io(dir, "no such folder"));
+        }
+        let config = LlamaConfig::from_file(&dir.join("config.json"))?;
+        let index = dir.join(INDEX_FILE);
+        let (files, weight_map, sharded) = if index.is_file() {
+            let (files, map) = read_index(&index)?;
+            (files, Some(map), true)
+        } else if dir.join(SINGLE_FILE).is_file() {
+            (vec![SINGLE_FILE.to_string()], None, false)
+        } else {
+            return Err(ModelError::Checkpoint(format!(
+                "{}: no {SINGLE_FILE} or {INDEX_FILE}",
+                dir.display()
+            )));
+        };
+        let mut shards = Vec::new();
+        let mut tensors = BTreeMap::new();
+        for (i, file) in files.iter().enumerate() {
+            let path = dir.join(file);
+            if !path.is_file() {
+                return Err(ModelError::Checkpoint(format!(
+                    "{}: the shard index names {file}, which does not exist",
+                    index.display()
+                )));
+            }
+            let (shard, entries) = map_shard(&path, i)?;
+            for (name, entry) in entries {
+                if let Some(map) = &weight_map
+                    && map.get(&name).is_some_and(|f| f != file)
+                {
+                    continue;
+                }
+                tensors.insert(name, entry);
+            }
+            shards.push(shard);
+        }
+        if let Some(map) = &weight_map {
+            for (name, file) in map {
+                if !tensors.contains_key(name) {
+                    return Err(ModelError::Checkpoint(format!(
+                        "{}: the shard index places '{name}' in {file}, which does not contain it",
+                        index.display()
+                    )));
+                }
+            }
+        }
+        let ckpt = Self {
+            dir: dir.to_path_buf(),
+            config,
+            shards,
+            tensors,
+            sharded,
+        };
+        ckpt.check_required()?;
+        Ok(ckpt)
+    }
+
+    /// Every tensor the config implies must exist with the right shape and a
+    /// loadable dtype; checked up front so a run fails before it starts.
+    fn check_required(&self) -> Result<(), ModelError> {
+        let c = &self.config;
+        let (h, q, kv, i) = (
+            c.hidden_size,
+            c.num_heads * c.head_dim,
+            c.num_kv_heads * c.head_dim,
+            c.intermediate_size,
+        );
+        let mut want: Vec<(String, Vec<usize>)> = vec![
+            ("model.embed_tokens.weight".into(), vec![c.vocab_size, h]),
+            ("model.norm.weight".into(), vec![h]),
+        ];
+        if !c.tie_word_embeddings {
+            want.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
+        }
+        for l in 0..c.num_layers {
+            let p = format!("model.layers.{l}.");
+            for (name, shape) in [
+                ("self_attn.q_proj.weight", vec![q, h]),
+                ("self_attn.k_proj.weight", vec![kv, h]),
+                ("self_attn.v_proj.weight", vec![kv, h]),
+                ("self_attn.o_proj.weight", vec![h, q]),
+                ("mlp.gate_proj.weight", vec![i, h]),
+                ("mlp.up_proj.weight", vec![i, h]),
+                ("mlp.down_proj.weight", vec![h, i]),
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+            ] {
+                want.push((format!("{p}{name}"), shape));
+            }
+            if c.qkv_bias {
+                want.push((format!("{p}self_attn.q_proj.bias"), vec![q]));
+                want.push((format!("{p}self_attn.k_proj.bias"), vec![kv]));
+                want.push((format!("{p}self_attn.v_proj.bias"), vec![kv]));
+            }
+            if c.o_bias {
+                want.push((format!("{p}self_attn.o_proj.bias"), vec![h]));
+            }
+        }
+        for (name, shape) in want {
+            let entry = self.entry(&name)?;
+            if entry.shape != shape {
+                return Err(ModelError::Shape {
+                    name,
+                    expected: shape,
+                    found: entry.shape.clone(),
+                });
+            }
+            if !dtype::is_loadable(entry.dtype) {
+                return Err(ModelError::Dtype {
+                    name,
+                    dtype: format!("{:?}", entry.dtype),
+                });
+            }
+        }
+        Ok(())
+    }
+
+    pub fn entry(&self, name: &str) -> Result<&TensorEntry, ModelError> {
+        self.tensors
+            .get(name)
+            .ok_or_else(|| ModelError::MissingTensor {
+                name: name.to_string(),
+                dir: self.dir.display().to_string(),
+            })
+    }
+
+    /// Raw stored bytes of a tensor (a view into the mapping).
+    pub fn bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+        let e = self.entry(name)?;
+        Ok(&self.shards[e.shard].mmap[e.start..e.end])
+    }
+
+    /// A tensor decoded to f32, in its stored (PyTorch) orientation.
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, ModelError> {
+        let e = self.entry(name)?;
+        Ok(dtype::decode_f32(self.bytes(name)?, e.dtype))
+    }
+
+    /// The dtype most weights are stored in (`f32`, `bf16`...).
+    pub fn stored_dtype(&self) -> Dtype {
+        self.entry("model.embed_tokens.weight")
+            .map(|e| e.dtype)
+            .unwrap_or(Dtype::F32)
+    }
+
+    /// Bytes of all tensors as stored.
+    pub fn stored_bytes(&self) -> u64 {
+        self.tensors
+            .values()
+            .map(|e| (e.end - e.start) as u64)
+            .sum()
+    }
+
+    /// Bytes of decoder layer `i` as stored.
+    pub fn layer_bytes(&self, i: usize) -> u64 {
+        let p = format!("model.layers.{i}.");
+        self.tensors
+            .range(p.clone()..)
+            .take_while(|(n, _)| n.starts_with(&p))
+            .map(|(_, e)| (e.end - e.start) as u64)
+            .sum()
+    }
+
+    /// A lazy snapshot of `name`, exposed at module path `local`.
+    fn snapshot(
+        &self,
+        name: &str,
+        local: &str,
+        target: ComputeDtype,
+    ) -> Result<TensorSnapshot, ModelError> {
+        let e = self.entry(name)?.clone();
+        let mmap = self.shards[e.shard].mmap.clone();
+        let shape = e.shape.clone();
+        let data_fn = Rc::new(move || -> Result<TensorData, TensorSnapshotError> {
+            Ok(dtype::to_tensor_data(
+                &mmap[e.start..e.end],
+                e.dtype,
+                e.shape.clone(),
+                target,
+            ))
+        });
+        Ok(TensorSnapshot::from_closure(
+            data_fn,
+            target.burn(),
+            shape.into(),
+            local.split('.').map(str::to_string).collect(),
+            Vec::new(),
+            burn::module::ParamId::new(),
+        ))
+    }
+
+    /// Applies every checkpoint tensor under `prefix` to `module` (paths
+    /// relative to the prefix). Errors on missing or malformed tensors.
+    fn apply<B: Backend, M: Module<B> + ModuleSnapshot<B>>(
+        &self,
+        module: &mut M,
+        prefix: &str,
+        target: ComputeDtype,
+    ) -> Result<(), ModelError> {
+        let mut snapshots = Vec::new();
+        for name in self
+            .tensors
+            .range(prefix.to_string()..)
+            .map(|(n, _)| n)
+            .take_while(|n| n.starts_with(prefix))
+        {
+            snapshots.push(self.snapshot(name, &name[prefix.len()..], target)?);
+        }
+        let result = module.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), false);
+        if let Some(err) = result.errors.first() {
+            return Err(ModelError::Checkpoint(format!(
+                "{}: loading {prefix}: {err:?}",
+                self.dir.display()
+            )));
+        }
+        if let Some((missing, _)) = result.missing.first() {
+            return Err(ModelError::MissingTensor {
+                name: format!("{prefix}{missing}"),
+                dir: self.dir.display().to_string(),
+            });
+        }
+        Ok(())
+    }
+
+    /// Loads decoder layer `i` (only its bytes are read).
+    pub fn load_layer<B: Backend>(
+        &self,
+        i: usize,
+        dtype: ComputeDtype,
+        device: &B::Device,
+    ) -> Result<DecoderLayer<B>, ModelError> {
+        let mut layer = skeleton_layer::<B>(&self.config, device);
+        self.apply(&mut layer, &format!("model.layers.{i}."), dtype)?;
+        Ok(layer)
+    }
+
+    /// Loads the token embeddings.
+    pub fn load_embedding<B: Backend>(
+        &self,
+        dtype: ComputeDtype,
+        device: &B::Device,
+    ) -> Result<Embedding<B>, ModelError> {
+        let c = &self.config;
+        let mut e = EmbeddingConfig::new(c.vocab_size, c.hidden_size).init(device);
+        self.apply(&mut e, "model.embed_tokens.", dtype)?;
+        Ok(e)
+    }
+
+    /// Loads the final norm.
+    pub fn load_norm<B: Backend>(
+        &self,
+        dtype: ComputeDtype,
+        device: &B::Device,
+    ) -> Result<LlamaRmsNorm<B>, ModelError> {
+        let mut n = skeleton_norm::<B>(&self.config, device);
+        self.apply(&mut n, "model.norm.", dtype)?;
+        Ok(n)
+    }
+
+    /// Loads the separate output head; `None` when tied to the embeddings.
+    pub fn load_lm_head<B: Backend>(
+        &self,
+        dtype: ComputeDtype,
+        device: &B::Device,
+    ) -> Result<Option<Linear<B>>, ModelError> {
+        let c = &self.config;
+        if c.tie_word_embeddings {
+            return Ok(None);
+        }
+        let mut head = LinearConfig::new(c.hidden_size, c.vocab_size)
+            .with_bias(false)
+            .init(device);
+        self.apply(&mut head, "lm_head.", dtype)?;
+        Ok(Some(head))
+    }
+
+    /// Loads the whole model.
+    pub fn load_model<B: Backend>(
+        &self,
+        dtype: ComputeDtype,
+        device: &B::Device,
+    ) -> Result<Llama<B>, ModelError> {
+        let layers = (0..self.config.num_layers)
+            .map(|i| self.load_layer(i, dtype, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Llama {
+            model: LlamaModel {
+                embed_tokens: self.load_embedding(dtype, device)?,
+                layers,
+                norm: self.load_norm(dtype, device)?,
+            },
+            lm_head: self.load_lm_head(dtype, device)?,
+        })
+    }
+}
+
+fn read_index(index: &Path) -> Result<(Vec<String>, HashMap<String, String>), ModelError> {
+    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+    let json: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| ModelError::Checkpoint(format!("{}: not valid JSON: {e}", index.display())))?;
+    let map = json
+        .get("weight_map")
+        .and_then(|m| m.as_object())
+        .ok_or_else(|| {
+            ModelError::Checkpoint(format!("{}: no 'weight_map' object", index.display()))
+        })?;
+    let mut weight_map = HashMap::new();
+    let mut files: Vec<String> = Vec::new();
+    for (name, file) in map {
+        let file = file.as_str().ok_or_else(|| {
+            ModelError::Checkpoint(format!(
+                "{}: weight_map['{name}'] is not a file name",
+                index.display()
+            ))
+        })?;
+        if file.contains('/') || file.contains("..") {
+            return Err(ModelError::Checkpoint(format!(
+                "{}: shard name '{file}' is not a plain file name",
+                index.display()
+            )));
+        }
+        if !files.iter().any(|f| f == file) {
+            files.push(file.to_string());
+        }
+        weight_map.insert(name.clone(), file.to_string());
+    }
+    files.sort();
+    Ok((files, weight_map))
+}
+
+/// Maps a safetensors file and validates its header against its size.
+pub fn map_shard(
+    path: &Path,
+    index: usize,
+) -> Result<(Shard, Vec<(String, TensorEntry)>), ModelError> {
+    let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+    // SAFETY: the mapping is read-only; prunemem never writes its inputs. A
+    // file truncated by another process while mapped would fault, as it would
+    // for any mmap reader (transformers and candle included).
+    let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
+    let invalid = |reason: String| ModelError::Safetensors {
+        path: path.display().to_string(),
+        reason,
+    };
+    let (header_len, metadata) =
+        SafeTensors::read_metadata(&mmap).map_err(|e| invalid(describe(e)))?;
+    let base = 8 + header_len;
+    let mut entries = Vec::new();
+    for (name, info) in metadata.tensors() {
+        let (s, e) = info.data_offsets;
+        entries.push((
+            name,
+            TensorEntry {
+                shard: index,
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                start: base + s,
+                end: base + e,
+            },
+        ));
+    }
+    Ok((
+        Shard {
+            path: path.to_path_buf(),
+            mmap: Arc::new(mmap),
+            header_len,
+        },
+        entries,
+    ))
+}
+
+fn describe(e: safetensors::SafeTensorError) -> String {
+    use safetensors::SafeTensorError as E;
+    match e {
+        E::MetadataIncompleteBuffer => {
+            "the header's offsets do not match the file size (truncated or corrupt)".into()
+        }
+        E::InvalidOffset(name) => {
+            format!("the header gives tensor '{name}' offsets that do not fit")
+        }
+        E::TensorInvalidInfo => {
+            "the header gives a tensor whose shape and dtype do not match its byte size".into()
+        }
+        E::InvalidHeaderLength | E::HeaderTooSmall => {
+            "the file is too short for its header (truncated)".into()
+        }
+        E::HeaderTooLarge => "the header length is implausibly large".into(),
+        other => format!("{other:?}"),
+    }
+}
+
+/// A layer with lazily-initialised parameters of the right shapes; loading
+/// replaces them without ever running the initialisers.
+pub fn skeleton_layer<B: Backend>(c: &LlamaConfig, device: &B::Device) -> DecoderLayer<B> {
+    let (h, q, kv, i) = (
+        c.hidden_size,
+        c.num_heads * c.head_dim,
+        c.num_kv_heads * c.head_dim,
+        c.intermediate_size,
+    );
+    let lin = |inp: usize, out: usize, bias: bool| {
+        LinearConfig::new(inp, out).with_bias(bias).init(device)
+    };
+    DecoderLayer {
+        self_attn: LlamaAttention {
+            q_proj: lin(h, q, c.qkv_bias),
+            k_proj: lin(h, kv, c.qkv_bias),
+            v_proj: lin(h, kv, c.qkv_bias),
+            o_proj: lin(q, h, c.o_bias),
+            num_heads: c.num_heads,
+            num_kv_heads: c.num_kv_heads,
+            head_dim: c.head_dim,
+            sliding_window: c.sliding_window.unwrap_or(0),
+        },
+        mlp: LlamaMlp {
+            gate_proj: lin(h, i, c.mlp_bias),
+            up_proj: lin(h, i, c.mlp_bias),
+            down_proj: lin(i, h, c.mlp_bias),
+        },
+        input_layernorm: skeleton_norm(c, device),
+        post_attention_layernorm: skeleton_norm(c, device),
+    }
+}
+
+fn skeleton_norm<B: Backend>(c: &LlamaConfig, device: &B::Device) -> LlamaRmsNorm<B> {
+    LlamaRmsNorm::new(Tensor::ones([c.hidden_size], device), c.rms_norm_eps)
+}

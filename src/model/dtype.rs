@@ -1,0 +1,167 @@
+//! Element types: what a checkpoint stores (F32, F16, BF16) and what a run
+//! computes in, and the conversions between them.
+
+use std::str::FromStr;
+
+use burn::tensor::{DType, TensorData};
+use half::{bf16, f16};
+use safetensors::Dtype;
+
+/// The dtype a run computes in (`--dtype`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum ComputeDtype {
+    F32,
+    F16,
+    Bf16,
+}
+
+impl ComputeDtype {
+    pub fn burn(self) -> DType {
+        match self {
+            ComputeDtype::F32 => DType::F32,
+            ComputeDtype::F16 => DType::F16,
+            ComputeDtype::Bf16 => DType::BF16,
+        }
+    }
+    pub fn size(self) -> u64 {
+        match self {
+            ComputeDtype::F32 => 4,
+            _ => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            ComputeDtype::F32 => "f32",
+            ComputeDtype::F16 => "f16",
+            ComputeDtype::Bf16 => "bf16",
+        }
+    }
+}
+
+impl FromStr for ComputeDtype {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f32" | "float32" | "fp32" => Ok(ComputeDtype::F32),
+            "f16" | "float16" | "fp16" | "half" => Ok(ComputeDtype::F16),
+            "bf16" | "bfloat16" => Ok(ComputeDtype::Bf16),
+            _ => Err(format!("unknown dtype '{s}' (expected f32, f16 or bf16)")),
+        }
+    }
+}
+
+impl std::fmt::Display for ComputeDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// True for the stored dtypes prunemem loads.
+pub fn is_loadable(d: Dtype) -> bool {
+    matches!(d, Dtype::F32 | Dtype::F16 | Dtype::BF16)
+}
+
+/// Bytes per element of a stored dtype.
+pub fn stored_size(d: Dtype) -> usize {
+    d.bitsize() / 8
+}
+
+/// Short lowercase name of a stored dtype (`f32`, `bf16`).
+pub fn stored_name(d: Dtype) -> String {
+    format!("{d:?}").to_ascii_lowercase()
+}
+
+/// Decodes little-endian stored elements to f32.
+pub fn decode_f32(bytes: &[u8], d: Dtype) -> Vec<f32> {
+    match d {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        _ => Vec::new(),
+    }
+}
+
+/// Encodes f32 values in a stored dtype (round to nearest even).
+pub fn encode_f32(values: &[f32], d: Dtype) -> Vec<u8> {
+    match d {
+        Dtype::F16 => values
+            .iter()
+            .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+            .collect(),
+        Dtype::BF16 => values
+            .iter()
+            .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+            .collect(),
+        _ => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+    }
+}
+
+/// Turns stored bytes into tensor data in the compute dtype, without an f32
+/// detour when the two already agree.
+pub fn to_tensor_data(
+    bytes: &[u8],
+    stored: Dtype,
+    shape: Vec<usize>,
+    target: ComputeDtype,
+) -> TensorData {
+    let same = matches!(
+        (stored, target),
+        (Dtype::F32, ComputeDtype::F32)
+            | (Dtype::F16, ComputeDtype::F16)
+            | (Dtype::BF16, ComputeDtype::Bf16)
+    );
+    if same {
+        return TensorData::from_bytes_vec(bytes.to_vec(), shape, target.burn());
+    }
+    let values = decode_f32(bytes, stored);
+    match target {
+        ComputeDtype::F32 => TensorData::new(values, shape),
+        ComputeDtype::F16 => TensorData::new(
+            values.iter().map(|v| f16::from_f32(*v)).collect::<Vec<_>>(),
+            shape,
+        ),
+        ComputeDtype::Bf16 => TensorData::new(
+            values
+                .iter()
+                .map(|v| bf16::from_f32(*v))
+                .collect::<Vec<_>>(),
+            shape,
+        ),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trips() {
+        let v = [1.0f32, -2.5, 0.1, 65504.0];
+        for d in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+            let back = decode_f32(&encode_f32(&v, d), d);
+            for (a, b) in v.iter().zip(&back) {
+                assert!((a - b).abs() <= a.abs() * 1e-2, "{d:?}: {a} vs {b}");
+            }
+        }
+        assert_eq!(decode_f32(&encode_f32(&v, Dtype::F32), Dtype::F32), v);
+        let data = to_tensor_data(
+            &encode_f32(&v, Dtype::BF16),
+            Dtype::BF16,
+            vec![4],
+            ComputeDtype::F32,
+        );
+        assert_eq!(data.dtype, DType::F32);
+        assert_eq!("bfloat16".parse::<ComputeDtype>(), Ok(ComputeDtype::Bf16));
+        assert!("int8".parse::<ComputeDtype>().is_err());
+    }
+}

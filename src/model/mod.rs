@@ -1,0 +1,58 @@
+//! Models: configuration, the Burn Llama, checkpoints on disk (safetensors,
+//! sharded, GGUF), tokenizers, and writing models back out.
+
+pub mod checkpoint;
+pub mod config;
+// pub mod convert;
+pub mod dtype;
+// pub mod gguf;
+pub mod llama;
+// pub mod save;
+// pub mod tokenizer;
+
+use std::path::Path;
+
+use thiserror::Error;
+
+pub use checkpoint::Checkpoint;
+pub use config::LlamaConfig;
+pub use dtype::ComputeDtype;
+pub use llama::{DecoderLayer, Llama, Rope};
+
+/// What can go wrong reading, converting or writing a model.
+#[derive(Debug, Error)]
+pub enum ModelError {
+    #[error("{path}: {message}")]
+    Io { path: String, message: String },
+    #[error("config.json: {0}")]
+    Config(String),
+    #[error("{path}: not a valid safetensors file ({reason})")]
+    Safetensors { path: String, reason: String },
+    #[error("{0}")]
+    Checkpoint(String),
+    #[error("tensor '{name}' is missing from the checkpoint in {dir}")]
+    MissingTensor { name: String, dir: String },
+    #[error("tensor '{name}' has shape {found:?}, expected {expected:?}")]
+    Shape {
+        name: String,
+        expected: Vec<usize>,
+        found: Vec<usize>,
+    },
+    #[error(
+        "tensor '{name}' has dtype {dtype}, which prunemem cannot load (supported: F32, F16, BF16)"
+    )]
+    Dtype { name: String, dtype: String },
+    #[error("{path}: GGUF: {reason}")]
+    Gguf { path: String, reason: String },
+    #[error("tokenizer: {0}")]
+    Tokenizer(String),
+}
+
+impl ModelError {
+    pub fn io(path: &Path, e: impl std::fmt::Display) -> Self {
+        ModelError::Io {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        }
+    }
+}

@@ -1,0 +1,358 @@
+//! The profiler: named stage snapshots, nested scopes with their own peaks,
+//! and a background sampler that catches peaks between stages.
+//!
+//! It only reads probes and emits [`Event`]s; where the events go (files, the
+//! live UI, a report) is the business of the sinks on the [`Emitter`].
+
+pub mod peaks;
+mod sampler;
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::events::{Emitter, Event, Level, ScopeReport};
+use crate::memory::{self, DeviceProbe, HostHeapProbe, MemorySnapshot, gpu, process};
+use peaks::{HeapPeak, PeakSource, PeakStack, RssPeak, TrackedPeak};
+
+/// How a [`Profiler`] measures.
+pub struct ProfilerConfig {
+    /// Background sampling rate; `None` turns the sampler off.
+    pub sampler_hz: Option<f64>,
+    /// NVML index of the GPU to read, `None` to skip NVML.
+    pub gpu_index: Option<u32>,
+    /// The compute backend's allocator.
+    pub device: Box<dyn DeviceProbe>,
+}
+
+impl Default for ProfilerConfig {
+    fn default() -> Self {
+        Self {
+            sampler_hz: Some(10.0),
+            gpu_index: Some(0),
+            device: Box::new(HostHeapProbe),
+        }
+    }
+}
+
+struct Peaks {
+    heap: PeakStack,
+    rss: PeakStack,
+    device: PeakStack,
+    scopes: Vec<OpenScope>,
+}
+
+struct OpenScope {
+    id: usize,
+    label: String,
+    started: Instant,
+    elapsed_s: f64,
+    start_heap: Option<u64>,
+    start_rss: Option<u64>,
+}
+
+pub(crate) struct Inner {
+    emitter: Arc<Emitter>,
+    start: Instant,
+    start_unix_ms: u64,
+    process: process::ProcessProbe,
+    device: Box<dyn DeviceProbe>,
+    gpu_index: Option<u32>,
+    peaks: Mutex<Peaks>,
+    next_scope: AtomicUsize,
+    sampler: Mutex<Option<sampler::Sampler>>,
+    sampler_hz: Option<f64>,
+}
+
+/// Takes snapshots and emits them. Cheap to clone; clones share state.
+#[derive(Clone)]
+pub struct Profiler {
+    inner: Arc<Inner>,
+}
+
+impl Profiler {
+    /// A profiler emitting to `emitter`. The sampler starts with
+    /// [`Profiler::start_sampler`].
+    pub fn new(emitter: Arc<Emitter>, config: ProfilerConfig) -> Self {
+        let device_peak: Box<dyn PeakSource> = if config.device.is_host_heap() {
+            Box::new(HeapPeak)
+        } else {
+            Box::<TrackedPeak>::default()
+        };
+        let inner = Arc::new(Inner {
+            emitter,
+            start: Instant::now(),
+            start_unix_ms: memory::unix_ms_now(),
+            process: process::ProcessProbe::current(),
+            device: config.device,
+            gpu_index: config.gpu_index,
+            peaks: Mutex::new(Peaks {
+                heap: PeakStack::new(Box::new(HeapPeak)),
+                rss: PeakStack::new(Box::<RssPeak>::default()),
+                device: PeakStack::new(device_peak),
+                scopes: Vec::new(),
+            }),
+            next_scope: AtomicUsize::new(0),
+            sampler: Mutex::new(None),
+            sampler_hz: config.sampler_hz,
+        });
+        Self { inner }
+    }
+
+    /// Warns once about probes that will read n/a (no NVML driver...).
+    /// Called after the run's first event so the plan stays first in logs.
+    pub fn warn_unavailable_probes(&self) {
+        if self.inner.gpu_index.is_some()
+            && let Err(reason) = gpu::status()
+        {
+            self.message(Level::Warn, reason);
+        }
+    }
+
+    pub fn emitter(&self) -> &Arc<Emitter> {
+        &self.inner.emitter
+    }
+
+    /// Name of the compute device (`cpu`, `cuda:0`).
+    pub fn device_name(&self) -> String {
+        self.inner.device.name()
+    }
+
+    pub fn sampler_hz(&self) -> Option<f64> {
+        self.inner.sampler_hz
+    }
+
+    pub fn start_unix_ms(&self) -> u64 {
+        self.inner.start_unix_ms
+    }
+
+    /// Seconds since the profiler was created.
+    pub fn elapsed_s(&self) -> f64 {
+        self.inner.start.elapsed().as_secs_f64()
+    }
+
+    /// Reads every probe without emitting.
+    pub fn snapshot(&self, label: &str) -> MemorySnapshot {
+        self.inner.read(label, true)
+    }
+
+    /// Takes a named stage snapshot and emits it.
+    pub fn checkpoint(&self, label: &str) -> MemorySnapshot {
+        let snapshot = self.snapshot(label);
+        self.inner.emitter.emit(Event::Stage {
+            snapshot: snapshot.clone(),
+        });
+        snapshot
+    }
+
+    /// Opens a scope; when the guard drops, a [`Event::ScopeEnd`] reports the
+    /// peaks reached inside it. Scopes nest; they belong to one thread.
+    pub fn scope(&self, label: &str) -> ScopeGuard {
+        let id = self.inner.next_scope.fetch_add(1, Ordering::Relaxed);
+        let elapsed_s = self.elapsed_s();
+        let depth = {
+            let Ok(mut peaks) = self.inner.peaks.lock() else {
+                return ScopeGuard { inner: None, id };
+            };
+            let start_rss = process::rss_now();
+            peaks.rss.observe(start_rss);
+            let start_heap = memory::alloc::heap_allocated();
+            peaks.heap.begin();
+            peaks.rss.begin();
+            peaks.device.begin();
+            peaks.scopes.push(OpenScope {
+                id,
+                label: label.to_string(),
+                started: Instant::now(),
+                elapsed_s,
+                start_heap,
+                start_rss,
+            });
+            peaks.scopes.len() - 1
+        };
+        self.inner.emitter.emit(Event::ScopeBegin {
+            label: label.to_string(),
+            depth,
+            elapsed_s,
+        });
+        ScopeGuard {
+            inner: Some(self.inner.clone()),
+            id,
+        }
+    }
+
+    /// Whole-run peaks so far: heap, RSS, device.
+    pub fn run_peaks(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
+        self.inner.run_peaks()
+    }
+
+    /// Starts the background sampler if configured and not running.
+    pub fn start_sampler(&self) {
+        let Some(hz) = self.inner.sampler_hz else {
+            return;
+        };
+        if let Ok(mut slot) = self.inner.sampler.lock()
+            && slot.is_none()
+        {
+            let period = Duration::from_secs_f64(1.0 / hz.max(0.01));
+            *slot = Some(sampler::Sampler::start(self.inner.clone(), period));
+        }
+    }
+
+    /// Stops the sampler and waits for its thread.
+    pub fn stop_sampler(&self) {
+        let sampler = self.inner.sampler.lock().ok().and_then(|mut s| s.take());
+        if let Some(s) = sampler {
+            s.stop();
+        }
+    }
+
+    /// Emits progress through `total` units of work.
+    pub fn progress(&self, index: usize, total: usize, name: &str) {
+        self.inner.emitter.emit(Event::Progress {
+            index,
+            total,
+            name: name.to_string(),
+            elapsed_s: self.elapsed_s(),
+        });
+    }
+
+    /// Emits a message for the user.
+    pub fn message(&self, level: Level, text: impl Into<String>) {
+        self.inner.emitter.emit(Event::Message {
+            level,
+            text: text.into(),
+            elapsed_s: self.elapsed_s(),
+        });
+    }
+
+    /// Emits the engine's accounting of what it holds at `stage`.
+    pub fn components(&self, stage: &str, bytes: BTreeMap<String, u64>) {
+        self.inner.emitter.emit(Event::Components {
+            stage: stage.to_string(),
+            elapsed_s: self.elapsed_s(),
+            bytes,
+        });
+    }
+}
+
+impl Inner {
+    fn run_peaks(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
+        match self.peaks.lock() {
+            Ok(p) => (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak()),
+            Err(_) => (None, None, None),
+        }
+    }
+
+    /// Reads every probe. `full` adds the slower readings (malloc statistics).
+    pub(crate) fn read(&self, label: &str, full: bool) -> MemorySnapshot {
+        let proc_reading = self.process.read();
+        let heap = memory::alloc::heap_allocated();
+        let device = if self.device.is_host_heap() {
+            // The CPU backend's allocator is the heap: one reading for both.
+            memory::DeviceReading {
+                allocated: heap,
+                reserved: if full {
+                    memory::alloc::malloc_reserved()
+                } else {
+                    None
+                },
+            }
+        } else {
+            self.device.read()
+        };
+        let gpu = self.gpu_index.and_then(gpu::read);
+        let (heap_peak, rss_peak, device_peak) = match self.peaks.lock() {
+            Ok(p) => {
+                p.rss.observe(proc_reading.rss);
+                p.device.observe(device.allocated);
+                (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak())
+            }
+            Err(_) => (None, None, None),
+        };
+        MemorySnapshot {
+            label: label.to_string(),
+            unix_ms: memory::unix_ms_now(),
+            elapsed_s: self.start.elapsed().as_secs_f64(),
+            rss: proc_reading.rss,
+            rss_peak: max_opt(rss_peak, proc_reading.rss),
+            heap_allocated: heap,
+            heap_peak,
+            device_allocated: device.allocated,
+            device_reserved: device.reserved,
+            device_peak: max_opt(device_peak, device.allocated),
+            gpu_used: gpu.as_ref().and_then(|g| g.used),
+            gpu_free: gpu.as_ref().and_then(|g| g.free),
+            gpu_total: gpu.as_ref().and_then(|g| g.total),
+            gpu_util_percent: gpu.as_ref().and_then(|g| g.utilization_percent),
+            cpu_percent: proc_reading.cpu_percent,
+            system_total: proc_reading.system_total,
+            system_used: proc_reading.system_used,
+        }
+    }
+
+    fn end_scope(&self, id: usize) {
+        let mut reports = Vec::new();
+        if let Ok(mut peaks) = self.peaks.lock() {
+            let Some(pos) = peaks.scopes.iter().position(|s| s.id == id) else {
+                return;
+            };
+            // Scopes opened after this one and still open end first.
+            while peaks.scopes.len() > pos {
+                let end_rss = process::rss_now();
+                peaks.rss.observe(end_rss);
+                let peak_heap = peaks.heap.end();
+                let peak_rss = peaks.rss.end();
+                let peak_device = peaks.device.end();
+                let Some(scope) = peaks.scopes.pop() else {
+                    break;
+                };
+                reports.push(ScopeReport {
+                    label: scope.label,
+                    depth: peaks.scopes.len(),
+                    elapsed_s: scope.elapsed_s,
+                    duration_s: scope.started.elapsed().as_secs_f64(),
+                    peak_heap,
+                    peak_rss,
+                    peak_device,
+                    start_heap: scope.start_heap,
+                    end_heap: memory::alloc::heap_allocated(),
+                    start_rss: scope.start_rss,
+                    end_rss,
+                });
+            }
+        }
+        for report in reports {
+            self.emitter.emit(Event::ScopeEnd { report });
+        }
+    }
+}
+
+fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(x.max(y)),
+        (x, None) => x,
+        (None, y) => y,
+    }
+}
+
+/// Ends its scope when dropped.
+#[must_use = "a scope ends when its guard is dropped"]
+pub struct ScopeGuard {
+    inner: Option<Arc<Inner>>,
+    id: usize,
+}
+
+impl ScopeGuard {
+    /// Ends the scope now.
+    pub fn end(self) {}
+}
+
+impl Drop for ScopeGuard {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            inner.end_scope(self.id);
+        }
+    }
+}

@@ -1,0 +1,183 @@
+//! One run from start to finish: the emitter and its sinks, the profiler and
+//! its sampler, the first and last events, and what happens on Ctrl-C.
+//!
+//! Commands build a [`RunPlan`], call [`Run::start`], do their work through
+//! `run.profiler`, and end with [`Run::finish`]. On SIGINT or SIGTERM a
+//! handler thread emits `RunFinished { Interrupted }`, waits until every sink
+//! has flushed (so the logs hold every event emitted before the signal, with
+//! no torn last line), and exits with status 130.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde_json::Value;
+use thiserror::Error;
+
+use crate::events::{Emitter, Event, EventSink, RunPlan, RunStatus, RunSummary, SinkError};
+use crate::profiler::{Profiler, ProfilerConfig};
+use crate::sinks;
+
+#[derive(Debug, Error)]
+pub enum RunError {
+    #[error(transparent)]
+    Sink(#[from] SinkError),
+    #[error("cannot install the Ctrl-C handler: {0}")]
+    Signal(std::io::Error),
+}
+
+/// How a run reports.
+pub struct RunOptions {
+    /// Folder for `memory_log.csv`, `events.jsonl` and `summary.txt`.
+    pub log_dir: Option<PathBuf>,
+    /// Print the summary table to stdout at the end.
+    pub console_summary: bool,
+    /// Extra sinks: progress lines, the live UI, collectors.
+    pub extra_sinks: Vec<Box<dyn EventSink>>,
+    pub profiler: ProfilerConfig,
+    /// Install the SIGINT/SIGTERM handler (binaries yes, tests usually no).
+    pub handle_signals: bool,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        Self {
+            log_dir: None,
+            console_summary: true,
+            extra_sinks: Vec::new(),
+            profiler: ProfilerConfig::default(),
+            handle_signals: true,
+        }
+    }
+}
+
+/// A run in progress.
+pub struct Run {
+    pub profiler: Profiler,
+    emitter: Arc<Emitter>,
+    results: BTreeMap<String, Value>,
+    finished: bool,
+    pub log_dir: Option<PathBuf>,
+}
+
+impl Run {
+    /// Attaches the sinks, emits `RunStarted` and starts the sampler.
+    pub fn start(mut plan: RunPlan, options: RunOptions) -> Result<Self, RunError> {
+        let emitter = Arc::new(Emitter::new());
+        if let Some(dir) = &options.log_dir {
+            sinks::attach_log_dir(&emitter, dir)?;
+        }
+        for sink in options.extra_sinks {
+            emitter.add(sink);
+        }
+        if options.console_summary {
+            emitter.add(Box::new(sinks::SummarySink::new(Box::new(
+                std::io::stdout(),
+            ))));
+        }
+        let profiler = Profiler::new(emitter.clone(), options.profiler);
+        plan.device = profiler.device_name();
+        plan.sampler_hz = profiler.sampler_hz();
+        plan.started_unix_ms = profiler.start_unix_ms();
+        if plan.tool.is_empty() {
+            plan.tool = format!("prunemem {}", env!("CARGO_PKG_VERSION"));
+        }
+        if plan.engine.is_empty() {
+            plan.engine = "prunemem".into();
+        }
+        emitter.emit(Event::RunStarted { plan });
+        profiler.warn_unavailable_probes();
+        if options.handle_signals {
+            install_signal_handler(profiler.clone()).map_err(RunError::Signal)?;
+        }
+        profiler.start_sampler();
+        Ok(Self {
+            profiler,
+            emitter,
+            results: BTreeMap::new(),
+            finished: false,
+            log_dir: options.log_dir,
+        })
+    }
+
+    pub fn emitter(&self) -> &Arc<Emitter> {
+        &self.emitter
+    }
+
+    /// Records a result for the summary (perplexity, sparsity...).
+    pub fn result(&mut self, key: &str, value: impl Into<Value>) {
+        self.results.insert(key.to_string(), value.into());
+    }
+
+    /// Stops the sampler, emits `RunFinished` and flushes every sink.
+    /// Returns the summary and the sink failures seen during the run.
+    pub fn finish(mut self, status: RunStatus) -> (RunSummary, Vec<String>) {
+        self.finished = true;
+        self.profiler.stop_sampler();
+        let summary = summary_of(&self.profiler, status, std::mem::take(&mut self.results));
+        self.emitter.emit(Event::RunFinished {
+            summary: summary.clone(),
+        });
+        self.emitter.flush();
+        (summary, self.emitter.take_errors())
+    }
+}
+
+impl Drop for Run {
+    fn drop(&mut self) {
+        if !self.finished {
+            self.profiler.stop_sampler();
+            let summary = summary_of(
+                &self.profiler,
+                RunStatus::Failed("the run ended without finishing".into()),
+                std::mem::take(&mut self.results),
+            );
+            self.emitter.emit(Event::RunFinished { summary });
+            self.emitter.flush();
+        }
+    }
+}
+
+fn summary_of(
+    profiler: &Profiler,
+    status: RunStatus,
+    results: BTreeMap<String, Value>,
+) -> RunSummary {
+    let (heap_peak, rss_peak, device_peak) = profiler.run_peaks();
+    RunSummary {
+        status,
+        wall_s: profiler.elapsed_s(),
+        rss_peak: rss_peak.or_else(crate::memory::process::rss_peak_since_reset),
+        heap_peak,
+        device_peak,
+        results,
+    }
+}
+
+/// Asks this process to stop as if Ctrl-C had been pressed (used by the live
+/// UI, whose raw terminal mode turns Ctrl-C into a key press).
+pub fn request_interrupt() {
+    // SAFETY: raise only sends a signal to the calling process.
+    unsafe {
+        libc::raise(libc::SIGINT);
+    }
+}
+
+fn install_signal_handler(profiler: Profiler) -> std::io::Result<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    std::thread::Builder::new()
+        .name("prunemem-signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                profiler.stop_sampler();
+                let summary = summary_of(&profiler, RunStatus::Interrupted, BTreeMap::new());
+                profiler
+                    .emitter()
+                    .close_with(Event::RunFinished { summary });
+                eprintln!("prunemem: interrupted; logs flushed");
+                std::process::exit(130);
+            }
+        })?;
+    Ok(())
+}

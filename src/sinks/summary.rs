@@ -1,0 +1,210 @@
+//! The `MEMORY USAGE SUMMARY` table printed when a run ends: one row per
+//! stage with allocated, peak and RSS and their change since the previous
+//! stage, then where each peak was reached — the table users of the Python
+//! scripts write by hand.
+
+use std::io::Write;
+
+use crate::events::{Event, EventSink, SinkError};
+use crate::memory::MemorySnapshot;
+use crate::units::{format_bytes, format_opt_bytes};
+
+/// Collects stage snapshots and renders the summary table.
+#[derive(Default, Clone)]
+pub struct StageTable {
+    pub stages: Vec<MemorySnapshot>,
+    pub samples_peak_rss: Option<(u64, f64)>,
+    pub gpu_peak: Option<u64>,
+}
+
+impl StageTable {
+    pub fn push(&mut self, event: &Event) {
+        match event {
+            Event::Stage { snapshot } => {
+                self.note_gpu(snapshot);
+                self.stages.push(snapshot.clone());
+            }
+            Event::Sample { snapshot } => {
+                self.note_gpu(snapshot);
+                if let Some(rss) = snapshot.rss
+                    && self.samples_peak_rss.is_none_or(|(p, _)| rss > p)
+                {
+                    self.samples_peak_rss = Some((rss, snapshot.elapsed_s));
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn note_gpu(&mut self, s: &MemorySnapshot) {
+        if let Some(used) = s.gpu_used {
+            self.gpu_peak = Some(self.gpu_peak.map_or(used, |p| p.max(used)));
+        }
+    }
+
+    /// The rendered table.
+    pub fn render(&self) -> String {
+        let rule = "=".repeat(96);
+        let mut out = format!("{rule}\nMEMORY USAGE SUMMARY\n{rule}\n");
+        out += &format!(
+            "{:<26} {:>12} {:>12} {:>12} {:>13} {:>13} {:>9}\n",
+            "Checkpoint", "Allocated", "Peak", "RSS", "Δ Allocated", "Δ RSS", "Time"
+        );
+        out += &format!("{}\n", "-".repeat(96));
+        let mut prev: Option<&MemorySnapshot> = None;
+        for s in &self.stages {
+            let delta = |now: Option<u64>, before: Option<u64>| match (now, before) {
+                (Some(a), Some(b)) => crate::units::format_delta(a as i128 - b as i128),
+                _ => "".to_string(),
+            };
+            let (d_alloc, d_rss) = match prev {
+                Some(p) => (
+                    delta(s.device_allocated, p.device_allocated),
+                    delta(s.rss, p.rss),
+                ),
+                None => (String::new(), String::new()),
+            };
+            out += &format!(
+                "{:<26} {:>12} {:>12} {:>12} {:>13} {:>13} {:>8.1}s\n",
+                truncate(&s.label, 26),
+                format_opt_bytes(s.device_allocated),
+                format_opt_bytes(s.device_peak),
+                format_opt_bytes(s.rss),
+                d_alloc,
+                d_rss,
+                s.elapsed_s
+            );
+            prev = Some(s);
+        }
+        out += &format!("{}\n", "-".repeat(96));
+        out += &self.peak_line("Peak allocated", |s| s.device_peak);
+        out += &self.peak_line("Peak RSS", |s| s.rss_peak);
+        if let Some((rss, t)) = self.samples_peak_rss {
+            out += &format!(
+                "{:<16} {} (highest sampled RSS, at {t:.1}s)\n",
+                "Sampled RSS",
+                format_bytes(rss)
+            );
+        }
+        out += &format!(
+            "{:<16} {}\n",
+            "Peak GPU used",
+            format_opt_bytes(self.gpu_peak)
+        );
+        out
+    }
+
+    /// "Peak X: value (reached by stage Y)": the first stage whose running
+    /// peak equals the final one, i.e. the peak happened after the stage
+    /// before it.
+    fn peak_line(&self, name: &str, get: impl Fn(&MemorySnapshot) -> Option<u64>) -> String {
+        let Some(final_peak) = self.stages.iter().filter_map(&get).max() else {
+            return format!("{name:<16} n/a\n");
+        };
+        let idx = self
+            .stages
+            .iter()
+            .position(|s| get(s) == Some(final_peak))
+            .unwrap_or(0);
+        let place = match idx {
+            0 => format!("by {}", self.stages[0].label),
+            i => format!(
+                "between {} and {}",
+                self.stages[i - 1].label,
+                self.stages[i].label
+            ),
+        };
+        format!("{name:<16} {} ({place})\n", format_bytes(final_peak))
+    }
+}
+
+fn truncate(s: &str, n: usize) -> String {
+    if s.chars().count() <= n {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(n - 1).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// Prints the summary table to a writer when the run finishes.
+pub struct SummarySink {
+    table: StageTable,
+    out: Box<dyn Write + Send>,
+    printed: bool,
+}
+
+impl SummarySink {
+    pub fn new(out: Box<dyn Write + Send>) -> Self {
+        Self {
+            table: StageTable::default(),
+            out,
+            printed: false,
+        }
+    }
+}
+
+impl EventSink for SummarySink {
+    fn on_event(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.table.push(event);
+        if matches!(event, Event::RunFinished { .. }) && !self.printed {
+            self.printed = true;
+            let text = self.table.render();
+            self.out
+                .write_all(text.as_bytes())
+                .and_then(|_| self.out.flush())
+                .map_err(|source| SinkError::Io {
+                    path: "summary".into(),
+                    source,
+                })?;
+        }
+        Ok(())
+    }
+    fn flush(&mut self) -> Result<(), SinkError> {
+        self.out.flush().map_err(|source| SinkError::Io {
+            path: "summary".into(),
+            source,
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::units::MIB;
+
+    fn stage(label: &str, alloc: u64, peak: u64, rss: u64) -> Event {
+        Event::Stage {
+            snapshot: MemorySnapshot {
+                label: label.into(),
+                device_allocated: Some(alloc * MIB),
+                device_peak: Some(peak * MIB),
+                rss: Some(rss * MIB),
+                rss_peak: Some(rss * MIB),
+                ..Default::default()
+            },
+        }
+    }
+
+    #[test]
+    fn table_has_rows_deltas_and_peak_location() {
+        let mut t = StageTable::default();
+        t.push(&stage("01_start", 10, 10, 50));
+        t.push(&stage("02_model_loaded", 500, 520, 600));
+        t.push(&stage("03_before_pruning", 600, 900, 700));
+        t.push(&stage("09_end", 100, 900, 400));
+        let text = t.render();
+        assert!(text.contains("MEMORY USAGE SUMMARY"));
+        assert!(text.contains("02_model_loaded"));
+        assert!(text.contains("+490.0 MiB"), "{text}");
+        assert!(text.contains("-500.0 MiB"), "{text}");
+        assert!(
+            text.contains(
+                "Peak allocated   900.0 MiB (between 02_model_loaded and 03_before_pruning)"
+            ),
+            "{text}"
+        );
+        assert!(text.contains("Peak GPU used    n/a"));
+    }
+}
