@@ -6,6 +6,8 @@
 //! ([`sinks`], the live UI, reports) consume them. No engine module imports a
 //! sink, the UI or the charts.
 
+pub mod data;
+pub mod eval;
 pub mod events;
 pub mod memory;
 pub mod model;

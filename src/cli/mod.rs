@@ -1,6 +1,9 @@
 //! The command line: parses arguments with clap, runs one subcommand, and
 //! turns any error into one line on stderr with exit status 2.
 
+mod common;
+mod convert;
+mod eval;
 mod snapshot;
 
 use clap::{Parser, Subcommand};
@@ -28,6 +31,10 @@ pub struct Cli {
 pub enum Command {
     /// Print the memory status of this machine and process (GPU when present)
     Snapshot(snapshot::SnapshotArgs),
+    /// Import a llama.cpp GGUF file as a Hugging Face folder (config.json, model.safetensors, tokenizer.json)
+    Convert(convert::ConvertArgs),
+    /// Perplexity of a model on a text (non-overlapping windows, as the Wanda/SparseGPT eval)
+    Eval(eval::EvalArgs),
 }
 
 /// Parses `std::env::args`, runs the command and returns the exit status.
@@ -46,6 +53,8 @@ pub fn main() -> i32 {
     let argv: Vec<String> = std::env::args().collect();
     let outcome = match cli.command {
         Command::Snapshot(args) => snapshot::run(args, argv),
+        Command::Convert(args) => convert::run(args),
+        Command::Eval(args) => eval::run(args, argv),
     };
     match outcome {
         Ok(code) => code,

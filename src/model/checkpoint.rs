@@ -12,6 +12,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig};
@@ -29,9 +30,22 @@ use super::llama::{DecoderLayer, Llama, LlamaAttention, LlamaMlp, LlamaModel, Ll
 pub struct Shard {
     pub path: PathBuf,
     pub mmap: Arc<Mmap>,
-    /// Raw header JSON and its length, kept to write pruned copies with the
-    /// same layout.
+    /// Length of the JSON header (which starts at byte 8).
     pub header_len: usize,
+}
+
+/// Drops `start..end` of a mapping from this process's resident set. The
+/// pages stay in the OS page cache; reading them again maps them back. Used
+/// after a tensor is copied out, so a layer-by-layer run's RSS holds one
+/// layer, not every layer it has read.
+pub fn release_range(mmap: &Mmap, start: usize, end: usize) {
+    if end > start {
+        // SAFETY: the mapping is read-only and file-backed, so DONTNEED only
+        // discards page-table entries; the data is re-read on next access.
+        let _ = unsafe {
+            mmap.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+        };
+    }
 }
 
 /// Where one tensor lives.
@@ -53,6 +67,8 @@ pub struct Checkpoint {
     pub tensors: BTreeMap<String, TensorEntry>,
     /// Whether the weights came from an index file (sharded).
     pub sharded: bool,
+    /// Tensor bytes read so far (for tests and accounting).
+    bytes_read: Arc<AtomicU64>,
 }
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -128,6 +144,7 @@ impl Checkpoint {
             shards,
             tensors,
             sharded,
+            bytes_read: Arc::default(),
         };
         ckpt.check_required()?;
         Ok(ckpt)
@@ -211,7 +228,23 @@ impl Checkpoint {
     /// A tensor decoded to f32, in its stored (PyTorch) orientation.
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         let e = self.entry(name)?;
-        Ok(dtype::decode_f32(self.bytes(name)?, e.dtype))
+        let values = dtype::decode_f32(self.bytes(name)?, e.dtype);
+        self.bytes_read
+            .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
+        self.release(name);
+        Ok(values)
+    }
+
+    /// Drops a tensor's pages from the resident set (see [`release_range`]).
+    pub fn release(&self, name: &str) {
+        if let Some(e) = self.tensors.get(name) {
+            release_range(&self.shards[e.shard].mmap, e.start, e.end);
+        }
+    }
+
+    /// Tensor bytes read through this checkpoint so far.
+    pub fn bytes_read(&self) -> u64 {
+        self.bytes_read.load(Ordering::Relaxed)
     }
 
     /// The dtype most weights are stored in (`f32`, `bf16`...).
@@ -248,14 +281,14 @@ impl Checkpoint {
     ) -> Result<TensorSnapshot, ModelError> {
         let e = self.entry(name)?.clone();
         let mmap = self.shards[e.shard].mmap.clone();
+        let counter = self.bytes_read.clone();
         let shape = e.shape.clone();
         let data_fn = Rc::new(move || -> Result<TensorData, TensorSnapshotError> {
-            Ok(dtype::to_tensor_data(
-                &mmap[e.start..e.end],
-                e.dtype,
-                e.shape.clone(),
-                target,
-            ))
+            let data =
+                dtype::to_tensor_data(&mmap[e.start..e.end], e.dtype, e.shape.clone(), target);
+            counter.fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
+            release_range(&mmap, e.start, e.end);
+            Ok(data)
         });
         Ok(TensorSnapshot::from_closure(
             data_fn,

@@ -6,6 +6,9 @@
 //! layer pruner loads, runs and drops one at a time, and
 //! [`DecoderLayer::forward_traced`] shows it the input of every linear.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use burn::module::Param;
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
@@ -15,6 +18,7 @@ use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{DType, FloatDType};
 
 use super::config::{LlamaConfig, RopeScaling};
+use super::cpu_attention;
 
 /// RMS normalisation, computed in f32 whatever the model dtype (as
 /// transformers' `LlamaRMSNorm` does).
@@ -100,11 +104,19 @@ pub const LAYER_LINEARS: [&str; 7] = [
     "mlp.down_proj",
 ];
 
-/// Precomputed rotary cos/sin tables, `[seq, head_dim]`.
+/// Full-shape cos/sin for one `[batch, seq, heads]` layout.
+type RopeTables<B> = (Tensor<B, 4>, Tensor<B, 4>);
+
+/// Precomputed rotary tables: cos/sin `[seq, head_dim]`, the signed
+/// permutation `rot` with `x @ rot == rotate_half(x)`, and the tables
+/// expanded to each input shape seen (the CPU backend multiplies same-shape
+/// tensors far faster than broadcast ones).
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
     pub cos: Tensor<B, 2>,
     pub sin: Tensor<B, 2>,
+    rot: Tensor<B, 2>,
+    expanded: Arc<Mutex<HashMap<[usize; 3], RopeTables<B>>>>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -122,8 +134,15 @@ impl<B: Backend> Rope<B> {
                 sin.extend(row.iter().map(|a| a.sin()));
             }
         }
-        let make = |v: Vec<f32>| {
-            let t = Tensor::<B, 2>::from_data(TensorData::new(v, [seq, d]), device);
+        // rotate_half(x) = cat(-x[d/2..], x[..d/2]) as a matrix product.
+        let half = d / 2;
+        let mut rot = vec![0f32; d * d];
+        for j in 0..half {
+            rot[(j + half) * d + j] = -1.0;
+            rot[j * d + j + half] = 1.0;
+        }
+        let make = |v: Vec<f32>, rows: usize| {
+            let t = Tensor::<B, 2>::from_data(TensorData::new(v, [rows, d]), device);
             if dtype == DType::F32 {
                 t
             } else {
@@ -131,20 +150,47 @@ impl<B: Backend> Rope<B> {
             }
         };
         Self {
-            cos: make(cos),
-            sin: make(sin),
+            cos: make(cos, seq),
+            sin: make(sin, seq),
+            rot: make(rot, d),
+            expanded: Arc::default(),
         }
     }
 
-    /// Rotates `x` (`[batch, heads, seq, head_dim]`).
+    fn tables(&self, b: usize, s: usize, n: usize, d: usize) -> RopeTables<B> {
+        let key = [b, s, n];
+        if let Ok(cache) = self.expanded.lock()
+            && let Some(t) = cache.get(&key)
+        {
+            return t.clone();
+        }
+        let expand = |t: &Tensor<B, 2>| {
+            let e = t
+                .clone()
+                .slice([0..s, 0..d])
+                .reshape([1, s, 1, d])
+                .expand([b, s, n, d]);
+            // Materialise: a dense copy, not a zero-stride view.
+            let dtype = e.dtype();
+            Tensor::<B, 4>::from_data(e.into_data(), (&t.device(), dtype))
+        };
+        let tables = (expand(&self.cos), expand(&self.sin));
+        if let Ok(mut cache) = self.expanded.lock() {
+            cache.insert(key, tables.clone());
+        }
+        tables
+    }
+
+    /// Rotates `x` laid out `[batch, seq, heads, head_dim]` (the layout the
+    /// projections produce, contiguous, so every op here is dense).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
-        let [_, _, s, d] = x.dims();
-        let cos = self.cos.clone().slice([0..s, 0..d]).unsqueeze::<4>();
-        let sin = self.sin.clone().slice([0..s, 0..d]).unsqueeze::<4>();
-        let half = d / 2;
-        let x1 = x.clone().narrow(3, 0, half);
-        let x2 = x.clone().narrow(3, half, half);
-        let rotated = Tensor::cat(vec![x2.neg(), x1], 3);
+        let [b, s, n, d] = x.dims();
+        let (cos, sin) = self.tables(b, s, n, d);
+        let rotated = x
+            .clone()
+            .reshape([b * s * n, d])
+            .matmul(self.rot.clone())
+            .reshape([b, s, n, d]);
         x * cos + rotated * sin
     }
 }
@@ -181,7 +227,7 @@ pub fn inv_freq(config: &LlamaConfig) -> Vec<f32> {
                 } else {
                     freq
                 };
-                let medium = !(wavelen < high_wavelen) && !(wavelen > low_wavelen);
+                let medium = (high_wavelen..=low_wavelen).contains(&wavelen);
                 *f = if medium {
                     let smooth =
                         (old / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor);
@@ -210,11 +256,6 @@ pub struct LlamaAttention<B: Backend> {
 }
 
 impl<B: Backend> LlamaAttention<B> {
-    fn heads(&self, x: Tensor<B, 3>, n: usize) -> Tensor<B, 4> {
-        let [b, s, _] = x.dims();
-        x.reshape([b, s, n, self.head_dim]).swap_dims(1, 2)
-    }
-
     fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let rep = self.num_heads / self.num_kv_heads;
         if rep == 1 {
@@ -235,24 +276,103 @@ impl<B: Backend> LlamaAttention<B> {
         trace: &mut dyn FnMut(LinearInput, &Tensor<B, 3>),
     ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
-        let q = rope.apply(self.heads(self.q_proj.forward(x.clone()), self.num_heads));
-        let k = rope.apply(self.heads(self.k_proj.forward(x.clone()), self.num_kv_heads));
-        let v = self.heads(self.v_proj.forward(x), self.num_kv_heads);
-        let (k, v) = (self.repeat_kv(k), self.repeat_kv(v));
-        let windowed = self.sliding_window > 0 && s > self.sliding_window;
-        let mask = windowed.then(|| window_mask::<B>(s, self.sliding_window, &q.device()));
-        let options = AttentionModuleOptions {
-            scale: None,
-            softcap: None,
-            is_causal: !windowed,
+        let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
+        let q = rope.apply(self.q_proj.forward(x.clone()).reshape([b, s, nh, hd]));
+        let k = rope.apply(self.k_proj.forward(x.clone()).reshape([b, s, nkv, hd]));
+        let v = self.v_proj.forward(x).reshape([b, s, nkv, hd]);
+        let window =
+            (self.sliding_window > 0 && s > self.sliding_window).then_some(self.sliding_window);
+        let out = if uses_cpu_kernel::<B>() {
+            let shape = cpu_attention::AttentionShape {
+                batch: b,
+                seq: s,
+                heads: nh,
+                kv_heads: nkv,
+                head_dim: hd,
+                window,
+            };
+            host_attention(q, k, v, shape)
+        } else {
+            let q = q.swap_dims(1, 2);
+            let k = self.repeat_kv(k.swap_dims(1, 2));
+            let v = self.repeat_kv(v.swap_dims(1, 2));
+            let mask = window.map(|w| window_mask::<B>(s, w, &q.device()));
+            let out = parallel_attention(q, k, v, mask, window.is_none());
+            out.swap_dims(1, 2).reshape([b, s, nh * hd])
         };
-        let out = attention(q, k, v, mask, None, options);
-        let out = out
-            .swap_dims(1, 2)
-            .reshape([b, s, self.num_heads * self.head_dim]);
         trace(LinearInput::O, &out);
         self.o_proj.forward(out)
     }
+}
+
+/// True on Burn's CPU backend, whose attention op the hand-written kernel
+/// replaces (autodiff and GPU backends keep Burn's op).
+fn uses_cpu_kernel<B: Backend>() -> bool {
+    std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn::backend::Flex>()
+}
+
+/// Runs [`cpu_attention::attention`] on host copies of `q`, `k`, `v`
+/// (`[b, s, heads, d]` layouts) and returns `[b, s, heads * d]`.
+fn host_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    shape: cpu_attention::AttentionShape,
+) -> Tensor<B, 3> {
+    let dtype = q.dtype();
+    let device = q.device();
+    let host = |t: Tensor<B, 4>| -> Vec<f32> {
+        let data = t.into_data();
+        let data = if data.dtype == DType::F32 {
+            data
+        } else {
+            data.convert_dtype(DType::F32)
+        };
+        data.into_vec().unwrap_or_default()
+    };
+    let out = cpu_attention::attention(&host(q), &host(k), &host(v), shape);
+    let dims = [shape.batch, shape.seq, shape.heads * shape.head_dim];
+    Tensor::from_data(TensorData::new(out, dims), (&device, dtype))
+}
+
+/// Burn's attention op run on chunks of the (batch x head) dimension on
+/// scoped threads: the CPU backend's attention kernel is single-threaded.
+fn parallel_attention<B: Backend>(
+    q: Tensor<B, 4>,
+    k: Tensor<B, 4>,
+    v: Tensor<B, 4>,
+    mask: Option<Tensor<B, 4, Bool>>,
+    is_causal: bool,
+) -> Tensor<B, 4> {
+    let options = AttentionModuleOptions {
+        scale: None,
+        softcap: None,
+        is_causal,
+    };
+    let [b, h, s, d] = q.dims();
+    let threads = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(1)
+        .min(b * h);
+    if threads <= 1 {
+        return attention(q, k, v, mask, None, options);
+    }
+    let flat = |t: Tensor<B, 4>| t.reshape([1, b * h, s, d]).chunk(threads, 1);
+    let parts: Vec<_> = flat(q).into_iter().zip(flat(k)).zip(flat(v)).collect();
+    let outs: Vec<Tensor<B, 4>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = parts
+            .into_iter()
+            .map(|((q, k), v)| {
+                let mask = mask.clone();
+                scope.spawn(move || attention(q, k, v, mask, None, options))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| h.join().expect("attention worker panicked"))
+            .collect()
+    });
+    Tensor::cat(outs, 1).reshape([b, h, s, d])
 }
 
 /// Causal mask that also hides keys `window` or more positions back.

@@ -3,12 +3,13 @@
 
 pub mod checkpoint;
 pub mod config;
-// pub mod convert;
+pub mod convert;
+pub mod cpu_attention;
 pub mod dtype;
-// pub mod gguf;
+pub mod gguf;
 pub mod llama;
 // pub mod save;
-// pub mod tokenizer;
+pub mod tokenizer;
 
 use std::path::Path;
 

@@ -21,14 +21,9 @@ impl Sampler {
         let thread = std::thread::Builder::new()
             .name("prunemem-sampler".into())
             .spawn(move || {
-                loop {
-                    match stopped.recv_timeout(period) {
-                        Err(RecvTimeoutError::Timeout) => {
-                            let snapshot = inner.read("sample", false);
-                            inner.emitter.emit(Event::Sample { snapshot });
-                        }
-                        _ => break,
-                    }
+                while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+                    let snapshot = inner.read("sample", false);
+                    inner.emitter.emit(Event::Sample { snapshot });
                 }
             })
             .expect("spawning a thread only fails when the OS is out of resources");

@@ -1,0 +1,174 @@
+//! Perplexity, as the Wanda/SparseGPT evaluation computes it: for each
+//! window of `seqlen` tokens, the mean next-token cross-entropy over its
+//! `seqlen - 1` predictions; perplexity is `exp` of the mean over windows.
+//!
+//! Two ways to hold the model, same numbers: [`Weights::Resident`] runs each
+//! batch of windows through every layer; [`Weights::Streamed`] keeps the
+//! hidden states of all windows and loads one decoder layer at a time from
+//! the checkpoint, so only one layer is ever resident. Logits are computed in
+//! row chunks so a large vocabulary never materialises `[batch, seq, vocab]`.
+
+use std::time::Instant;
+
+use burn::prelude::*;
+use burn::tensor::{DType, FloatDType};
+
+use crate::model::llama::Head;
+use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rope};
+use crate::profiler::Profiler;
+
+/// Where the weights come from.
+pub enum Weights<'a, B: Backend> {
+    Resident(&'a Llama<B>, &'a LlamaConfig),
+    Streamed(&'a Checkpoint),
+}
+
+/// How to evaluate.
+#[derive(Debug, Clone)]
+pub struct EvalOptions {
+    pub batch_size: usize,
+    pub dtype: ComputeDtype,
+}
+
+/// A perplexity and how it was obtained.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct Perplexity {
+    pub perplexity: f64,
+    pub mean_loss: f64,
+    pub windows: usize,
+    pub seqlen: usize,
+    pub seconds: f64,
+    pub tokens_per_second: f64,
+}
+
+/// Token ids `[batch, seq]` as a Burn int tensor.
+pub fn token_tensor<B: Backend>(windows: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
+    let s = windows.first().map_or(0, Vec::len);
+    let ids: Vec<i64> = windows.iter().flatten().map(|t| *t as i64).collect();
+    Tensor::from_data(TensorData::new(ids, [windows.len(), s]), device)
+}
+
+/// Rows of logits per chunk: about 8 Mi f32 elements (32 MiB) at a time.
+fn chunk_rows(vocab: usize) -> usize {
+    ((1usize << 23) / vocab.max(1)).max(1)
+}
+
+/// Sum of next-token negative log-likelihoods per window, given final
+/// normed hidden states `h` `[b, s, d]` and the windows' tokens.
+pub fn window_nll<B: Backend>(
+    h: Tensor<B, 3>,
+    windows: &[Vec<u32>],
+    head: &Head<'_, B>,
+    vocab: usize,
+) -> Vec<f64> {
+    let [b, s, d] = h.dims();
+    let chunk = chunk_rows(vocab);
+    let mut out = Vec::with_capacity(b);
+    for (j, tokens) in windows.iter().enumerate().take(b) {
+        let hj = h.clone().slice([j..j + 1, 0..s, 0..d]).reshape([s, d]);
+        let mut total = 0f64;
+        let mut row = 0;
+        while row < s - 1 {
+            let end = (row + chunk).min(s - 1);
+            let logits = head.logits(hj.clone().slice([row..end, 0..d]));
+            let logits = if logits.dtype() == DType::F32 {
+                logits
+            } else {
+                logits.cast(FloatDType::F32)
+            };
+            let mut values: Vec<f32> = logits.into_data().into_vec().unwrap_or_default();
+            total += rows_nll(&mut values, vocab, &tokens[row + 1..end + 1]);
+            row = end;
+        }
+        out.push(total);
+    }
+    out
+}
+
+/// Perplexity of `windows` (all of one length).
+pub fn perplexity<B: Backend>(
+    weights: Weights<'_, B>,
+    windows: &[Vec<u32>],
+    options: &EvalOptions,
+    device: &B::Device,
+    profiler: Option<&Profiler>,
+) -> Result<Perplexity, ModelError> {
+    let seqlen = windows.first().map_or(0, Vec::len);
+    if windows.is_empty() || seqlen < 2 {
+        return Err(ModelError::Checkpoint(
+            "evaluation needs at least one window of 2 or more tokens".into(),
+        ));
+    }
+    let t = Instant::now();
+    let bs = options.batch_size.max(1);
+    let batches: Vec<&[Vec<u32>]> = windows.chunks(bs).collect();
+    let mut nll = Vec::with_capacity(windows.len());
+    match weights {
+        Weights::Resident(model, config) => {
+            let rope = Rope::new(config, seqlen, options.dtype.burn(), device);
+            for (k, batch) in batches.iter().enumerate() {
+                let h = model.hidden(token_tensor(batch, device), &rope);
+                nll.extend(window_nll(h, batch, &model.head(), config.vocab_size));
+                if let Some(p) = profiler {
+                    p.progress(k, batches.len(), &format!("eval batch {}", k + 1));
+                }
+            }
+        }
+        Weights::Streamed(ckpt) => {
+            let c = &ckpt.config;
+            let dtype = options.dtype;
+            let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
+            let embed = ckpt.load_embedding::<B>(dtype, device)?;
+            let mut xs: Vec<Tensor<B, 3>> = batches
+                .iter()
+                .map(|batch| embed.forward(token_tensor(batch, device)))
+                .collect();
+            let head_linear = ckpt.load_lm_head::<B>(dtype, device)?;
+            for i in 0..c.num_layers {
+                let layer = ckpt.load_layer::<B>(i, dtype, device)?;
+                xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
+                if let Some(p) = profiler {
+                    p.progress(i, c.num_layers, &format!("eval model.layers.{i}"));
+                }
+            }
+            let norm = ckpt.load_norm::<B>(dtype, device)?;
+            let head = match &head_linear {
+                Some(l) => Head::Linear(l),
+                None => Head::Tied(&embed),
+            };
+            for (x, batch) in xs.into_iter().zip(&batches) {
+                nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
+            }
+        }
+    }
+    let mean_loss = nll.iter().map(|n| n / (seqlen - 1) as f64).sum::<f64>() / nll.len() as f64;
+    let seconds = t.elapsed().as_secs_f64();
+    Ok(Perplexity {
+        perplexity: mean_loss.exp(),
+        mean_loss,
+        windows: windows.len(),
+        seqlen,
+        seconds,
+        tokens_per_second: (windows.len() * seqlen) as f64 / seconds.max(1e-9),
+    })
+}
+
+/// Sum over rows of `logsumexp(row) - row[target]`, rows of `vocab`
+/// logits, in parallel, in f64 sums. Destroys `logits`.
+fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
+    use rayon::prelude::*;
+    logits
+        .par_chunks_mut(vocab)
+        .zip(targets.par_iter())
+        .map(|(row, t)| {
+            let picked = row[*t as usize] as f64;
+            let max = row.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
+            for v in row.iter_mut() {
+                *v -= max;
+            }
+            crate::model::cpu_attention::exp_in_place(row);
+            let sum: f64 = row.iter().map(|v| *v as f64).sum();
+            max as f64 + sum.ln() - picked
+        })
+        .sum()
+}
