@@ -17,9 +17,12 @@ use crate::run::Run;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// Model folder (config.json + safetensors + tokenizer.json)
-    #[arg(long, value_name = "DIR")]
-    model: PathBuf,
+    /// Model folder (config.json + safetensors + tokenizer.json) or Hugging Face Hub id
+    #[arg(long, value_name = "DIR|ORG/NAME")]
+    model: String,
+    /// Hub revision (branch, tag or commit) when --model is a Hub id
+    #[arg(long, default_value = "main")]
+    revision: String,
     /// Text to evaluate on (plain text, or .jsonl with a "text" field)
     #[arg(long, value_name = "FILE")]
     text: PathBuf,
@@ -56,10 +59,11 @@ pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
         return Err("--windows must be at least 1".into());
     }
     let mut plan = common::base_plan("eval", argv);
-    let ckpt = Checkpoint::open(&args.model)?;
-    let tok = common::load_tokenizer(&args.model)?;
+    let model_dir = crate::model::hub::resolve(&args.model, &args.revision)?;
+    let ckpt = Checkpoint::open(&model_dir)?;
+    let tok = common::load_tokenizer(&model_dir)?;
     plan.model = Some(ckpt.config.model_info(
-        &args.model.display().to_string(),
+        &args.model,
         &crate::model::dtype::stored_name(ckpt.stored_dtype()),
     ));
     plan.settings

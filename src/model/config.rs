@@ -197,7 +197,9 @@ impl LlamaConfig {
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden_size, num_hidden_layers and vocab_size must be positive".into());
         }
-        if self.num_heads == 0 || self.num_kv_heads == 0 || !self.num_heads.is_multiple_of(self.num_kv_heads)
+        if self.num_heads == 0
+            || self.num_kv_heads == 0
+            || !self.num_heads.is_multiple_of(self.num_kv_heads)
         {
             return bad(format!(
                 "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",

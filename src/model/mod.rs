@@ -7,8 +7,10 @@ pub mod convert;
 pub mod cpu_attention;
 pub mod dtype;
 pub mod gguf;
+pub mod hub;
 pub mod llama;
-// pub mod save;
+pub mod save;
+pub mod synthetic;
 pub mod tokenizer;
 
 use std::path::Path;

@@ -288,6 +288,58 @@ pub fn tokenizer_config_json(facts: &TokenizerFacts, max_len: usize) -> Value {
     v
 }
 
+/// GPT-2's byte-to-character table: printable bytes stand for themselves,
+/// the others are shifted above U+0100 so every byte has a visible symbol.
+pub fn bytes_to_unicode() -> Vec<char> {
+    let mut table = vec!['\0'; 256];
+    let mut shifted = 0u32;
+    for b in 0..256u32 {
+        let printable =
+            (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+        table[b as usize] = if printable {
+            char::from_u32(b).unwrap_or('?')
+        } else {
+            shifted += 1;
+            char::from_u32(255 + shifted).unwrap_or('?')
+        };
+    }
+    table
+}
+
+/// A byte-level tokenizer with no merges: ids 0..255 are bytes, 256/257/258
+/// are `<s>`, `</s>`, `<pad>`, and ids up to `vocab` are unused
+/// placeholders. Used by synthetic models.
+pub fn byte_level_tokenizer_json(vocab: usize) -> Value {
+    let mut map = serde_json::Map::new();
+    for (id, c) in bytes_to_unicode().into_iter().enumerate() {
+        map.insert(c.to_string(), json!(id));
+    }
+    let specials = ["<s>", "</s>", "<pad>"];
+    for (k, s) in specials.iter().enumerate() {
+        map.insert(s.to_string(), json!(256 + k));
+    }
+    for id in 259..vocab {
+        map.insert(format!("<unused_{id}>"), json!(id));
+    }
+    let added: Vec<Value> = specials
+        .iter()
+        .enumerate()
+        .map(|(k, s)| {
+            json!({"id": 256 + k, "content": s, "single_word": false, "lstrip": false,
+                   "rstrip": false, "normalized": false, "special": true})
+        })
+        .collect();
+    json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": byte_level(true),
+        "post_processor": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": false, "use_regex": true},
+        "decoder": {"type": "ByteLevel", "add_prefix_space": true, "trim_offsets": true, "use_regex": true},
+        "model": {"type": "BPE", "dropout": null, "unk_token": null, "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": false, "byte_fallback": false,
+                  "ignore_merges": false, "vocab": map, "merges": []}
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
