@@ -12,6 +12,7 @@ pub mod events;
 pub mod memory;
 pub mod model;
 pub mod profiler;
+pub mod prune;
 pub mod run;
 pub mod sinks;
 pub mod units;

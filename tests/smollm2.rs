@@ -77,7 +77,10 @@ fn logits_match_transformers_on_the_gguf() {
         &device,
     );
     let logits: Vec<f32> = model
-        .logits(eval::token_tensor(std::slice::from_ref(&tokens), &device), &rope)
+        .logits(
+            eval::token_tensor(std::slice::from_ref(&tokens), &device),
+            &rope,
+        )
         .into_data()
         .to_vec()
         .unwrap();

@@ -4,6 +4,7 @@
 mod common;
 mod convert;
 mod eval;
+mod prune;
 mod snapshot;
 
 use clap::{Parser, Subcommand};
@@ -20,7 +21,8 @@ pub const EXIT_USAGE: i32 = 2;
     name = "prunemem",
     version,
     about = "Prune Llama-family models with Burn, profile their memory as they run, and predict memory before you buy a GPU",
-    propagate_version = true
+    propagate_version = true,
+    args_override_self = true
 )]
 pub struct Cli {
     #[command(subcommand)]
@@ -35,6 +37,8 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Perplexity of a model on a text (non-overlapping windows, as the Wanda/SparseGPT eval)
     Eval(eval::EvalArgs),
+    /// Prune a model layer by layer (magnitude, Wanda, SparseGPT), optionally evaluate and save it
+    Prune(Box<prune::PruneArgs>),
 }
 
 /// Parses `std::env::args`, runs the command and returns the exit status.
@@ -55,6 +59,7 @@ pub fn main() -> i32 {
         Command::Snapshot(args) => snapshot::run(args, argv),
         Command::Convert(args) => convert::run(args),
         Command::Eval(args) => eval::run(args, argv),
+        Command::Prune(args) => prune::run(*args, argv),
     };
     match outcome {
         Ok(code) => code,

@@ -69,7 +69,7 @@ pub fn float_dtype(d: DType) -> FloatDType {
 }
 
 /// Which linears a traced input feeds.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LinearInput {
     /// Input of q_proj, k_proj and v_proj.
     Qkv,

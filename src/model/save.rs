@@ -41,3 +41,159 @@ pub fn write_safetensors(path: &Path, tensors: Vec<OwnedTensor>) -> Result<(), M
     safetensors::serialize_to_file(views, Some(meta), path)
         .map_err(|e| ModelError::io(path, format!("{e:?}")))
 }
+
+/// A pruned copy of a checkpoint, written while pruning runs.
+///
+/// Every output shard gets the input shard's header verbatim, so each tensor
+/// sits at the same offset with the same name and dtype; pruned tensors are
+/// written into place as soon as they exist, the rest copied from the input.
+/// Everything goes to `OUT.partial/` and [`PrunedWriter::finish`] renames it
+/// to `OUT/`: an interrupted run leaves no half-written model at `OUT`.
+pub struct PrunedWriter {
+    out: std::path::PathBuf,
+    tmp: std::path::PathBuf,
+    files: Vec<std::fs::File>,
+    written: std::collections::HashSet<String>,
+    bytes_written: u64,
+}
+
+impl PrunedWriter {
+    /// Starts a copy of `ckpt` that will end up at `out`.
+    pub fn create(ckpt: &super::Checkpoint, out: &Path) -> Result<Self, ModelError> {
+        if out.exists() && !out.join("config.json").exists() {
+            return Err(ModelError::Checkpoint(format!(
+                "{} exists and is not a model folder; refusing to replace it",
+                out.display()
+            )));
+        }
+        let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
+        if same(out, &ckpt.dir) {
+            return Err(ModelError::Checkpoint(format!(
+                "--save {} is the input model's folder; choose another folder",
+                out.display()
+            )));
+        }
+        let tmp = super::convert::tmp_sibling(out);
+        if tmp.exists() {
+            std::fs::remove_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+        }
+        std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+        let mut files = Vec::new();
+        for shard in &ckpt.shards {
+            let name = shard.path.file_name().unwrap_or_default();
+            let path = tmp.join(name);
+            let f = std::fs::File::create(&path).map_err(|e| ModelError::io(&path, e))?;
+            let header = &shard.mmap[..8 + shard.header_len];
+            std::os::unix::fs::FileExt::write_all_at(&f, header, 0)
+                .map_err(|e| ModelError::io(&path, e))?;
+            f.set_len(shard.mmap.len() as u64)
+                .map_err(|e| ModelError::io(&path, e))?;
+            files.push(f);
+        }
+        Ok(Self {
+            out: out.to_path_buf(),
+            tmp,
+            files,
+            written: Default::default(),
+            bytes_written: 0,
+        })
+    }
+
+    fn put(
+        &mut self,
+        ckpt: &super::Checkpoint,
+        name: &str,
+        bytes: &[u8],
+    ) -> Result<(), ModelError> {
+        let e = ckpt.entry(name)?;
+        if bytes.len() != e.end - e.start {
+            return Err(ModelError::Checkpoint(format!(
+                "{name}: writing {} bytes into a {}-byte slot",
+                bytes.len(),
+                e.end - e.start
+            )));
+        }
+        let f = &self.files[e.shard];
+        std::os::unix::fs::FileExt::write_all_at(f, bytes, e.start as u64)
+            .map_err(|err| ModelError::io(&self.tmp, err))?;
+        self.written.insert(name.to_string());
+        self.bytes_written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Writes new values (PyTorch orientation) for tensor `name`, in its
+    /// stored dtype.
+    pub fn write_f32(
+        &mut self,
+        ckpt: &super::Checkpoint,
+        name: &str,
+        values: &[f32],
+    ) -> Result<(), ModelError> {
+        let dtype = ckpt.entry(name)?.dtype;
+        self.put(ckpt, name, &super::dtype::encode_f32(values, dtype))
+    }
+
+    /// Copies every not-yet-written tensor whose name starts with `prefix`.
+    pub fn copy_rest(&mut self, ckpt: &super::Checkpoint, prefix: &str) -> Result<(), ModelError> {
+        let names: Vec<String> = ckpt
+            .tensors
+            .keys()
+            .filter(|n| n.starts_with(prefix) && !self.written.contains(*n))
+            .cloned()
+            .collect();
+        for name in names {
+            let bytes = ckpt.bytes(&name)?.to_vec();
+            ckpt.release(&name);
+            self.put(ckpt, &name, &bytes)?;
+        }
+        Ok(())
+    }
+
+    /// Bytes of tensor data written so far.
+    pub fn bytes_written(&self) -> u64 {
+        self.bytes_written
+    }
+
+    /// Copies what is left and the config and tokenizer files, and syncs:
+    /// the temporary folder is then a complete checkpoint (which post-pruning
+    /// evaluation streams from). Returns its path.
+    pub fn complete(&mut self, ckpt: &super::Checkpoint) -> Result<std::path::PathBuf, ModelError> {
+        self.copy_rest(ckpt, "")?;
+        for f in &self.files {
+            f.sync_all().map_err(|e| ModelError::io(&self.tmp, e))?;
+        }
+        let entries = std::fs::read_dir(&ckpt.dir).map_err(|e| ModelError::io(&ckpt.dir, e))?;
+        for entry in entries.flatten() {
+            let name = entry.file_name();
+            let n = name.to_string_lossy();
+            let wanted = n.ends_with(".json") || n.ends_with(".txt") || n == "tokenizer.model";
+            if wanted && !self.tmp.join(&name).exists() {
+                std::fs::copy(entry.path(), self.tmp.join(&name))
+                    .map_err(|e| ModelError::io(&entry.path(), e))?;
+            }
+        }
+        Ok(self.tmp.clone())
+    }
+
+    /// The temporary folder being written.
+    pub fn partial_dir(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// [`PrunedWriter::complete`], then renames the folder into place
+    /// (replacing an older `out`).
+    pub fn finish(mut self, ckpt: &super::Checkpoint) -> Result<std::path::PathBuf, ModelError> {
+        self.complete(ckpt)?;
+        if self.out.exists() {
+            if !self.out.join("config.json").exists() {
+                return Err(ModelError::Checkpoint(format!(
+                    "{} exists and is not a model folder; refusing to replace it",
+                    self.out.display()
+                )));
+            }
+            std::fs::remove_dir_all(&self.out).map_err(|e| ModelError::io(&self.out, e))?;
+        }
+        std::fs::rename(&self.tmp, &self.out).map_err(|e| ModelError::io(&self.out, e))?;
+        Ok(self.out.clone())
+    }
+}

@@ -1,0 +1,159 @@
+"""Runs the Wanda authors' pruning code (locuslab/wanda, lib/prune.py, which
+also carries SparseGPT's sparsegpt.py) on CPU under prunemem's benchmark
+protocol, and prints one JSON line comparable to `prunemem prune --json`.
+
+    python scripts/reference/run_reference.py --wanda-repo PATH_TO_WANDA_CHECKOUT \
+        --model models/smollm2-135m --method wanda --sparsity 0.5 --sparsity-type unstructured \
+        --nsamples 32 --seqlen 512 --seed 0 \
+        --calib-text wiki.test.raw --calib-lines second-half \
+        --eval-text wiki.test.raw --eval-lines first-half --eval-windows 40
+
+The authors' code is imported from the checkout given, unmodified; the
+shims in refshim.py only let it run on CPU with current transformers, and
+`get_loaders` is replaced by the same calibration sampling on a local text
+(`random.seed(seed)`, `randint(0, n - seqlen - 1)`, as their
+`get_wikitext2`), so both tools see identical windows.
+Perplexity uses prunemem's protocol (scripts/reference/eval_ppl.py).
+"""
+import argparse
+import json
+import math
+import os
+import random
+import sys
+import threading
+import time
+import types
+
+import torch
+
+
+def select(text, spec):
+    lines = text.split("\n")
+    lines = [l + "\n" for l in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    n = len(lines)
+    if spec == "all":
+        return text
+    if spec == "first-half":
+        return "".join(lines[: n // 2])
+    if spec == "second-half":
+        return "".join(lines[n // 2:])
+    a, b = spec.split(":")
+    return "".join(lines[int(a or 0): int(b) if b else n])
+
+
+def rss_kib(field):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field):
+                return int(line.split()[1])
+    return 0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--wanda-repo", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--method", default="wanda", choices=["wanda", "magnitude", "sparsegpt"])
+    ap.add_argument("--sparsity", type=float, default=0.5)
+    ap.add_argument("--sparsity-type", default="unstructured")
+    ap.add_argument("--nsamples", type=int, default=128)
+    ap.add_argument("--seqlen", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--calib-text", required=True)
+    ap.add_argument("--calib-lines", default="all")
+    ap.add_argument("--eval-text")
+    ap.add_argument("--eval-lines", default="all")
+    ap.add_argument("--eval-windows", type=int)
+    ap.add_argument("--use-variant", action="store_true")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--save-model")
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    t_start = time.time()
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import refshim
+    P = refshim.import_reference(a.wanda_repo)
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    refshim.prepare_model(model, a.seqlen)
+    tok = AutoTokenizer.from_pretrained(a.model)
+    t_loaded = time.time()
+    rss_loaded = rss_kib("VmRSS:")
+
+    def get_loaders(name, nsamples=128, seed=0, seqlen=2048, tokenizer=None):
+        text = select(open(a.calib_text, encoding="utf-8", newline="").read(), a.calib_lines)
+        enc = tokenizer(text, return_tensors="pt").input_ids
+        random.seed(seed)
+        loader = []
+        for _ in range(nsamples):
+            i = random.randint(0, enc.shape[1] - seqlen - 1)
+            inp = enc[:, i:i + seqlen]
+            tar = inp.clone()
+            tar[:, :-1] = -100
+            loader.append((inp, tar))
+        return loader, None
+
+    P.get_loaders = get_loaders
+    args = types.SimpleNamespace(nsamples=a.nsamples, seed=a.seed, sparsity_ratio=a.sparsity,
+                                 use_variant=a.use_variant, prune_method=a.method)
+    prune_n, prune_m = (0, 0) if a.sparsity_type == "unstructured" else map(int, a.sparsity_type.split(":"))
+    device = torch.device("cpu")
+
+    # Sample RSS while pruning (VmHWM also counts model loading).
+    peak = {"rss": 0}
+    done = threading.Event()
+
+    def sampler():
+        while not done.is_set():
+            peak["rss"] = max(peak["rss"], rss_kib("VmRSS:"))
+            time.sleep(0.05)
+
+    th = threading.Thread(target=sampler, daemon=True)
+    th.start()
+    t0 = time.time()
+    with torch.no_grad():
+        if a.method == "wanda":
+            P.prune_wanda(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
+        elif a.method == "magnitude":
+            P.prune_magnitude(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
+        else:
+            P.prune_sparsegpt(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
+    prune_seconds = time.time() - t0
+    done.set()
+    th.join()
+    prune_rss_peak = max(peak["rss"], rss_kib("VmRSS:"))
+    sparsity = P.check_sparsity(model)
+
+    result = {"tool": "reference", "method": a.method, "type": a.sparsity_type, "sparsity_target": a.sparsity,
+              "sparsity": sparsity, "prune_seconds": prune_seconds, "load_seconds": t_loaded - t_start,
+              "rss_after_load": rss_loaded * 1024, "rss_peak_pruning": prune_rss_peak * 1024,
+              "nsamples": a.nsamples, "seqlen": a.seqlen}
+    if a.eval_text:
+        text = select(open(a.eval_text, encoding="utf-8", newline="").read(), a.eval_lines)
+        ids = tok(text, return_tensors="pt").input_ids
+        n = ids.shape[1] // a.seqlen
+        if a.eval_windows:
+            n = min(n, a.eval_windows)
+        t = time.time()
+        losses = []
+        with torch.no_grad():
+            for i in range(n):
+                x = ids[:, i * a.seqlen:(i + 1) * a.seqlen]
+                logits = model(x).logits
+                losses.append(torch.nn.functional.cross_entropy(logits[0, :-1].float(), x[0, 1:]).item())
+        result["perplexity"] = math.exp(sum(losses) / len(losses))
+        result["eval_seconds"] = time.time() - t
+        result["eval_windows"] = n
+    if a.save_model:
+        model.save_pretrained(a.save_model)
+        tok.save_pretrained(a.save_model)
+    result["rss_peak"] = rss_kib("VmHWM:") * 1024
+    result["wall_seconds"] = time.time() - t_start
+    print(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,353 @@
+//! The sequential, layer-by-layer pruning engine (the shape of Wanda's and
+//! SparseGPT's `prune_*` loops).
+//!
+//! Calibration windows are embedded once and their hidden states kept
+//! (`inps`). For each decoder layer: load it (streaming: from the mapped
+//! checkpoint, so only this layer is resident), run every window through it
+//! in batches while the statistics its method needs are collected, prune its
+//! seven linears, run the windows through the pruned layer to get the next
+//! layer's inputs (in place: no second `outs` buffer), write the pruned
+//! tensors out, and drop it. Embeddings and the LM head are never pruned.
+//!
+//! Stage snapshots: `03_before_pruning`, per layer `layer_NN_stats` and
+//! `layer_NN_pruned` inside a `layer_NN` scope, `04_after_pruning`.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use burn::module::Param;
+use burn::prelude::*;
+
+use super::methods::{apply_mask, magnitude_mask, wanda_mask, wanda_metric};
+use super::sparsegpt::fasterprune;
+use super::stats::{LayerStats, Stat, StatKind};
+use super::{Method, Pattern, PruneError};
+use crate::eval::token_tensor;
+use crate::model::llama::{DecoderLayer, LinearInput};
+use crate::model::save::PrunedWriter;
+use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
+use crate::profiler::Profiler;
+
+/// How to prune.
+#[derive(Debug, Clone)]
+pub struct PruneConfig {
+    pub method: Method,
+    pub sparsity: f64,
+    pub pattern: Pattern,
+    pub use_variant: bool,
+    pub seqlen: usize,
+    /// Windows per forward pass.
+    pub batch_size: usize,
+    pub dtype: ComputeDtype,
+    /// SparseGPT dampening (fraction of the mean Hessian diagonal).
+    pub percdamp: f64,
+    /// SparseGPT column block size.
+    pub blocksize: usize,
+}
+
+/// What pruning one linear did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LinearReport {
+    pub name: String,
+    pub zeros: u64,
+    pub params: u64,
+    /// Wanda variant: the α found.
+    pub alpha: Option<f64>,
+    /// SparseGPT: the reconstruction error it reports.
+    pub error: Option<f64>,
+}
+
+/// What pruning one decoder layer did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LayerReport {
+    pub index: usize,
+    pub seconds: f64,
+    pub linears: Vec<LinearReport>,
+}
+
+impl LayerReport {
+    pub fn sparsity(&self) -> f64 {
+        let (z, p) = self
+            .linears
+            .iter()
+            .fold((0u64, 0u64), |(z, p), l| (z + l.zeros, p + l.params));
+        z as f64 / p.max(1) as f64
+    }
+}
+
+/// The result of a pruning run.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct PruneOutcome {
+    pub layers: Vec<LayerReport>,
+    pub seconds: f64,
+}
+
+impl PruneOutcome {
+    /// Fraction of zeros over every decoder linear (`check_sparsity`).
+    pub fn sparsity(&self) -> f64 {
+        let (z, p) = self
+            .layers
+            .iter()
+            .flat_map(|l| &l.linears)
+            .fold((0u64, 0u64), |(z, p), l| (z + l.zeros, p + l.params));
+        z as f64 / p.max(1) as f64
+    }
+}
+
+/// Where the layers live while pruning.
+pub enum Source<'a, B: Backend> {
+    /// Read one layer at a time from the mapped checkpoint.
+    Streamed,
+    /// The whole model, loaded; pruned in place.
+    Resident(&'a mut Llama<B>),
+}
+
+fn stat_kind(method: Method) -> Option<StatKind> {
+    match method {
+        Method::Magnitude => None,
+        Method::Wanda => Some(StatKind::ColumnNorms),
+        Method::SparseGpt => Some(StatKind::Hessian),
+    }
+}
+
+/// Hidden states of the calibration windows after the embedding, in
+/// batches of `batch_size` windows.
+pub fn embed_windows<B: Backend>(
+    ckpt: &Checkpoint,
+    source: &Source<'_, B>,
+    windows: &[Vec<u32>],
+    batch_size: usize,
+    dtype: ComputeDtype,
+    device: &B::Device,
+) -> Result<Vec<Tensor<B, 3>>, PruneError> {
+    let loaded;
+    let embed = match source {
+        Source::Resident(m) => &m.model.embed_tokens,
+        Source::Streamed => {
+            loaded = ckpt.load_embedding::<B>(dtype, device)?;
+            &loaded
+        }
+    };
+    Ok(windows
+        .chunks(batch_size.max(1))
+        .map(|batch| embed.forward(token_tensor(batch, device)))
+        .collect())
+}
+
+/// Prunes every decoder layer of `ckpt` (or of the resident model), writing
+/// pruned layers to `writer` when given.
+pub fn prune<B: Backend>(
+    ckpt: &Checkpoint,
+    mut source: Source<'_, B>,
+    config: &PruneConfig,
+    calibration: &[Vec<u32>],
+    mut writer: Option<&mut PrunedWriter>,
+    device: &B::Device,
+    profiler: &Profiler,
+) -> Result<PruneOutcome, PruneError> {
+    let start = Instant::now();
+    let c = &ckpt.config;
+    let kind = stat_kind(config.method);
+    let nsamples = calibration.len();
+    let mut inps = match kind {
+        Some(_) => embed_windows(
+            ckpt,
+            &source,
+            calibration,
+            config.batch_size,
+            config.dtype,
+            device,
+        )?,
+        None => Vec::new(),
+    };
+    let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
+    let act_bytes = (nsamples * config.seqlen * c.hidden_size) as u64 * config.dtype.size();
+    let mut components = BTreeMap::new();
+    components.insert("calibration_inputs".to_string(), act_bytes);
+    if let Source::Resident(_) = source {
+        components.insert("weights".to_string(), c.param_count() * config.dtype.size());
+    }
+    profiler.components("03_before_pruning", components.clone());
+    profiler.checkpoint("03_before_pruning");
+
+    let streamed = matches!(source, Source::Streamed);
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for i in 0..c.num_layers {
+        let layer_start = Instant::now();
+        let _scope = profiler.scope(&format!("layer_{i:02}"));
+        let mut owned;
+        let layer: &mut DecoderLayer<B> = match &mut source {
+            Source::Resident(m) => &mut m.model.layers[i],
+            Source::Streamed => {
+                owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
+                &mut owned
+            }
+        };
+        let mut stats = kind.map(LayerStats::<B>::new);
+        if let Some(stats) = stats.as_mut() {
+            for x in &inps {
+                let _ =
+                    layer.forward_traced(x.clone(), &rope, &mut |input, t| stats.observe(input, t));
+            }
+        }
+        let mut comp = components.clone();
+        if streamed {
+            comp.insert(
+                "weights".to_string(),
+                c.layer_param_count() * config.dtype.size(),
+            );
+        }
+        if let Some(s) = &stats {
+            comp.insert("statistics".to_string(), s.bytes());
+        }
+        profiler.components(&format!("layer_{i:02}_stats"), comp);
+        profiler.checkpoint(&format!("layer_{i:02}_stats"));
+
+        let mut linears = Vec::with_capacity(7);
+        for input in [
+            LinearInput::Qkv,
+            LinearInput::O,
+            LinearInput::GateUp,
+            LinearInput::Down,
+        ] {
+            let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
+            for name in input.linears() {
+                let full = format!("model.layers.{i}.{name}.weight");
+                let report = prune_linear(
+                    layer,
+                    name,
+                    &full,
+                    stat.as_ref(),
+                    config,
+                    device,
+                    writer.as_deref_mut(),
+                    ckpt,
+                )?;
+                linears.push(report);
+            }
+        }
+        drop(stats);
+        profiler.checkpoint(&format!("layer_{i:02}_pruned"));
+
+        if kind.is_some() && i + 1 < c.num_layers {
+            for x in inps.iter_mut() {
+                *x = layer.forward(x.clone(), &rope);
+            }
+        }
+        if let Some(w) = writer.as_deref_mut() {
+            w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
+        }
+        layers.push(LayerReport {
+            index: i,
+            seconds: layer_start.elapsed().as_secs_f64(),
+            linears,
+        });
+        profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
+    }
+    drop(inps);
+    profiler.checkpoint("04_after_pruning");
+    Ok(PruneOutcome {
+        layers,
+        seconds: start.elapsed().as_secs_f64(),
+    })
+}
+
+/// The weight of a linear as host f32 in PyTorch orientation `[out, in]`.
+pub fn weight_out_in<B: Backend>(layer: &DecoderLayer<B>, name: &str) -> (Vec<f32>, usize, usize) {
+    let Some(lin) = layer.linear(name) else {
+        return (Vec::new(), 0, 0);
+    };
+    let w = lin.weight.val();
+    let [inp, out] = w.dims();
+    let data = w
+        .transpose()
+        .into_data()
+        .convert_dtype(burn::tensor::DType::F32);
+    (data.into_vec().unwrap_or_default(), out, inp)
+}
+
+/// Replaces a linear's weight with `values` (`[out, in]`).
+pub fn set_weight<B: Backend>(
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    values: Vec<f32>,
+    out: usize,
+    inp: usize,
+    dtype: ComputeDtype,
+    device: &B::Device,
+) {
+    if let Some(lin) = layer.linear_mut(name) {
+        let t =
+            Tensor::<B, 2>::from_data(TensorData::new(values, [out, inp]), (device, dtype.burn()));
+        lin.weight = Param::from_tensor(t.transpose());
+    }
+}
+
+#[allow(clippy::too_many_arguments)]
+fn prune_linear<B: Backend>(
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    full_name: &str,
+    stat: Option<&Stat>,
+    config: &PruneConfig,
+    device: &B::Device,
+    writer: Option<&mut PrunedWriter>,
+    ckpt: &Checkpoint,
+) -> Result<LinearReport, PruneError> {
+    let (mut w, out, inp) = weight_out_in(layer, name);
+    let (mut alpha, mut error) = (None, None);
+    match (config.method, stat) {
+        (Method::Magnitude, _) => {
+            let mask = magnitude_mask(&w, inp, config.sparsity, config.pattern);
+            apply_mask(&mut w, &mask);
+        }
+        (Method::Wanda, Some(Stat::Norms(scaler_row))) => {
+            let metric = wanda_metric(&w, inp, scaler_row);
+            let (mask, a) = wanda_mask(
+                &metric,
+                inp,
+                config.sparsity,
+                config.pattern,
+                config.use_variant,
+            );
+            apply_mask(&mut w, &mask);
+            alpha = a;
+        }
+        (Method::SparseGpt, Some(Stat::Hessian(h))) => {
+            let r = fasterprune(
+                &w,
+                out,
+                inp,
+                h.clone(),
+                config.sparsity,
+                config.pattern,
+                config.percdamp,
+                config.blocksize,
+            )
+            .map_err(|e| PruneError::NotPositiveDefinite {
+                name: full_name.to_string(),
+                index: e.index,
+                value: e.value,
+            })?;
+            w = r.weight;
+            error = Some(r.error);
+        }
+        _ => {
+            return Err(PruneError::Invalid(format!(
+                "{full_name}: no statistics were collected"
+            )));
+        }
+    }
+    let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
+    if let Some(writer) = writer {
+        writer.write_f32(ckpt, full_name, &w)?;
+    }
+    set_weight(layer, name, w, out, inp, config.dtype, device);
+    Ok(LinearReport {
+        name: full_name.to_string(),
+        zeros,
+        params: (out * inp) as u64,
+        alpha,
+        error,
+    })
+}

@@ -1,0 +1,382 @@
+//! `prunemem prune` through the binary on synthetic models: streamed and
+//! resident runs agree, the saved model keeps the input's layout, the logs
+//! carry the stages users know, the peak does not grow with depth, an
+//! interrupted run leaves no model behind, and bad flags are one-line errors.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use prunemem::events::{Event, RunStatus};
+use prunemem::model::Checkpoint;
+use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
+
+fn s(p: &Path) -> &str {
+    p.to_str().unwrap()
+}
+
+fn run(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    root: PathBuf,
+    model: PathBuf,
+    text: PathBuf,
+}
+
+fn fixture(spec: SyntheticSpec) -> Fixture {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().to_path_buf();
+    let model = root.join("model");
+    write_checkpoint(&model, &spec).unwrap();
+    let text = root.join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    Fixture {
+        _dir: dir,
+        root,
+        model,
+        text,
+    }
+}
+
+fn prune_args<'a>(f: &'a Fixture, method: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut v = vec![
+        "prune",
+        "--model",
+        s(&f.model),
+        "--method",
+        method,
+        "--sparsity",
+        "0.5",
+        "--nsamples",
+        "8",
+        "--seqlen",
+        "64",
+        "--calib-text",
+        s(&f.text),
+        "--ui",
+        "none",
+        "--json",
+    ];
+    v.extend_from_slice(extra);
+    v
+}
+
+fn json_line(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
+}
+
+#[test]
+fn streamed_and_resident_save_the_same_model() {
+    let f = fixture(SyntheticSpec {
+        layers: 3,
+        shards: 2,
+        ..Default::default()
+    });
+    let (a, b) = (f.root.join("streamed"), f.root.join("resident"));
+    for (dir, extra) in [(&a, vec![]), (&b, vec!["--resident"])] {
+        let mut args = prune_args(
+            &f,
+            "wanda",
+            &[
+                "--save",
+                s(dir),
+                "--eval-text",
+                s(&f.text),
+                "--eval-windows",
+                "4",
+            ],
+        );
+        args.extend(extra);
+        let (code, out, err) = run(&args);
+        assert_eq!(code, Some(0), "{err}");
+        let v = json_line(&out);
+        assert!((v["sparsity"].as_f64().unwrap() - 0.5).abs() < 1e-9, "{v}");
+        assert!(v["perplexity"].as_f64().unwrap() > 1.0);
+        assert!(out.contains("layer 2 sparsity 0.500000"), "{out}");
+        assert!(out.contains("sparsity sanity check 0.5000"), "{out}");
+    }
+    let (sa, sb) = (Checkpoint::open(&a).unwrap(), Checkpoint::open(&b).unwrap());
+    let input = Checkpoint::open(&f.model).unwrap();
+    assert!(
+        sa.sharded && sa.shards.len() == 2,
+        "same shard layout as the input"
+    );
+    for (name, e) in &input.tensors {
+        let (ea, eb) = (&sa.tensors[name], &sb.tensors[name]);
+        assert_eq!(
+            (ea.start, ea.end, ea.dtype, &ea.shape),
+            (e.start, e.end, e.dtype, &e.shape),
+            "{name}"
+        );
+        assert_eq!(
+            sa.read_f32(name).unwrap(),
+            sb.read_f32(name).unwrap(),
+            "{name}"
+        );
+        let pruned = name.contains("_proj.");
+        assert_eq!(
+            sa.read_f32(name).unwrap() == input.read_f32(name).unwrap(),
+            !pruned,
+            "{name}"
+        );
+    }
+    for file in [
+        "config.json",
+        "tokenizer.json",
+        "model.safetensors.index.json",
+    ] {
+        assert!(a.join(file).is_file(), "{file} copied");
+    }
+    assert!(
+        a.join("logs/events.jsonl").is_file(),
+        "logs default to SAVE/logs"
+    );
+    assert!(!f.root.join("streamed.partial").exists());
+    // Per output row, exactly half of each linear's inputs are zero.
+    let q = sa
+        .read_f32("model.layers.1.self_attn.q_proj.weight")
+        .unwrap();
+    for row in q.chunks(64) {
+        assert_eq!(row.iter().filter(|v| **v == 0.0).count(), 32);
+    }
+}
+
+#[test]
+fn logs_carry_the_stages_and_layers() {
+    let f = fixture(SyntheticSpec {
+        layers: 2,
+        ..Default::default()
+    });
+    let save = f.root.join("out");
+    let log = f.root.join("log");
+    let (code, _, err) = run(&prune_args(
+        &f,
+        "sparsegpt",
+        &[
+            "--save",
+            s(&save),
+            "--eval-text",
+            s(&f.text),
+            "--eval-windows",
+            "2",
+            "--log-memory",
+            s(&log),
+        ],
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    let text = std::fs::read_to_string(log.join("events.jsonl")).unwrap();
+    let events: Vec<Event> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    let stages: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Stage { snapshot } => Some(snapshot.label.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        stages,
+        [
+            "01_start",
+            "02_model_loaded",
+            "03_before_pruning",
+            "layer_00_stats",
+            "layer_00_pruned",
+            "layer_01_stats",
+            "layer_01_pruned",
+            "04_after_pruning",
+            "05_before_eval",
+            "06_after_eval",
+            "07_before_save_model",
+            "08_after_save_model",
+            "09_end"
+        ]
+    );
+    let scopes: Vec<String> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::ScopeEnd { report } => Some(report.label.clone()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(scopes, ["layer_00", "layer_01", "eval"]);
+    let Some(Event::RunStarted { plan }) = events.first() else {
+        panic!("plan first")
+    };
+    assert_eq!(plan.method.as_deref(), Some("sparsegpt"));
+    assert_eq!(plan.settings["nsamples"], 8);
+    assert_eq!(plan.model.as_ref().unwrap().layers, 2);
+    let Some(Event::RunFinished { summary }) = events.last() else {
+        panic!("summary last")
+    };
+    assert_eq!(summary.status, RunStatus::Ok);
+    assert_eq!(
+        summary.results["layer_seconds"].as_array().unwrap().len(),
+        2
+    );
+    assert!(events.iter().any(|e| matches!(
+        e,
+        Event::Progress {
+            index: 1,
+            total: 2,
+            ..
+        }
+    )));
+    assert!(
+        events
+            .iter()
+            .any(|e| matches!(e, Event::Components { stage, .. } if stage == "layer_00_stats"))
+    );
+}
+
+/// Streaming keeps one layer resident: 8 layers peak about where 2 do.
+#[test]
+fn peak_does_not_grow_with_depth() {
+    let peak = |layers: usize| {
+        let f = fixture(SyntheticSpec {
+            layers,
+            hidden: 256,
+            intermediate: 704,
+            heads: 8,
+            kv_heads: 2,
+            ..Default::default()
+        });
+        let (code, out, err) = run(&prune_args(&f, "wanda", &["--sample-hz", "50"]));
+        assert_eq!(code, Some(0), "{err}");
+        json_line(&out)["heap_peak"].as_u64().unwrap()
+    };
+    let (two, eight) = (peak(2), peak(8));
+    let layer_bytes = (4 * 256 * 256 + 3 * 256 * 704) as u64 * 4;
+    println!("heap peak: 2 layers {two} B, 8 layers {eight} B, one layer {layer_bytes} B");
+    assert!(
+        eight < two + layer_bytes,
+        "peak grew with depth: {two} -> {eight}"
+    );
+}
+
+#[test]
+fn interrupted_run_leaves_no_model() {
+    let f = fixture(SyntheticSpec {
+        layers: 24,
+        hidden: 256,
+        intermediate: 704,
+        heads: 8,
+        kv_heads: 2,
+        ..Default::default()
+    });
+    let save = f.root.join("pruned");
+    let mut args = prune_args(
+        &f,
+        "sparsegpt",
+        &["--save", s(&save), "--nsamples", "32", "--seqlen", "128"],
+    );
+    args.retain(|a| *a != "--json");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_prunemem"))
+        .args(&args)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let log = f.root.join("pruned.partial/logs/events.jsonl");
+    let start = Instant::now();
+    while !std::fs::read_to_string(&log)
+        .map(|t| t.contains("layer_03_pruned"))
+        .unwrap_or(false)
+    {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("prune exited ({status}) before layer 3");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "never reached layer 3"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    unsafe {
+        libc::kill(child.id() as i32, libc::SIGINT);
+    }
+    assert_eq!(child.wait().unwrap().code(), Some(130));
+    assert!(!save.exists(), "no model at --save after an interrupt");
+    let text = std::fs::read_to_string(&log).unwrap();
+    let last: Event = serde_json::from_str(text.lines().last().unwrap()).unwrap();
+    assert!(
+        matches!(last, Event::RunFinished { summary } if summary.status == RunStatus::Interrupted)
+    );
+}
+
+#[test]
+fn bad_flags_are_one_line_errors() {
+    let f = fixture(SyntheticSpec::default());
+    let short = f.root.join("short.txt");
+    std::fs::write(&short, "a few words only").unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["--sparsity", "1.0"], "[0, 1)"),
+        (vec!["--sparsity", "-0.2"], "[0, 1)"),
+        (
+            vec!["--sparsity-type", "2:4", "--sparsity", "0.6"],
+            "must be 0.5",
+        ),
+        (vec!["--sparsity-type", "4:4"], "0 < N < M"),
+        (vec!["--sparsity-type", "2-4"], "unknown sparsity type"),
+        (vec!["--nsamples", "0"], "--nsamples"),
+        (vec!["--method", "obs"], "unknown method"),
+        (vec!["--calib-text", s(&short)], "calibration text"),
+        (vec!["--calib-text", "/nonexistent.txt"], "no such file"),
+        (
+            vec!["--use-variant", "--sparsity-type", "2:4"],
+            "--use-variant",
+        ),
+        (vec!["--save", s(&f.model)], "input model's folder"),
+        (vec!["--save", s(&f.text)], "not a model folder"),
+    ];
+    for (extra, needle) in cases {
+        let (code, _, err) = run(&prune_args(&f, "wanda", &extra));
+        assert_eq!(code, Some(2), "{extra:?}: {err}");
+        let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        assert_eq!(lines.len(), 1, "{extra:?}: {err}");
+        assert!(lines[0].contains(needle), "{extra:?}: {}", lines[0]);
+    }
+    let (code, _, err) = run(&[
+        "prune",
+        "--model",
+        s(&f.model),
+        "--method",
+        "wanda",
+        "--ui",
+        "none",
+    ]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("--calib-text is required"), "{err}");
+    // Python spellings are accepted.
+    let (code, out, err) = run(&[
+        "prune",
+        "--model",
+        s(&f.model),
+        "--prune_method",
+        "magnitude",
+        "--sparsity_ratio",
+        "0.5",
+        "--sparsity_type",
+        "4:8",
+        "--ui",
+        "none",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(json_line(&out)["type"], "4:8");
+}
