@@ -19,7 +19,7 @@ use burn::module::Param;
 use burn::prelude::*;
 
 use super::methods::{apply_mask, magnitude_mask, wanda_mask, wanda_metric};
-use super::sparsegpt::fasterprune;
+use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::stats::{LayerStats, Stat, StatKind};
 use super::{Method, Pattern, PruneError};
 use crate::eval::token_tensor;

@@ -29,6 +29,17 @@ pub struct SparseGptResult {
     pub error: f64,
 }
 
+/// The reference's `fasterprune` arguments.
+#[derive(Debug, Clone, Copy)]
+pub struct SparseGptOptions {
+    pub sparsity: f64,
+    pub pattern: Pattern,
+    /// Dampening as a fraction of the mean Hessian diagonal (0.01).
+    pub percdamp: f64,
+    /// Columns per block (128).
+    pub blocksize: usize,
+}
+
 /// Runs `fasterprune` on `w` (`rows × cols`) with Hessian `h` (`cols × cols`,
 /// consumed).
 pub fn fasterprune(
@@ -36,11 +47,14 @@ pub fn fasterprune(
     rows: usize,
     cols: usize,
     mut h: Vec<f32>,
-    sparsity: f64,
-    pattern: Pattern,
-    percdamp: f64,
-    blocksize: usize,
+    options: SparseGptOptions,
 ) -> Result<SparseGptResult, NotPositiveDefinite> {
+    let SparseGptOptions {
+        sparsity,
+        pattern,
+        percdamp,
+        blocksize,
+    } = options;
     let mut w = w.to_vec();
     // Dead inputs.
     for j in 0..cols {
@@ -174,6 +188,15 @@ mod tests {
     use super::*;
     use crate::model::synthetic::Normal;
 
+    fn opts(sparsity: f64, pattern: Pattern, blocksize: usize) -> SparseGptOptions {
+        SparseGptOptions {
+            sparsity,
+            pattern,
+            percdamp: 0.01,
+            blocksize,
+        }
+    }
+
     fn problem(rows: usize, cols: usize, n: usize) -> (Vec<f32>, Vec<f32>, Vec<f32>) {
         let mut rng = Normal::new(9);
         let w = rng.vec(rows * cols, 1.0);
@@ -213,7 +236,7 @@ mod tests {
     fn sparsity_and_compensation() {
         let (rows, cols) = (24, 160);
         let (w, h, x) = problem(rows, cols, 400);
-        let r = fasterprune(&w, rows, cols, h, 0.5, Pattern::Unstructured, 0.01, 64).unwrap();
+        let r = fasterprune(&w, rows, cols, h, opts(0.5, Pattern::Unstructured, 64)).unwrap();
         let zeros = r.weight.iter().filter(|v| **v == 0.0).count();
         let s = zeros as f64 / r.weight.len() as f64;
         assert!((0.49..0.53).contains(&s), "sparsity {s}");
@@ -260,7 +283,7 @@ mod tests {
             h[3 * cols + j] = 0.0;
             h[j * cols + 3] = 0.0;
         }
-        let r = fasterprune(&w, rows, cols, h, 0.25, Pattern::Unstructured, 0.01, 16).unwrap();
+        let r = fasterprune(&w, rows, cols, h, opts(0.25, Pattern::Unstructured, 16)).unwrap();
         assert!((0..rows).all(|i| r.weight[i * cols + 3] == 0.0));
     }
 }
