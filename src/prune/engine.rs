@@ -314,20 +314,18 @@ fn prune_linear<B: Backend>(
             alpha = a;
         }
         (Method::SparseGpt, Some(Stat::Hessian(h))) => {
-            let r = fasterprune(
-                &w,
-                out,
-                inp,
-                h.clone(),
-                config.sparsity,
-                config.pattern,
-                config.percdamp,
-                config.blocksize,
-            )
-            .map_err(|e| PruneError::NotPositiveDefinite {
-                name: full_name.to_string(),
-                index: e.index,
-                value: e.value,
+            let options = SparseGptOptions {
+                sparsity: config.sparsity,
+                pattern: config.pattern,
+                percdamp: config.percdamp,
+                blocksize: config.blocksize,
+            };
+            let r = fasterprune(&w, out, inp, h.clone(), options).map_err(|e| {
+                PruneError::NotPositiveDefinite {
+                    name: full_name.to_string(),
+                    index: e.index,
+                    value: e.value,
+                }
             })?;
             w = r.weight;
             error = Some(r.error);

@@ -262,10 +262,7 @@ mod tests {
             rows,
             cols,
             h,
-            0.5,
-            Pattern::NM { n: 2, m: 4 },
-            0.01,
-            128,
+            opts(0.5, Pattern::NM { n: 2, m: 4 }, 128),
         )
         .unwrap();
         for row in r.weight.chunks(cols) {
