@@ -116,11 +116,13 @@ fn streamed_and_resident_save_the_same_model() {
     );
     for (name, e) in &input.tensors {
         let (ea, eb) = (&sa.tensors[name], &sb.tensors[name]);
-        assert_eq!(
-            (ea.start, ea.end, ea.dtype, &ea.shape),
-            (e.start, e.end, e.dtype, &e.shape),
-            "{name}"
-        );
+        for got in [ea, eb] {
+            assert_eq!(
+                (got.start, got.end, got.dtype, &got.shape),
+                (e.start, e.end, e.dtype, &e.shape),
+                "{name}"
+            );
+        }
         assert_eq!(
             sa.read_f32(name).unwrap(),
             sb.read_f32(name).unwrap(),
