@@ -7,6 +7,7 @@
 //! sink, the UI or the charts.
 
 pub mod data;
+pub mod demo;
 pub mod eval;
 pub mod events;
 pub mod memory;

@@ -105,8 +105,12 @@ fn streamed_and_resident_save_the_same_model() {
         let v = json_line(&out);
         assert!((v["sparsity"].as_f64().unwrap() - 0.5).abs() < 1e-9, "{v}");
         assert!(v["perplexity"].as_f64().unwrap() > 1.0);
-        assert!(out.contains("layer 2 sparsity 0.500000"), "{out}");
-        assert!(out.contains("sparsity sanity check 0.5000"), "{out}");
+        assert_eq!(
+            v["layer_sparsity"],
+            serde_json::json!([0.5, 0.5, 0.5]),
+            "{v}"
+        );
+        assert_eq!(out.lines().count(), 1, "--json prints only the JSON line");
     }
     let (sa, sb) = (Checkpoint::open(&a).unwrap(), Checkpoint::open(&b).unwrap());
     let input = Checkpoint::open(&f.model).unwrap();

@@ -3,6 +3,7 @@
 
 mod common;
 mod convert;
+mod demo;
 mod eval;
 mod prune;
 mod snapshot;
@@ -31,6 +32,8 @@ pub struct Cli {
 
 #[derive(Subcommand, Debug)]
 pub enum Command {
+    /// The main job end to end: prune a model with Wanda, evaluate it, write logs to reports/demo
+    Demo(demo::DemoArgs),
     /// Print the memory status of this machine and process (GPU when present)
     Snapshot(snapshot::SnapshotArgs),
     /// Import a llama.cpp GGUF file as a Hugging Face folder (config.json, model.safetensors, tokenizer.json)
@@ -43,8 +46,14 @@ pub enum Command {
 
 /// Parses `std::env::args`, runs the command and returns the exit status.
 pub fn main() -> i32 {
+    run_from(std::env::args().collect())
+}
+
+/// Runs the command line `argv` (`argv[0]` is the program name) and returns
+/// the exit status, as the binary would.
+pub fn run_from(argv: Vec<String>) -> i32 {
     install_panic_hook();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
             let _ = e.print();
@@ -54,8 +63,8 @@ pub fn main() -> i32 {
             };
         }
     };
-    let argv: Vec<String> = std::env::args().collect();
     let outcome = match cli.command {
+        Command::Demo(args) => demo::run(args),
         Command::Snapshot(args) => snapshot::run(args, argv),
         Command::Convert(args) => convert::run(args),
         Command::Eval(args) => eval::run(args, argv),

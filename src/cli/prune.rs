@@ -124,7 +124,18 @@ pub fn sparsity_lines(outcome: &PruneOutcome) -> String {
     s
 }
 
+/// What a finished `prune` reports back to callers such as `demo`.
+pub struct PruneReport {
+    pub sparsity: f64,
+    pub perplexity: Option<f64>,
+}
+
 pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
+    execute(args, argv).map(|_| 0)
+}
+
+/// Runs `prune` and returns what it found.
+pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
     validate(
         args.method,
         args.sparsity,
@@ -217,25 +228,13 @@ pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
     };
     p.checkpoint("09_end");
     let (summary, errors) = run.finish(RunStatus::Ok);
-    print!("{}", sparsity_lines(&outcome.prune));
-    if let Some(ppl) = &outcome.perplexity {
-        println!(
-            "perplexity {:.4} ({} windows × {} tokens)",
-            ppl.perplexity, ppl.windows, ppl.seqlen
-        );
-    }
-    if let Some(dir) = &saved {
-        println!("pruned model saved to {}", dir.display());
-    }
     let final_logs = match (&args.report.log_memory, &saved) {
         (Some(l), _) => Some(l.clone()),
         (None, Some(dir)) => Some(dir.join("logs")),
         _ => None,
     };
-    if let Some(l) = &final_logs {
-        println!("memory logs in {}", l.display());
-    }
     if args.json {
+        let layer_sparsity: Vec<f64> = outcome.prune.layers.iter().map(|l| l.sparsity()).collect();
         println!(
             "{}",
             json!({
@@ -245,14 +244,31 @@ pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
                 "rss_peak": summary.rss_peak, "heap_peak": summary.heap_peak,
                 "perplexity": outcome.perplexity.as_ref().map(|p| p.perplexity),
                 "eval_windows": outcome.perplexity.as_ref().map(|p| p.windows),
-                "nsamples": args.nsamples, "resident": args.resident,
+                "nsamples": args.nsamples, "resident": args.resident, "layer_sparsity": layer_sparsity,
             })
         );
+    } else {
+        print!("{}", sparsity_lines(&outcome.prune));
+        if let Some(ppl) = &outcome.perplexity {
+            println!(
+                "perplexity {:.4} ({} windows × {} tokens)",
+                ppl.perplexity, ppl.windows, ppl.seqlen
+            );
+        }
+        if let Some(dir) = &saved {
+            println!("pruned model saved to {}", dir.display());
+        }
+        if let Some(l) = &final_logs {
+            println!("memory logs in {}", l.display());
+        }
     }
     for e in errors {
         eprintln!("warning: {e}");
     }
-    Ok(0)
+    Ok(PruneReport {
+        sparsity: outcome.prune.sparsity(),
+        perplexity: outcome.perplexity.as_ref().map(|p| p.perplexity),
+    })
 }
 
 struct Outcome {
