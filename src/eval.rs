@@ -125,6 +125,7 @@ pub fn perplexity<B: Backend>(
                 .collect();
             let head_linear = ckpt.load_lm_head::<B>(dtype, device)?;
             for i in 0..c.num_layers {
+                crate::memory::alloc::trim();
                 let layer = ckpt.load_layer::<B>(i, dtype, device)?;
                 xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
                 if let Some(p) = profiler {

@@ -8,6 +8,7 @@
 
 pub mod data;
 pub mod demo;
+pub mod estimate;
 pub mod eval;
 pub mod events;
 pub mod memory;

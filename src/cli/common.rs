@@ -100,15 +100,18 @@ pub fn tokenize_text(tok: &Tokenizer, path: &Path, range: LineRange) -> CliResul
     }
 }
 
-/// `--seqlen` resolved against the model's max positions; a cap is warned.
-pub fn seqlen(
+/// `--seqlen` resolved against the model's max positions, and the warning
+/// to emit (once the run has started) when it was capped.
+pub fn resolve_seqlen(
     requested: Option<usize>,
     max_positions: usize,
-    profiler: &Profiler,
-) -> CliResult<usize> {
-    let (s, warning) = data::windows::resolve_seqlen(requested, max_positions)?;
+) -> CliResult<(usize, Option<String>)> {
+    Ok(data::windows::resolve_seqlen(requested, max_positions)?)
+}
+
+/// Emits a capped-seqlen warning, if any.
+pub fn warn_seqlen(warning: Option<String>, profiler: &Profiler) {
     if let Some(w) = warning {
         profiler.message(Level::Warn, w);
     }
-    Ok(s)
 }

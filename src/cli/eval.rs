@@ -74,12 +74,16 @@ pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
         .insert("resident".into(), json!(args.resident));
     plan.settings
         .insert("eval_text".into(), json!(args.text.display().to_string()));
+    let (seqlen, capped) =
+        common::resolve_seqlen(args.seqlen, ckpt.config.max_position_embeddings)?;
+    plan.settings.insert("seqlen".into(), json!(seqlen));
     let mut run = Run::start(plan, args.report.run_options(None)?)?;
     let p = run.profiler.clone();
+    common::warn_seqlen(capped, &p);
     p.checkpoint("01_start");
-    let seqlen = common::seqlen(args.seqlen, ckpt.config.max_position_embeddings, &p)?;
     let tokens = common::tokenize_text(&tok, &args.text, args.lines)?;
     let windows = eval_windows(&tokens, seqlen, args.windows)?;
+    drop(tokens);
     let device = Default::default();
     let model = if args.resident {
         Some(ckpt.load_model::<Flex>(args.dtype, &device)?)

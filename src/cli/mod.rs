@@ -4,6 +4,7 @@
 mod common;
 mod convert;
 mod demo;
+mod estimate;
 mod eval;
 mod prune;
 mod snapshot;
@@ -40,6 +41,8 @@ pub enum Command {
     Convert(convert::ConvertArgs),
     /// Perplexity of a model on a text (non-overlapping windows, as the Wanda/SparseGPT eval)
     Eval(eval::EvalArgs),
+    /// Predict memory before running: per-phase breakdown, peak, which GPUs fit
+    Estimate(Box<estimate::EstimateArgs>),
     /// Prune a model layer by layer (magnitude, Wanda, SparseGPT), optionally evaluate and save it
     Prune(Box<prune::PruneArgs>),
 }
@@ -69,6 +72,7 @@ pub fn run_from(argv: Vec<String>) -> i32 {
         Command::Convert(args) => convert::run(args),
         Command::Eval(args) => eval::run(args, argv),
         Command::Prune(args) => prune::run(*args, argv),
+        Command::Estimate(args) => estimate::run(*args),
     };
     match outcome {
         Ok(code) => code,

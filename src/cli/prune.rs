@@ -205,10 +205,14 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
         s.insert("percdamp".into(), json!(args.percdamp));
         s.insert("blocksize".into(), json!(args.blocksize));
     }
+    let (seqlen, capped) =
+        common::resolve_seqlen(args.seqlen, ckpt.config.max_position_embeddings)?;
+    plan.settings.insert("seqlen".into(), json!(seqlen));
     let mut run = Run::start(plan, args.report.run_options(log_dir.clone())?)?;
     let p = run.profiler.clone();
+    common::warn_seqlen(capped, &p);
     p.checkpoint("01_start");
-    let outcome = prune_and_eval(&args, &ckpt, &tok, writer.as_mut(), &p, &mut run);
+    let outcome = prune_and_eval(&args, seqlen, &ckpt, &tok, writer.as_mut(), &p, &mut run);
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -278,6 +282,7 @@ struct Outcome {
 
 fn prune_and_eval(
     args: &PruneArgs,
+    seqlen: usize,
     ckpt: &Checkpoint,
     tok: &Tokenizer,
     mut writer: Option<&mut PrunedWriter>,
@@ -285,14 +290,13 @@ fn prune_and_eval(
     run: &mut Run,
 ) -> CliResult<Outcome> {
     let device = Default::default();
-    let seqlen = common::seqlen(args.seqlen, ckpt.config.max_position_embeddings, p)?;
     let calib = calibration(args, tok, seqlen)?;
-    let eval_tokens = match &args.eval_text {
-        Some(path) => Some(common::tokenize_text(tok, path, args.eval_lines)?),
-        None => None,
-    };
-    let eval_wins = match &eval_tokens {
-        Some(t) => Some(eval_windows(t, seqlen, args.eval_windows)?),
+    // Only the windows are kept: the tokenised text is dropped here.
+    let eval_wins = match &args.eval_text {
+        Some(path) => {
+            let tokens = common::tokenize_text(tok, path, args.eval_lines)?;
+            Some(eval_windows(&tokens, seqlen, args.eval_windows)?)
+        }
         None => None,
     };
     let mut model = if args.resident {

@@ -34,6 +34,21 @@ pub struct Shard {
     pub header_len: usize,
 }
 
+/// Copies `start..end` of a mapping to the heap 8 MiB at a time, releasing
+/// each piece once copied: reading a 500 MiB embedding never holds it twice.
+pub fn copy_releasing(mmap: &Mmap, start: usize, end: usize) -> Vec<u8> {
+    const CHUNK: usize = 8 << 20;
+    let mut out = Vec::with_capacity(end - start);
+    let mut a = start;
+    while a < end {
+        let b = (a + CHUNK).min(end);
+        out.extend_from_slice(&mmap[a..b]);
+        release_range(mmap, a, b);
+        a = b;
+    }
+    out
+}
+
 /// Drops `start..end` of a mapping from this process's resident set. The
 /// pages stay in the OS page cache; reading them again maps them back. Used
 /// after a tensor is copied out, so a layer-by-layer run's RSS holds one
@@ -228,11 +243,10 @@ impl Checkpoint {
     /// A tensor decoded to f32, in its stored (PyTorch) orientation.
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         let e = self.entry(name)?;
-        let values = dtype::decode_f32(self.bytes(name)?, e.dtype);
+        let bytes = copy_releasing(&self.shards[e.shard].mmap, e.start, e.end);
         self.bytes_read
             .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
-        self.release(name);
-        Ok(values)
+        Ok(dtype::decode_f32(&bytes, e.dtype))
     }
 
     /// Drops a tensor's pages from the resident set (see [`release_range`]).
@@ -284,11 +298,14 @@ impl Checkpoint {
         let counter = self.bytes_read.clone();
         let shape = e.shape.clone();
         let data_fn = Rc::new(move || -> Result<TensorData, TensorSnapshotError> {
-            let data =
-                dtype::to_tensor_data(&mmap[e.start..e.end], e.dtype, e.shape.clone(), target);
+            let bytes = copy_releasing(&mmap, e.start, e.end);
             counter.fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
-            release_range(&mmap, e.start, e.end);
-            Ok(data)
+            Ok(dtype::to_tensor_data(
+                bytes,
+                e.dtype,
+                e.shape.clone(),
+                target,
+            ))
         });
         Ok(TensorSnapshot::from_closure(
             data_fn,

@@ -109,7 +109,7 @@ pub fn encode_f32(values: &[f32], d: Dtype) -> Vec<u8> {
 /// Turns stored bytes into tensor data in the compute dtype, without an f32
 /// detour when the two already agree.
 pub fn to_tensor_data(
-    bytes: &[u8],
+    bytes: Vec<u8>,
     stored: Dtype,
     shape: Vec<usize>,
     target: ComputeDtype,
@@ -121,9 +121,10 @@ pub fn to_tensor_data(
             | (Dtype::BF16, ComputeDtype::Bf16)
     );
     if same {
-        return TensorData::from_bytes_vec(bytes.to_vec(), shape, target.burn());
+        return TensorData::from_bytes_vec(bytes, shape, target.burn());
     }
-    let values = decode_f32(bytes, stored);
+    let values = decode_f32(&bytes, stored);
+    drop(bytes);
     match target {
         ComputeDtype::F32 => TensorData::new(values, shape),
         ComputeDtype::F16 => TensorData::new(
@@ -155,7 +156,7 @@ mod tests {
         }
         assert_eq!(decode_f32(&encode_f32(&v, Dtype::F32), Dtype::F32), v);
         let data = to_tensor_data(
-            &encode_f32(&v, Dtype::BF16),
+            encode_f32(&v, Dtype::BF16),
             Dtype::BF16,
             vec![4],
             ComputeDtype::F32,

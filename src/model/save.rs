@@ -142,8 +142,9 @@ impl PrunedWriter {
             .cloned()
             .collect();
         for name in names {
-            let bytes = ckpt.bytes(&name)?.to_vec();
-            ckpt.release(&name);
+            let e = ckpt.entry(&name)?;
+            let bytes =
+                super::checkpoint::copy_releasing(&ckpt.shards[e.shard].mmap, e.start, e.end);
             self.put(ckpt, &name, &bytes)?;
         }
         Ok(())

@@ -174,6 +174,7 @@ pub fn prune<B: Backend>(
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let layer_start = Instant::now();
+        crate::memory::alloc::trim();
         let _scope = profiler.scope(&format!("layer_{i:02}"));
         let mut owned;
         let layer: &mut DecoderLayer<B> = match &mut source {
@@ -227,6 +228,7 @@ pub fn prune<B: Backend>(
             }
         }
         drop(stats);
+        crate::memory::alloc::trim();
         profiler.checkpoint(&format!("layer_{i:02}_pruned"));
 
         if kind.is_some() && i + 1 < c.num_layers {

@@ -1,0 +1,443 @@
+//! `prunemem estimate`: memory before you run (or buy): a breakdown per
+//! phase, the peak, which GPUs fit, the largest sizes that fit a budget, the
+//! quick-reference table, and estimates checked against measured runs.
+
+use std::path::{Path, PathBuf};
+
+use clap::Args;
+use serde_json::json;
+
+use super::CliResult;
+use crate::data::windows::resolve_seqlen;
+use crate::estimate::{
+    Arch, Device, Engine, Estimate, Optimizer, Task, Workload, against, catalog, estimate, fit,
+    presets,
+};
+use crate::model::{ComputeDtype, LlamaConfig};
+use crate::units::{format_bytes, format_count, parse_count, parse_size};
+
+#[derive(Args, Debug)]
+pub struct EstimateArgs {
+    /// Parameter count (7e9, 7B, 1.2b): architecture scaled from the nearest preset
+    #[arg(long, value_name = "N")]
+    params: Option<String>,
+    /// Model folder, config.json, or preset name (smollm2-135m, llama-7b, mistral-7b...)
+    #[arg(long, value_name = "DIR|FILE|PRESET")]
+    model: Option<String>,
+    /// magnitude, wanda, sparsegpt, gradprobe, inference or train
+    #[arg(long, alias = "prune_method", default_value = "wanda")]
+    method: Task,
+    /// unstructured or N:M (memory is the same; recorded for the plan)
+    #[arg(long, alias = "sparsity_type", default_value = "unstructured")]
+    sparsity_type: String,
+    /// Calibration windows
+    #[arg(long, default_value_t = 128)]
+    nsamples: u64,
+    /// Window length (capped at the model's max positions)
+    #[arg(long, default_value_t = 2048)]
+    seqlen: u64,
+    /// Windows per forward pass (default 8 for prunemem, 1 for the reference)
+    #[arg(long)]
+    batch_size: Option<u64>,
+    /// Gradient accumulation steps (train)
+    #[arg(long, default_value_t = 1)]
+    grad_accum: u64,
+    /// Optimizer (train): adamw or sgd
+    #[arg(long, default_value = "adamw", value_parser = ["adamw", "sgd"])]
+    optimizer: String,
+    /// Compute dtype (default: f16 on cuda, f32 on cpu)
+    #[arg(long)]
+    dtype: Option<ComputeDtype>,
+    /// cpu or cuda
+    #[arg(long, default_value = "cuda", value_parser = ["cpu", "cuda"])]
+    device: String,
+    /// prunemem (layer-streamed) or reference (the Python scripts)
+    #[arg(long, default_value = "prunemem", value_parser = ["prunemem", "reference"])]
+    engine: String,
+    /// prunemem: keep the whole model loaded
+    #[arg(long)]
+    resident: bool,
+    /// Evaluation windows after pruning
+    #[arg(long, default_value_t = 0)]
+    eval_windows: u64,
+    /// GradProbe: sparsity, batches, embeddings included
+    #[arg(long, default_value_t = 0.1)]
+    sparsity: f64,
+    #[arg(long, default_value_t = 1)]
+    num_batches: u64,
+    #[arg(long)]
+    include_embeddings: bool,
+    /// Check against this GPU only
+    #[arg(long, value_name = "NAME")]
+    gpu: Option<String>,
+    /// The largest seqlen / nsamples / batch that fit this memory (24GiB, 80GB...)
+    #[arg(long, value_name = "SIZE")]
+    fit: Option<String>,
+    /// The quick-reference table for LLaMA 1B-70B
+    #[arg(long)]
+    table: bool,
+    /// Compare with a finished run's events.jsonl
+    #[arg(long, value_name = "LOGDIR")]
+    against: Option<PathBuf>,
+    /// Print JSON
+    #[arg(long)]
+    json: bool,
+}
+
+fn arch_of(args: &EstimateArgs) -> CliResult<(Arch, Vec<String>)> {
+    let mut notes = Vec::new();
+    if let Some(p) = &args.params {
+        if args.model.is_some() {
+            return Err("give --params or --model, not both".into());
+        }
+        let n = parse_count(p)?;
+        let arch = presets::scaled(n)?;
+        notes.push(format!(
+            "assumed architecture for {}: hidden {}, {} layers, {} heads ({} kv), head_dim {}, intermediate {}, vocab {} ({})",
+            format_count(n), arch.hidden, arch.layers, arch.heads, arch.kv_heads, arch.head_dim, arch.intermediate,
+            arch.vocab, arch.name
+        ));
+        return Ok((arch, notes));
+    }
+    let Some(m) = &args.model else {
+        return Err(
+            "give --params N, --model DIR|config.json|PRESET, --table or --against LOGDIR".into(),
+        );
+    };
+    let path = Path::new(m);
+    let config_path = if path.is_dir() {
+        path.join("config.json")
+    } else {
+        path.to_path_buf()
+    };
+    if config_path.is_file() {
+        let config = LlamaConfig::from_file(&config_path)?;
+        return Ok((Arch::from_config(m, &config), notes));
+    }
+    Ok((presets::load(m)?, notes))
+}
+
+fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliResult<Workload> {
+    let device = if args.device == "cpu" {
+        Device::Cpu
+    } else {
+        Device::Cuda
+    };
+    let engine = if args.engine == "reference" {
+        Engine::Reference
+    } else {
+        Engine::Prunemem
+    };
+    let mut w = Workload::new(args.method);
+    w.engine = engine;
+    w.device = device;
+    w.dtype = args.dtype.unwrap_or(match device {
+        Device::Cuda => ComputeDtype::F16,
+        Device::Cpu => ComputeDtype::F32,
+    });
+    w.stored_bytes = w.dtype.size();
+    w.nsamples = args.nsamples;
+    let (seqlen, warning) =
+        resolve_seqlen(Some(args.seqlen as usize), arch.max_positions as usize)?;
+    if let Some(warning) = warning {
+        notes.push(warning);
+    }
+    w.seqlen = seqlen as u64;
+    w.batch_size = args.batch_size.unwrap_or(match (engine, args.method) {
+        (_, Task::Inference | Task::Train) => 1,
+        (Engine::Reference, _) => 1,
+        (Engine::Prunemem, _) => 8,
+    });
+    w.grad_accum = args.grad_accum;
+    w.optimizer = if args.optimizer == "sgd" {
+        Optimizer::Sgd
+    } else {
+        Optimizer::AdamW
+    };
+    w.resident = args.resident;
+    w.eval_windows = args.eval_windows;
+    w.sparsity = args.sparsity;
+    w.num_batches = args.num_batches;
+    w.include_embeddings = args.include_embeddings;
+    if !(0.0..1.0).contains(&w.sparsity) {
+        return Err(format!("--sparsity must be in [0, 1), got {}", w.sparsity).into());
+    }
+    if args.sparsity_type != "unstructured" {
+        args.sparsity_type
+            .parse::<crate::prune::Pattern>()
+            .map_err(|e| -> super::CliError { e.into() })?;
+    }
+    Ok(w)
+}
+
+pub fn run(args: EstimateArgs) -> CliResult<i32> {
+    if let Some(dir) = &args.against {
+        return run_against(dir, args.json);
+    }
+    if args.table {
+        return run_table(&args);
+    }
+    let (arch, mut notes) = arch_of(&args)?;
+    let w = workload(&args, &arch, &mut notes)?;
+    let est = estimate(&arch, &w)?;
+    notes.extend(est.notes.iter().cloned());
+    let reference =
+        if w.engine == Engine::Prunemem && !matches!(w.task, Task::Inference | Task::Train) {
+            let mut r = w.clone();
+            r.engine = Engine::Reference;
+            r.batch_size = 1;
+            Some(estimate(&arch, &r)?)
+        } else {
+            None
+        };
+    let gpus = match &args.gpu {
+        Some(name) => vec![catalog::find(name)?],
+        None => catalog::all(),
+    };
+    let limits = match &args.fit {
+        Some(size) => Some(fit::limits(&arch, &w, parse_size(size)?)?),
+        None => None,
+    };
+    if args.json {
+        let fits: Vec<_> = gpus
+            .iter()
+            .map(|g| json!({"gpu": g.name, "usable": g.usable(), "fits": est.peak() <= g.usable()}))
+            .collect();
+        println!(
+            "{}",
+            json!({
+                "estimate": est, "peak": est.peak(), "peak_phase": est.phases[est.peak_phase()].name,
+                "gpus": fits, "smallest_gpu": catalog::smallest_fitting(est.peak(), 0.0).map(|g| g.name),
+                "reference_peak": reference.as_ref().map(Estimate::peak), "fit": limits, "notes": notes,
+            })
+        );
+        return Ok(0);
+    }
+    print!("{}", render(&est, reference.as_ref(), &gpus, w.device));
+    if let Some(l) = &limits {
+        let show = |v: Option<u64>| {
+            v.map(|x| x.to_string())
+                .unwrap_or_else(|| "none fits".into())
+        };
+        println!(
+            "\nLargest that fits {} (others as given):",
+            format_bytes(l.budget)
+        );
+        println!("  seqlen      {}", show(l.max_seqlen));
+        if l.max_nsamples.is_some()
+            || matches!(w.task, Task::Wanda | Task::SparseGpt | Task::GradProbe)
+        {
+            println!("  nsamples    {}", show(l.max_nsamples));
+        }
+        println!("  batch size  {}", show(l.max_batch_size));
+        if let Some(e) = l.max_eval_windows {
+            println!("  eval windows {e}");
+        }
+        if let Some(size) = &args.fit
+            && size.to_ascii_lowercase().ends_with("gb")
+        {
+            println!(
+                "  ({size} read as decimal gigabytes = {}; cards sold as \"{size}\" hold that many GiB: write {}GiB for those)",
+                format_bytes(l.budget),
+                size.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+            );
+        }
+    }
+    for n in &notes {
+        println!("note: {n}");
+    }
+    Ok(0)
+}
+
+/// The human-readable report of one estimate.
+pub fn render(
+    est: &Estimate,
+    reference: Option<&Estimate>,
+    gpus: &[catalog::Gpu],
+    device: Device,
+) -> String {
+    let a = &est.arch;
+    let w = &est.workload;
+    let mut s = format!(
+        "Model     {} — {} parameters ({} layers, hidden {}, {} heads / {} kv, intermediate {}, vocab {}{})\n",
+        a.name,
+        format_count(a.params),
+        a.layers,
+        a.hidden,
+        a.heads,
+        a.kv_heads,
+        a.intermediate,
+        a.vocab,
+        if a.tied { ", tied embeddings" } else { "" }
+    );
+    s += &format!(
+        "Workload  {:?} on {:?} in {}, {:?} engine{}, {} samples × {} tokens, batch {}{}\n\n",
+        w.task,
+        device,
+        w.dtype,
+        w.engine,
+        if w.resident { " (resident)" } else { "" },
+        w.nsamples,
+        w.seqlen,
+        w.batch_size,
+        if w.eval_windows > 0 {
+            format!(", {} eval windows", w.eval_windows)
+        } else {
+            String::new()
+        }
+    )
+    .to_lowercase();
+    let peak_i = est.peak_phase();
+    s += "Phase peaks\n";
+    for (i, p) in est.phases.iter().enumerate() {
+        s += &format!(
+            "  {:<20} {:>12}{}\n",
+            p.name,
+            format_bytes(p.total()),
+            if i == peak_i { "   ← peak" } else { "" }
+        );
+    }
+    let peak = &est.phases[peak_i];
+    s += &format!("\nBreakdown at the peak ({})\n", peak.name);
+    for c in crate::estimate::prunemem_engine::sorted(peak) {
+        s += &format!("  {:<34} {:>12}\n", c.name, format_bytes(c.bytes));
+    }
+    s += &format!("  {:<34} {:>12}\n", "total", format_bytes(peak.total()));
+    if let Some(r) = reference {
+        let ratio = r.peak() as f64 / est.peak().max(1) as f64;
+        s += &format!(
+            "\nThe reference scripts would peak at {} in their {} phase ({ratio:.1}× this).\n",
+            format_bytes(r.peak()),
+            r.phases[r.peak_phase()].name
+        );
+    }
+    if device == Device::Cuda {
+        s += "\nGPUs (usable = memory − CUDA context)\n";
+        for g in gpus {
+            let fits = est.peak() <= g.usable();
+            s += &format!(
+                "  {:<18} {:>10} usable  {}\n",
+                g.name,
+                format_bytes(g.usable()),
+                if fits {
+                    format!("fits ({} to spare)", format_bytes(g.usable() - est.peak()))
+                } else {
+                    format!(
+                        "does not fit (short by {})",
+                        format_bytes(est.peak() - g.usable())
+                    )
+                }
+            );
+        }
+        match catalog::smallest_fitting(est.peak(), 0.0) {
+            Some(g) => s += &format!("Smallest GPU that fits: {}\n", g.name),
+            None => s += "No single GPU in the catalogue fits.\n",
+        }
+    }
+    s
+}
+
+fn run_table(args: &EstimateArgs) -> CliResult<i32> {
+    let rows = [
+        ("1B", "llama-3.2-1b"),
+        ("3B", "llama-3.2-3b"),
+        ("7B", "llama-7b"),
+        ("13B", "llama-13b"),
+        ("30B", "llama-30b"),
+        ("65B", "llama-65b"),
+        ("70B", "llama-2-70b"),
+    ];
+    let mut out = Vec::new();
+    for (label, preset) in rows {
+        let arch = presets::load(preset)?;
+        let mut notes = Vec::new();
+        let w = workload(args, &arch, &mut notes)?;
+        let est = estimate(&arch, &w)?;
+        let weights_fp16 = arch.params * 2;
+        let peak = est.peak();
+        let weights = est.phases[est.peak_phase()]
+            .components
+            .iter()
+            .filter(|c| {
+                c.name.starts_with("weights")
+                    || c.name.contains("runtime")
+                    || c.name.contains("context")
+            })
+            .map(|c| c.bytes)
+            .sum::<u64>();
+        out.push((
+            label,
+            arch.name.clone(),
+            arch.params,
+            weights_fp16,
+            peak.saturating_sub(weights),
+            peak,
+            catalog::smallest_fitting(peak, 0.0).map(|g| g.name),
+            catalog::smallest_fitting(peak, 0.2).map(|g| g.name),
+        ));
+    }
+    if args.json {
+        let rows: Vec<_> = out
+            .iter()
+            .map(|r| json!({"size": r.0, "model": r.1, "params": r.2, "model_fp16": r.3, "activations": r.4,
+                            "total": r.5, "minimum_gpu": r.6, "recommended_gpu": r.7}))
+            .collect();
+        println!("{}", json!(rows));
+        return Ok(0);
+    }
+    println!(
+        "{:<5} {:<12} {:>10} {:>12} {:>13} {:>12}  {:<16} {:<16}",
+        "size",
+        "model",
+        "params",
+        "model fp16",
+        "activations",
+        "total",
+        "minimum GPU",
+        "recommended GPU"
+    );
+    for r in out {
+        println!(
+            "{:<5} {:<12} {:>10} {:>12} {:>13} {:>12}  {:<16} {:<16}",
+            r.0,
+            r.1,
+            format_count(r.2),
+            format_bytes(r.3),
+            format_bytes(r.4),
+            format_bytes(r.5),
+            r.6.unwrap_or_else(|| "none".into()),
+            r.7.unwrap_or_else(|| "none".into())
+        );
+    }
+    println!(
+        "(method {:?}, {} engine, {} samples × {} tokens; recommended leaves 20% headroom)",
+        args.method, args.engine, args.nsamples, args.seqlen
+    );
+    Ok(0)
+}
+
+fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
+    let events = against::read_events(dir)?;
+    let cmp = against::compare(&events)?;
+    if as_json {
+        println!("{}", json!({"phases": cmp.phases, "peak": cmp.peak}));
+        return Ok(0);
+    }
+    println!("Estimate vs measured (RSS) for {}", dir.display());
+    println!(
+        "{:<20} {:>12} {:>12} {:>9}",
+        "phase", "predicted", "measured", "error"
+    );
+    for p in cmp.phases.iter().chain(std::iter::once(&cmp.peak)) {
+        println!(
+            "{:<20} {:>12} {:>12} {:>9}",
+            p.phase,
+            format_bytes(p.predicted),
+            p.measured.map(format_bytes).unwrap_or_else(|| "n/a".into()),
+            p.error_percent
+                .map(|e| format!("{e:+.1}%"))
+                .unwrap_or_else(|| "n/a".into())
+        );
+    }
+    Ok(0)
+}

@@ -1,0 +1,85 @@
+//! `--fit MEMORY`: the largest run that fits a memory budget. Peaks grow
+//! monotonically with sequence length, sample count and batch size, so each
+//! limit is a binary search over estimates.
+
+use serde::Serialize;
+
+use super::{Arch, EstimateError, Task, Workload, estimate};
+
+/// The largest sizes that fit, each with the others held at the workload's
+/// values; `None` when even 1 does not fit.
+#[derive(Debug, Clone, Serialize)]
+pub struct FitLimits {
+    pub budget: u64,
+    pub max_seqlen: Option<u64>,
+    pub max_nsamples: Option<u64>,
+    pub max_batch_size: Option<u64>,
+    pub max_eval_windows: Option<u64>,
+}
+
+/// The largest `v` in `1..=hi` with `fits(v)`, assuming monotonicity.
+fn search(
+    hi: u64,
+    fits: impl Fn(u64) -> Result<bool, EstimateError>,
+) -> Result<Option<u64>, EstimateError> {
+    if !fits(1)? {
+        return Ok(None);
+    }
+    let (mut lo, mut hi) = (1u64, hi.max(1));
+    if fits(hi)? {
+        return Ok(Some(hi));
+    }
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if fits(mid)? {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(Some(lo))
+}
+
+pub fn limits(arch: &Arch, w: &Workload, budget: u64) -> Result<FitLimits, EstimateError> {
+    let peak_with = |f: &dyn Fn(&mut Workload)| -> Result<bool, EstimateError> {
+        let mut w2 = w.clone();
+        f(&mut w2);
+        Ok(estimate(arch, &w2)?.peak() <= budget)
+    };
+    let max_seqlen = search(arch.max_positions, |v| {
+        peak_with(&|w: &mut Workload| w.seqlen = v)
+    })?;
+    let calibrated = matches!(w.task, Task::Wanda | Task::SparseGpt | Task::GradProbe);
+    let max_nsamples = if calibrated {
+        search(1 << 20, |v| peak_with(&|w: &mut Workload| w.nsamples = v))?
+    } else {
+        None
+    };
+    let max_batch_size = search(1 << 16, |v| peak_with(&|w: &mut Workload| w.batch_size = v))?;
+    let max_eval_windows = if w.eval_windows > 0 {
+        search(1 << 20, |v| {
+            peak_with(&|w: &mut Workload| w.eval_windows = v)
+        })?
+    } else {
+        None
+    };
+    Ok(FitLimits {
+        budget,
+        max_seqlen,
+        max_nsamples,
+        max_batch_size,
+        max_eval_windows,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn search_finds_the_boundary() {
+        assert_eq!(search(1000, |v| Ok(v <= 377)).unwrap(), Some(377));
+        assert_eq!(search(1000, |_| Ok(true)).unwrap(), Some(1000));
+        assert_eq!(search(1000, |_| Ok(false)).unwrap(), None);
+    }
+}

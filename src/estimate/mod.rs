@@ -1,0 +1,312 @@
+//! Memory prediction: how much a pruning (or inference, or training) run
+//! needs, phase by phase and component by component, before anyone runs it.
+//!
+//! An [`Arch`] (from a preset, a config.json, or a parameter count) and a
+//! [`Workload`] (method, sizes, dtype, device, engine) go in; an [`Estimate`]
+//! comes out: phases with byte-level components, the peak and where it
+//! happens. prunemem's own engine follows formulas calibrated on measured
+//! runs (`prunemem_engine`); the reference Python scripts follow their code's
+//! allocations (`reference`); inference and training use the standard
+//! accounting (`training`).
+
+pub mod against;
+pub mod catalog;
+pub mod fit;
+pub mod presets;
+pub mod prunemem_engine;
+pub mod reference;
+pub mod training;
+
+use serde::Serialize;
+use thiserror::Error;
+
+use crate::events::ModelInfo;
+use crate::model::{ComputeDtype, LlamaConfig};
+
+#[derive(Debug, Error)]
+pub enum EstimateError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error(transparent)]
+    Model(#[from] crate::model::ModelError),
+    #[error(transparent)]
+    Units(#[from] crate::units::UnitError),
+}
+
+/// The shape of a model, as the estimator needs it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Arch {
+    pub name: String,
+    pub params: u64,
+    pub layers: u64,
+    pub hidden: u64,
+    pub intermediate: u64,
+    pub heads: u64,
+    pub kv_heads: u64,
+    pub head_dim: u64,
+    pub vocab: u64,
+    pub tied: bool,
+    pub max_positions: u64,
+}
+
+impl Arch {
+    pub fn from_config(name: &str, c: &LlamaConfig) -> Self {
+        Self {
+            name: name.to_string(),
+            params: c.param_count(),
+            layers: c.num_layers as u64,
+            hidden: c.hidden_size as u64,
+            intermediate: c.intermediate_size as u64,
+            heads: c.num_heads as u64,
+            kv_heads: c.num_kv_heads as u64,
+            head_dim: c.head_dim as u64,
+            vocab: c.vocab_size as u64,
+            tied: c.tie_word_embeddings,
+            max_positions: c.max_position_embeddings as u64,
+        }
+    }
+
+    pub fn from_model_info(m: &ModelInfo) -> Self {
+        Self {
+            name: m.source.clone(),
+            params: m.params,
+            layers: m.layers as u64,
+            hidden: m.hidden as u64,
+            intermediate: m.intermediate as u64,
+            heads: m.heads as u64,
+            kv_heads: m.kv_heads as u64,
+            head_dim: m.head_dim as u64,
+            vocab: m.vocab as u64,
+            tied: m.tied_embeddings,
+            max_positions: m.max_positions as u64,
+        }
+    }
+
+    /// Query/output width (heads × head_dim).
+    pub fn q_dim(&self) -> u64 {
+        self.heads * self.head_dim
+    }
+    pub fn kv_dim(&self) -> u64 {
+        self.kv_heads * self.head_dim
+    }
+    /// Parameters of the seven linears of one decoder layer.
+    pub fn layer_linear_params(&self) -> u64 {
+        let h = self.hidden;
+        2 * h * self.q_dim() + 2 * h * self.kv_dim() + 3 * h * self.intermediate
+    }
+    /// Parameters of one decoder layer (linears and norms).
+    pub fn layer_params(&self) -> u64 {
+        self.layer_linear_params() + 2 * self.hidden
+    }
+    pub fn embedding_params(&self) -> u64 {
+        self.vocab * self.hidden
+    }
+    /// The largest linear (elements), which bounds per-linear transients.
+    pub fn largest_linear(&self) -> u64 {
+        let h = self.hidden;
+        (h * self.intermediate).max(h * self.q_dim())
+    }
+}
+
+/// What the run does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Task {
+    Magnitude,
+    Wanda,
+    SparseGpt,
+    GradProbe,
+    Inference,
+    Train,
+}
+
+impl std::str::FromStr for Task {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s.to_ascii_lowercase().as_str() {
+            "magnitude" => Task::Magnitude,
+            "wanda" => Task::Wanda,
+            "sparsegpt" => Task::SparseGpt,
+            "gradprobe" => Task::GradProbe,
+            "inference" => Task::Inference,
+            "train" | "training" => Task::Train,
+            other => {
+                return Err(format!(
+                    "unknown method '{other}' (expected magnitude, wanda, sparsegpt, gradprobe, inference or train)"
+                ));
+            }
+        })
+    }
+}
+
+/// Whose code runs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Engine {
+    /// prunemem's layer-streamed engine.
+    Prunemem,
+    /// The Python reference scripts (Wanda's lib/prune.py, SparseGPT,
+    /// GradProbe's pruner.py): whole model resident.
+    Reference,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Optimizer {
+    AdamW,
+    Sgd,
+}
+
+/// The run to estimate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Workload {
+    pub task: Task,
+    pub engine: Engine,
+    pub device: Device,
+    pub dtype: ComputeDtype,
+    /// Bytes per element of the weights as stored on disk (prunemem reads
+    /// them into `dtype`).
+    pub stored_bytes: u64,
+    pub nsamples: u64,
+    pub seqlen: u64,
+    pub batch_size: u64,
+    pub grad_accum: u64,
+    pub optimizer: Optimizer,
+    /// prunemem: keep the whole model loaded (`--resident`).
+    pub resident: bool,
+    /// Evaluation windows after pruning (0: no evaluation).
+    pub eval_windows: u64,
+    /// GradProbe: fraction tentatively pruned; batches; embeddings included.
+    pub sparsity: f64,
+    pub num_batches: u64,
+    pub include_embeddings: bool,
+}
+
+impl Workload {
+    /// A pruning workload with prunemem's defaults.
+    pub fn new(task: Task) -> Self {
+        Self {
+            task,
+            engine: Engine::Prunemem,
+            device: Device::Cpu,
+            dtype: ComputeDtype::F32,
+            stored_bytes: 4,
+            nsamples: 128,
+            seqlen: 2048,
+            batch_size: 8,
+            grad_accum: 1,
+            optimizer: Optimizer::AdamW,
+            resident: false,
+            eval_windows: 0,
+            sparsity: 0.5,
+            num_batches: 1,
+            include_embeddings: false,
+        }
+    }
+}
+
+/// One named amount of memory.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Component {
+    pub name: String,
+    pub bytes: u64,
+}
+
+/// The memory held during one phase of a run, at its own peak.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Phase {
+    pub name: String,
+    /// The stage snapshots (`layer_NN_stats`...) this phase spans, for
+    /// comparisons with measured runs.
+    pub stages: Vec<String>,
+    pub components: Vec<Component>,
+}
+
+impl Phase {
+    pub fn new(name: &str, stages: &[&str]) -> Self {
+        Self {
+            name: name.to_string(),
+            stages: stages.iter().map(|s| s.to_string()).collect(),
+            components: Vec::new(),
+        }
+    }
+    pub fn add(mut self, name: &str, bytes: u64) -> Self {
+        if bytes > 0 {
+            self.components.push(Component {
+                name: name.to_string(),
+                bytes,
+            });
+        }
+        self
+    }
+    pub fn total(&self) -> u64 {
+        self.components.iter().map(|c| c.bytes).sum()
+    }
+}
+
+/// A full estimate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Estimate {
+    pub arch: Arch,
+    pub workload: Workload,
+    pub phases: Vec<Phase>,
+    /// What the estimate assumed that the user should know.
+    pub notes: Vec<String>,
+}
+
+impl Estimate {
+    /// Index of the phase with the highest total.
+    pub fn peak_phase(&self) -> usize {
+        self.phases
+            .iter()
+            .enumerate()
+            .max_by_key(|(_, p)| p.total())
+            .map(|(i, _)| i)
+            .unwrap_or(0)
+    }
+    pub fn peak(&self) -> u64 {
+        self.phases.get(self.peak_phase()).map_or(0, Phase::total)
+    }
+}
+
+/// Validates a workload against an architecture.
+pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
+    let bad = |m: String| Err(EstimateError::Invalid(m));
+    if w.seqlen == 0 {
+        return bad("--seqlen must be at least 1".into());
+    }
+    if w.batch_size == 0 || w.grad_accum == 0 {
+        return bad("--batch-size and --grad-accum must be at least 1".into());
+    }
+    if matches!(w.task, Task::Wanda | Task::SparseGpt | Task::GradProbe) && w.nsamples == 0 {
+        return bad("--nsamples must be at least 1".into());
+    }
+    if arch.params == 0 || arch.layers == 0 || arch.hidden == 0 {
+        return bad("the architecture has no parameters".into());
+    }
+    Ok(())
+}
+
+/// Estimates `w` on `arch`.
+pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
+    validate(arch, w)?;
+    let mut notes = Vec::new();
+    let phases = match (w.task, w.engine) {
+        (Task::Inference | Task::Train, _) => training::phases(arch, w),
+        (_, Engine::Prunemem) => prunemem_engine::phases(arch, w, &mut notes),
+        (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
+    };
+    Ok(Estimate {
+        arch: arch.clone(),
+        workload: w.clone(),
+        phases,
+        notes,
+    })
+}

@@ -1,0 +1,158 @@
+//! Model presets (`profiles/models/*.json`, embedded in the binary) and the
+//! architecture `--params N` assumes: the preset nearest in size, scaled to
+//! N with its proportions kept.
+
+use super::{Arch, EstimateError};
+use crate::model::LlamaConfig;
+
+macro_rules! preset {
+    ($name:literal) => {
+        (
+            $name,
+            include_str!(concat!("../../profiles/models/", $name, ".json")),
+        )
+    };
+}
+
+/// Preset files by name.
+pub const PRESETS: &[(&str, &str)] = &[
+    preset!("smollm2-135m"),
+    preset!("llama-3.2-1b"),
+    preset!("llama-3.2-3b"),
+    preset!("llama-7b"),
+    preset!("llama-2-7b"),
+    preset!("mistral-7b"),
+    preset!("llama-3.1-8b"),
+    preset!("llama-13b"),
+    preset!("llama-2-13b"),
+    preset!("llama-30b"),
+    preset!("llama-65b"),
+    preset!("llama-2-70b"),
+];
+
+/// Largest parameter count `--params` accepts.
+pub const MAX_PARAMS: u64 = 10_000_000_000_000;
+
+fn normalise(s: &str) -> String {
+    s.to_ascii_lowercase()
+        .chars()
+        .filter(|c| c.is_ascii_alphanumeric() || *c == '.')
+        .collect()
+}
+
+/// A preset's display name and architecture.
+pub fn load(key: &str) -> Result<Arch, EstimateError> {
+    let want = normalise(key);
+    for (name, text) in PRESETS {
+        let json: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| EstimateError::Invalid(format!("preset {name}: {e}")))?;
+        let label = json["_name"].as_str().unwrap_or(name);
+        if normalise(name) == want || normalise(label) == want {
+            let config = LlamaConfig::from_json(text)?;
+            return Ok(Arch::from_config(label, &config));
+        }
+    }
+    let names: Vec<&str> = PRESETS.iter().map(|(n, _)| *n).collect();
+    Err(EstimateError::Invalid(format!(
+        "unknown preset '{key}' (presets: {})",
+        names.join(", ")
+    )))
+}
+
+/// Every preset, in catalogue order.
+pub fn all() -> Vec<Arch> {
+    PRESETS.iter().filter_map(|(n, _)| load(n).ok()).collect()
+}
+
+fn round_to(v: f64, step: u64) -> u64 {
+    ((v / step as f64).round() as u64).max(1) * step
+}
+
+/// The architecture assumed for `params` parameters: the preset whose size
+/// is nearest (in ratio), scaled by `(params / preset)^(1/3)` in width, with
+/// the depth then chosen to land on `params`.
+pub fn scaled(params: u64) -> Result<Arch, EstimateError> {
+    if params == 0 {
+        return Err(EstimateError::Invalid("--params must be positive".into()));
+    }
+    if params > MAX_PARAMS {
+        return Err(EstimateError::Invalid(format!(
+            "--params {params} is above {MAX_PARAMS} (10 trillion); check the number"
+        )));
+    }
+    let base = all()
+        .into_iter()
+        .min_by(|a, b| {
+            let da = (params as f64 / a.params as f64).ln().abs();
+            let db = (params as f64 / b.params as f64).ln().abs();
+            da.total_cmp(&db)
+        })
+        .ok_or_else(|| EstimateError::Invalid("no presets".into()))?;
+    let g = (params as f64 / base.params as f64).cbrt();
+    let d = base.head_dim;
+    let group = base.heads / base.kv_heads.max(1);
+    let hidden = round_to(base.hidden as f64 * g, (d * group).max(64));
+    let heads = (hidden / d).max(1);
+    let kv_heads = (heads / group.max(1)).max(1);
+    let intermediate = round_to(
+        base.intermediate as f64 * hidden as f64 / base.hidden as f64,
+        64,
+    );
+    let mut arch = Arch {
+        name: String::new(),
+        params: 0,
+        layers: 1,
+        hidden,
+        intermediate,
+        heads,
+        kv_heads,
+        head_dim: d,
+        vocab: base.vocab,
+        tied: base.tied,
+        max_positions: base.max_positions,
+    };
+    let fixed = arch.embedding_params() * if arch.tied { 1 } else { 2 } + hidden;
+    let per_layer = arch.layer_params();
+    arch.layers = ((params.saturating_sub(fixed)) as f64 / per_layer as f64)
+        .round()
+        .max(1.0) as u64;
+    arch.params = fixed + arch.layers * per_layer;
+    arch.name = format!(
+        "{} scaled to {}",
+        base.name,
+        crate::units::format_count(params)
+    );
+    Ok(arch)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_load_with_known_sizes() {
+        assert_eq!(load("smollm2-135m").unwrap().params, 134_515_008);
+        let l7 = load("llama-7b").unwrap();
+        assert_eq!(l7.params, 6_738_415_616);
+        assert_eq!(load("LLaMA 7B").unwrap(), l7);
+        assert!(load("llama-2-70b").unwrap().params > 68_000_000_000);
+        assert!(load("gpt-4").is_err());
+        assert_eq!(all().len(), PRESETS.len());
+    }
+
+    #[test]
+    fn params_pick_and_scale_the_nearest_preset() {
+        let a = scaled(7_000_000_000).unwrap();
+        assert!(
+            a.name.starts_with("LLaMA 7B") || a.name.contains("7B"),
+            "{}",
+            a.name
+        );
+        assert!((a.params as f64 / 7e9 - 1.0).abs() < 0.05, "{}", a.params);
+        let b = scaled(20_000_000_000).unwrap();
+        assert!((b.params as f64 / 2e10 - 1.0).abs() < 0.05, "{}", b.params);
+        assert_eq!(b.hidden % b.head_dim, 0);
+        assert!(scaled(0).is_err());
+        assert!(scaled(10_000_000_000_000_000).is_err());
+    }
+}
