@@ -94,10 +94,25 @@ pub fn load_tokenizer(model_dir: &Path) -> CliResult<Tokenizer> {
 
 /// Reads `path` (restricted to `range`) and tokenises it as one text.
 pub fn tokenize_text(tok: &Tokenizer, path: &Path, range: LineRange) -> CliResult<Vec<u32>> {
-    match data::read_corpus(path, range)? {
-        Corpus::Text(text) => Ok(tok.encode(&text)?),
-        Corpus::Documents(docs) => Ok(tok.encode(&docs.join("\n\n"))?),
-    }
+    Ok(tokenize_counting(tok, path, range)?.0)
+}
+
+/// [`tokenize_text`], also returning the bytes of text tokenised.
+pub fn tokenize_counting(
+    tok: &Tokenizer,
+    path: &Path,
+    range: LineRange,
+) -> CliResult<(Vec<u32>, u64)> {
+    let text = match data::read_corpus(path, range)? {
+        Corpus::Text(text) => text,
+        Corpus::Documents(docs) => docs.join("\n\n"),
+    };
+    let ids = tok.encode(&text)?;
+    let bytes = text.len() as u64;
+    drop(text);
+    // Tokenisation leaves many small freed chunks; hand their pages back.
+    crate::memory::alloc::trim();
+    Ok((ids, bytes))
 }
 
 /// `--seqlen` resolved against the model's max positions, and the warning

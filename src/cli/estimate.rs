@@ -19,7 +19,7 @@ use crate::units::{format_bytes, format_count, parse_count, parse_size};
 #[derive(Args, Debug)]
 pub struct EstimateArgs {
     /// Parameter count (7e9, 7B, 1.2b): architecture scaled from the nearest preset
-    #[arg(long, value_name = "N")]
+    #[arg(long, value_name = "N", allow_hyphen_values = true)]
     params: Option<String>,
     /// Model folder, config.json, or preset name (smollm2-135m, llama-7b, mistral-7b...)
     #[arg(long, value_name = "DIR|FILE|PRESET")]

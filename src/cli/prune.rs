@@ -96,20 +96,30 @@ pub struct PruneArgs {
 }
 
 /// Calibration windows for `args`, from the calibration text.
-fn calibration(args: &PruneArgs, tok: &Tokenizer, seqlen: usize) -> CliResult<Vec<Vec<u32>>> {
+/// Calibration windows for `args`, and the bytes of text tokenised.
+fn calibration(
+    args: &PruneArgs,
+    tok: &Tokenizer,
+    seqlen: usize,
+) -> CliResult<(Vec<Vec<u32>>, u64)> {
     if args.method == Method::Magnitude {
-        return Ok(Vec::new());
+        return Ok((Vec::new(), 0));
     }
     let Some(path) = &args.calib_text else {
         return Err(format!("--calib-text is required for --method {}", args.method).into());
     };
     Ok(match data::read_corpus(path, args.calib_lines)? {
-        Corpus::Text(text) => {
-            calibration_windows(&tok.encode(&text)?, args.nsamples, seqlen, args.seed)?
-        }
+        Corpus::Text(text) => (
+            calibration_windows(&tok.encode(&text)?, args.nsamples, seqlen, args.seed)?,
+            text.len() as u64,
+        ),
         Corpus::Documents(docs) => {
             let encode = |s: &str| tok.encode(s).map_err(|e| e.to_string());
-            calibration_from_documents(&docs, &encode, args.nsamples, seqlen, args.seed)?
+            let bytes = docs.iter().map(|d| d.len() as u64).max().unwrap_or(0);
+            (
+                calibration_from_documents(&docs, &encode, args.nsamples, seqlen, args.seed)?,
+                bytes,
+            )
         }
     })
 }
@@ -290,11 +300,13 @@ fn prune_and_eval(
     run: &mut Run,
 ) -> CliResult<Outcome> {
     let device = Default::default();
-    let calib = calibration(args, tok, seqlen)?;
+    let (calib, calib_bytes) = calibration(args, tok, seqlen)?;
+    let mut text_bytes = calib_bytes;
     // Only the windows are kept: the tokenised text is dropped here.
     let eval_wins = match &args.eval_text {
         Some(path) => {
-            let tokens = common::tokenize_text(tok, path, args.eval_lines)?;
+            let (tokens, bytes) = common::tokenize_counting(tok, path, args.eval_lines)?;
+            text_bytes = text_bytes.max(bytes);
             Some(eval_windows(&tokens, seqlen, args.eval_windows)?)
         }
         None => None,
@@ -344,6 +356,7 @@ fn prune_and_eval(
     };
     let prune = engine::prune::<Flex>(ckpt, source, &config, &calib, target, &device, p)?;
     run.result("sparsity", prune.sparsity());
+    run.result("text_bytes", text_bytes);
     run.result("prune_seconds", prune.seconds);
     run.result(
         "layer_seconds",

@@ -190,10 +190,13 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         Event::RunFinished { summary } => Some(summary.clone()),
         _ => None,
     });
-    if let Some(s) = &summary
-        && let Some(n) = s.results.get("eval_windows").and_then(|v| v.as_u64())
-    {
-        workload.eval_windows = n;
+    if let Some(s) = &summary {
+        if let Some(n) = s.results.get("eval_windows").and_then(|v| v.as_u64()) {
+            workload.eval_windows = n;
+        }
+        if let Some(n) = s.results.get("text_bytes").and_then(|v| v.as_u64()) {
+            workload.text_bytes = n;
+        }
     }
     let est = estimate(&arch, &workload)?;
     let phases = est

@@ -12,6 +12,7 @@
 pub mod against;
 pub mod catalog;
 pub mod fit;
+pub mod grid;
 pub mod presets;
 pub mod prunemem_engine;
 pub mod reference;
@@ -187,6 +188,8 @@ pub struct Workload {
     pub sparsity: f64,
     pub num_batches: u64,
     pub include_embeddings: bool,
+    /// Bytes of the largest text tokenised (calibration or evaluation).
+    pub text_bytes: u64,
 }
 
 impl Workload {
@@ -208,6 +211,7 @@ impl Workload {
             sparsity: 0.5,
             num_batches: 1,
             include_embeddings: false,
+            text_bytes: 0,
         }
     }
 }

@@ -1,32 +1,61 @@
-//! Memory of prunemem's own engine, phase by phase.
+//! Memory of prunemem's own engine on the CPU backend, phase by phase.
 //!
-//! Every term names a buffer the engine holds (see `prune::engine`,
-//! `eval`, `model::checkpoint`). Buffer sizes follow from the shapes; the
-//! constants below cover what shapes alone do not tell — the process's own
-//! footprint, how many activation-sized tensors are alive at once inside a
-//! layer, and allocator slack — and were fitted on measured runs of the
-//! engine on this CPU backend (see `CALIBRATION`).
+//! Every term names buffers the engine holds (`prune::engine`, `eval`,
+//! `model::checkpoint`) and was checked in isolation with the counting
+//! allocator (heap bytes, exact):
+//! - a decoder layer's forward peaks at `T·(2h + 3i)` f32 values for `T`
+//!   batch tokens (the residual input and normed input, and three MLP-wide
+//!   buffers); q/k/v widths do not matter;
+//! - SparseGPT's statistics add three `h²` f32 accumulators during the
+//!   forward, or peak while `Xᵀ X` of the MLP input is formed
+//!   (`T·(h + 2.4·i)` values plus `i² + 3h²`);
+//! - loading a layer holds its largest linear twice more (stored bytes and
+//!   the transposed copy);
+//! - pruning one linear on the host holds 13 bytes per weight for magnitude
+//!   and Wanda (W, metric, u32 sort indices, bool mask), and for SparseGPT
+//!   five `in²` f32 matrices (the statistic, its working copy, the reversed
+//!   factor, its inverse and `Hinv`) plus 2.2 weight copies;
+//! - these transients never coexist (each is freed before the next begins),
+//!   so a phase holds its resident buffers plus the largest of them.
+//!
+//! Resident memory is then the live heap plus the process's own footprint:
+//! prunemem maps every buffer of 4 MiB or more separately and returns it on
+//! free (`memory::alloc`), so RSS follows the heap closely. The two constants
+//! below are measured, see [`CALIBRATION`].
 
 use super::{Arch, Component, Device, Phase, Workload};
 use crate::prune::Method;
 
-/// The runs the constants were fitted on, and how well they fit.
-pub const CALIBRATION: &str = "placeholder";
+/// How the constants were measured, and how well the estimates fit.
+pub const CALIBRATION: &str = "\
+Fitted with `PRUNEMEM_BIN=target/debug/prunemem cargo run --example estimator_grid` (nine synthetic \
+models of `estimate::grid`: hidden 512-1024, intermediate 1408-2816, 2-8 layers, vocab 4096-16384; \
+magnitude, Wanda, SparseGPT; streamed and resident; seqlen 256-1024, 8-32 samples, batch 2-8, with \
+and without evaluation) on a 2-core x86-64 Linux machine, 2026-11-21. RSS minus live heap: 10 MiB at \
+`01_start` (RUNTIME_NON_HEAP), 15.7-17 MiB once the first batch has run (COMPUTE_WORKSPACE adds the \
+difference and the 2 MiB of matmul scratch); live heap at `01_start` 2.1 MiB (HEAP_BASE); load-phase \
+peak minus runtime 15.1 MiB for 1.2 MB of text (TEXT_FACTOR 13). Whole-run peak errors after the fit: \
+-3.6% to +3.0% (wanda-h512-l4 +1.8, wanda-h768-l2-s512 -0.7, sparsegpt-h512-l3 0.0, \
+sparsegpt-h1024-l2 +0.9, magnitude-h1024-l6 -3.6, wanda-eval-h512-l4 +0.9, wanda-resident-h768-l4 \
+-1.2, wanda-b2-h512-l8-s1024 +0.8, sparsegpt-eval-h640-l3 +3.0).";
 
-/// Process footprint before model work: binary, libraries, thread pools,
-/// tokenizer, profiler.
-const RUNTIME: u64 = 24 << 20;
-/// Activation-sized f32 tensors alive inside one layer's forward, per token:
-/// this many hidden-width rows...
-const ACT_PER_HIDDEN: f64 = 12.0;
-/// ...and this many intermediate-width rows.
-const ACT_PER_INTER: f64 = 4.0;
-/// Logits materialised per evaluation chunk (elements; see `eval::chunk_rows`)
-/// times the copies alive while the chunk is reduced.
+/// Resident bytes that are not heap: binary, libraries, thread stacks,
+/// allocator metadata, the pages of small-allocation arenas.
+const RUNTIME_NON_HEAP: u64 = 10 << 20;
+/// Live heap before model work: tokenizer, profiler, sinks, configuration.
+const HEAP_BASE: u64 = 5 << 19;
+/// Resident memory added once compute has run: per-thread matmul packing
+/// buffers and attention scratch (2 MiB of live heap on every grid run), and
+/// the compute and tokenizer threads' stacks and allocator arenas (RSS minus
+/// heap rises from about 10 to about 16 MiB at the first batch and stays
+/// there), see [`CALIBRATION`].
+const COMPUTE_WORKSPACE: u64 = 8 << 20;
+/// Resident bytes per byte of text while it is read and tokenised: the
+/// file, the selected lines, the tokenizer's per-word encodings and the id
+/// vector (fitted on the grid's 1.2 MB text, see [`CALIBRATION`]).
+const TEXT_FACTOR: u64 = 13;
+/// Logits computed per evaluation chunk (`eval::chunk_rows`), f32 elements.
 const LOGIT_CHUNK_ELEMS: u64 = 1 << 23;
-const LOGIT_CHUNK_COPIES: u64 = 2;
-/// Live heap to resident bytes (allocator slack, retained free blocks).
-const SLACK: f64 = 1.0;
 
 fn method(w: &Workload) -> Option<Method> {
     match w.task {
@@ -37,162 +66,214 @@ fn method(w: &Workload) -> Option<Method> {
     }
 }
 
-/// Activations of one batch through one layer.
-fn activations(a: &Arch, w: &Workload) -> u64 {
-    let tokens = (w.batch_size.min(w.nsamples.max(1)) * w.seqlen) as f64;
-    (tokens * (ACT_PER_HIDDEN * a.hidden as f64 + ACT_PER_INTER * a.intermediate as f64) * 4.0)
-        as u64
+/// One layer's forward for `tokens` tokens, f32 values touched at its peak:
+/// the residual input and its normed copy, then the gate projection and the
+/// up projection (silu and the product run in place). Matmul outputs are
+/// zero-allocated and copied by burn-flex, but the zeroed pages are never
+/// touched, so they cost heap and not RSS.
+fn forward(a: &Arch, tokens: u64) -> u64 {
+    tokens * (2 * a.hidden + 2 * a.intermediate) * 4
 }
 
-/// Cached full-shape rotary tables for q and k (`model::llama::Rope`).
-fn rope_tables(a: &Arch, w: &Workload, batch: u64) -> u64 {
-    2 * batch * w.seqlen * (a.q_dim() + a.kv_dim()) * w.dtype.size()
+/// Wanda's column norms square the captured inputs a slab at a time
+/// (`prune::stats`), one slab alive beside the forward's buffers.
+fn wanda_norm_slab(a: &Arch, tokens: u64) -> u64 {
+    (crate::prune::stats::SQUARE_CHUNK_ELEMS as u64).min(tokens * a.intermediate) * 4
 }
 
-/// Transient while one linear is pruned on the host.
-fn prune_transient(a: &Arch, m: Method) -> u64 {
-    let big = a.largest_linear();
-    let widest_in = a.intermediate.max(a.hidden);
-    match m {
-        // |W| metric, the selection copy, the mask, W itself.
-        Method::Magnitude => big * (4 + 4 + 1 + 4),
-        // W, metric, per-row sorted indices, mask, the weight set back.
-        Method::Wanda => big * (4 + 4 + 4 + 1 + 4),
-        // W, its update, and H, its reversed factor, the inverse and Hinv.
-        Method::SparseGpt => big * 8 + 4 * widest_in * widest_in * 4,
-    }
+/// The forward with SparseGPT's Hessian accumulation: three `h²`
+/// accumulators, and the scaled copy of the widest input (`T·i`) that
+/// `Xᵀ X` is formed from.
+fn forward_with_hessians(a: &Arch, tokens: u64) -> u64 {
+    let (h, i) = (a.hidden, a.intermediate);
+    let during = forward(a, tokens) + tokens * i * 4 + 3 * h * h * 4;
+    let at_mlp_input = tokens * (10 * h + 24 * i) * 4 / 10 + (i * i + 3 * h * h) * 4;
+    during.max(at_mlp_input)
 }
 
-/// Per-layer statistics (`prune::stats`): four inputs per layer.
-fn statistics(a: &Arch, m: Method) -> u64 {
-    let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
-    match m {
-        Method::Magnitude => 0,
-        Method::Wanda => (2 * h + q + i) * 4,
-        Method::SparseGpt => (2 * h * h + q * q + i * i) * 4,
-    }
-}
-
-fn with_slack(p: Phase) -> Phase {
-    if SLACK == 1.0 {
-        return p;
-    }
-    let extra = ((SLACK - 1.0) * p.total() as f64) as u64;
-    p.add("allocator slack", extra)
-}
-
-/// The phases of a prunemem pruning run.
-pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    let Some(m) = method(w) else {
-        notes.push("prunemem's engine runs magnitude, Wanda, SparseGPT and GradProbe; estimated as the reference".into());
-        return super::reference::phases(a, w, notes);
+/// Cached full-shape rotary tables (`model::llama::Rope`): cos and sin for
+/// each input shape seen, q's and k's (one shared when their widths agree),
+/// for full batches of `batch` windows and for the last, shorter batch of
+/// `windows` when there is one.
+fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
+    let widths = if a.q_dim() == a.kv_dim() {
+        a.q_dim()
+    } else {
+        a.q_dim() + a.kv_dim()
     };
+    let rest = if batch > 0 { windows % batch } else { 0 };
+    2 * (batch.min(windows) + rest) * w.seqlen * widths * w.dtype.size()
+}
+
+/// Loading one layer: its largest linear as stored bytes and as the
+/// transposed copy, on top of the layer.
+fn load_transient(a: &Arch, w: &Workload) -> u64 {
+    a.largest_linear() * (w.stored_bytes + w.dtype.size())
+}
+
+/// Pruning one linear on the host.
+fn prune_transient(a: &Arch, m: Method) -> u64 {
+    match m {
+        Method::Magnitude | Method::Wanda => a.largest_linear() * 13,
+        Method::SparseGpt => {
+            let widest_in = a.intermediate.max(a.q_dim()).max(a.hidden);
+            5 * widest_in * widest_in * 4 + 22 * a.hidden * a.intermediate * 4 / 10
+        }
+    }
+}
+
+/// Text and its tokens while a text is tokenised (`model::tokenizer`):
+/// the file, the selected lines, and the growing id vector.
+fn text_transient(text_bytes: u64) -> u64 {
+    text_bytes * TEXT_FACTOR
+}
+
+/// The phases of a prunemem pruning run on the CPU backend.
+pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     if w.task == super::Task::GradProbe {
         return super::reference::gradprobe_prunemem(a, w, notes);
     }
+    let Some(m) = method(w) else {
+        return super::reference::phases(a, w, notes);
+    };
+    if w.device == Device::Cuda {
+        notes.push(
+            "prunemem on CUDA is estimated with the CPU engine's buffers on the device plus the CUDA context; \
+             no GPU run has validated it"
+                .into(),
+        );
+    }
     let c = w.dtype.size();
-    let runtime = if w.device == Device::Cuda { 0 } else { RUNTIME };
-    let weights_all = a.params * c;
+    let (runtime_name, runtime) = match w.device {
+        Device::Cpu => ("runtime (process, base heap)", RUNTIME_NON_HEAP + HEAP_BASE),
+        Device::Cuda => ("CUDA context", 500 << 20),
+    };
     let layer = a.layer_params() * c;
     let embed = a.embedding_params() * c;
-    let calib_n = if m == Method::Magnitude {
-        0
+    let weights = if w.resident { a.params * c } else { layer };
+    let weights_name = if w.resident {
+        "weights (resident)"
     } else {
-        w.nsamples
+        "weights (one layer)"
     };
-    let calibration = calib_n * w.seqlen * a.hidden * c;
-    let batch = w.batch_size.min(calib_n.max(1));
-    let resident = if w.resident { weights_all } else { 0 };
-    // Loading a layer: the stored bytes of one tensor, the converted copy and
-    // the transposed copy (burn-store's adapter), next to the layer so far.
-    let load_transient = a.largest_linear() * (w.stored_bytes + 2 * c);
-    if w.device == Device::Cuda {
-        notes.push("prunemem on CUDA is estimated with the CPU engine's buffers on the device; no GPU run has validated it".into());
-    }
+    let calibrated = m != Method::Magnitude;
+    let n = if calibrated { w.nsamples } else { 0 };
+    let calibration = n * w.seqlen * a.hidden * c;
+    let batch = w.batch_size.min(n.max(1));
+    let tokens = batch * w.seqlen;
+    let text = text_transient(w.text_bytes);
 
     let mut out = Vec::new();
-    out.push(with_slack(
+    out.push(
         Phase::new("load", &["01_start", "02_model_loaded"])
-            .add("runtime", runtime)
-            .add("weights (resident)", resident)
+            .add(runtime_name, runtime)
+            .add("text and tokens", text)
+            .add(
+                "weights (resident)",
+                if w.resident { a.params * c } else { 0 },
+            )
             .add(
                 "load transient",
-                if w.resident { load_transient } else { 0 },
+                if w.resident { load_transient(a, w) } else { 0 },
             ),
-    ));
-    if m != Method::Magnitude {
-        out.push(with_slack(
+    );
+    let embed_load = a.embedding_params() * w.stored_bytes;
+    if calibrated {
+        out.push(
             Phase::new("calibration", &["02_model_loaded", "03_before_pruning"])
-                .add("runtime", runtime)
-                .add("weights (resident)", resident)
+                .add(runtime_name, runtime)
+                .add(
+                    "weights (resident)",
+                    if w.resident { a.params * c } else { 0 },
+                )
                 .add("embeddings", if w.resident { 0 } else { embed })
-                .add("calibration buffers", calibration)
-                .add("activations", batch * w.seqlen * a.hidden * 4),
-        ));
+                // Loading the embedding holds it twice (measured: heap peak
+                // 216 MiB for SmolLM2's 108 MiB table); the buffers are
+                // filled after that copy is gone.
+                .add(
+                    if w.resident || calibration >= embed_load {
+                        "calibration buffers"
+                    } else {
+                        "embedding load transient"
+                    },
+                    if w.resident {
+                        calibration
+                    } else {
+                        calibration.max(embed_load)
+                    },
+                )
+                .add("compute workspace", COMPUTE_WORKSPACE),
+        );
     }
-    let prune_act = if m == Method::Magnitude {
-        0
-    } else {
-        activations(a, w)
-    };
-    out.push(with_slack(
+    let (transient_name, transient) = [
+        ("load transient", load_transient(a, w)),
+        (
+            "activations",
+            match m {
+                Method::Magnitude => 0,
+                Method::Wanda => forward(a, tokens) + wanda_norm_slab(a, tokens),
+                Method::SparseGpt => forward_with_hessians(a, tokens),
+            },
+        ),
+        ("pruning transient", prune_transient(a, m)),
+    ]
+    .into_iter()
+    .max_by_key(|(_, b)| *b)
+    .unwrap_or(("activations", 0));
+    out.push(
         Phase::new("prune", &["03_before_pruning", "04_after_pruning"])
-            .add("runtime", runtime)
-            .add("weights (resident)", resident)
-            .add(
-                "weights (one layer)",
-                if w.resident {
-                    0
-                } else {
-                    layer + load_transient
-                },
-            )
+            .add(runtime_name, runtime)
+            .add(weights_name, weights)
             .add("calibration buffers", calibration)
             .add(
                 "rotary tables",
-                if m == Method::Magnitude {
-                    0
+                if calibrated {
+                    rope_tables(a, w, batch, n)
                 } else {
-                    rope_tables(a, w, batch)
+                    0
                 },
             )
-            .add("activations", prune_act)
-            .add("statistics", statistics(a, m))
-            .add("pruning transient", prune_transient(a, m)),
-    ));
+            .add(
+                "compute workspace",
+                if calibrated { COMPUTE_WORKSPACE } else { 0 },
+            )
+            .add(transient_name, transient),
+    );
     if w.eval_windows > 0 {
         let eval_batch = w.batch_size.min(w.eval_windows);
-        let hidden_states = if w.resident {
-            0
-        } else {
-            w.eval_windows * w.seqlen * a.hidden * c
-        };
         let head = if a.tied { 0 } else { embed };
-        let logits = (LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab)) * 4 * LOGIT_CHUNK_COPIES;
-        let eval_act = (eval_batch * w.seqlen) as f64
-            * (ACT_PER_HIDDEN * a.hidden as f64 + ACT_PER_INTER * a.intermediate as f64)
-            * 4.0;
-        out.push(with_slack(
+        let logits = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab) * 4;
+        let (t_name, t) = [
+            ("activations", forward(a, eval_batch * w.seqlen)),
+            ("load transient", load_transient(a, w)),
+            ("logits chunk", logits),
+        ]
+        .into_iter()
+        .max_by_key(|(_, b)| *b)
+        .unwrap_or(("activations", 0));
+        out.push(
             Phase::new("eval", &["05_before_eval", "06_after_eval"])
-                .add("runtime", runtime)
-                .add("weights (resident)", resident)
+                .add(runtime_name, runtime)
+                .add(weights_name, weights)
                 .add(
                     "embeddings and head",
                     if w.resident { 0 } else { embed + head },
                 )
                 .add(
-                    "weights (one layer)",
+                    "hidden states",
                     if w.resident {
                         0
                     } else {
-                        layer + load_transient
+                        w.eval_windows * w.seqlen * a.hidden * c
                     },
                 )
-                .add("hidden states", hidden_states)
-                .add("rotary tables", rope_tables(a, w, eval_batch))
-                .add("activations", eval_act as u64)
-                .add("logits chunk", logits),
-        ));
+                .add(
+                    "rotary tables",
+                    rope_tables(a, w, eval_batch, w.eval_windows),
+                )
+                .add("compute workspace", COMPUTE_WORKSPACE)
+                .add(t_name, t),
+        );
     }
     out
 }

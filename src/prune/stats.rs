@@ -48,6 +48,32 @@ pub enum Stat {
     Hessian(Vec<f32>),
 }
 
+/// Rows squared per step of [`column_square_sums`] (a 4 MiB f32 slab).
+pub(crate) const SQUARE_CHUNK_ELEMS: usize = 1 << 20;
+
+/// `Σ_rows x²` per column of `x` (`[rows, d]`), a slab of rows at a time:
+/// squaring the whole batch at once would hold a second copy of the
+/// widest input (`tokens × intermediate`) at the layer's peak.
+fn column_square_sums<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 1> {
+    let [rows, d] = x.dims();
+    let step = (SQUARE_CHUNK_ELEMS / d.max(1)).max(1);
+    let mut sum: Option<Tensor<B, 2>> = None;
+    let mut r0 = 0;
+    while r0 < rows {
+        let r1 = (r0 + step).min(rows);
+        let part = x.clone().slice([r0..r1, 0..d]).square().sum_dim(0);
+        sum = Some(match sum {
+            Some(s) => s + part,
+            None => part,
+        });
+        r0 = r1;
+    }
+    match sum {
+        Some(s) => s.reshape([d]),
+        None => Tensor::zeros([d], &x.device()),
+    }
+}
+
 impl<B: Backend> LayerStats<B> {
     pub fn new(kind: StatKind) -> Self {
         Self {
@@ -64,7 +90,7 @@ impl<B: Backend> LayerStats<B> {
             x2 = x2.cast(FloatDType::F32);
         }
         let update = match self.kind {
-            StatKind::ColumnNorms => Acc::Norms(x2.square().sum_dim(0).reshape([d])),
+            StatKind::ColumnNorms => Acc::Norms(column_square_sums(x2)),
             StatKind::Hessian => Acc::Hessian(x2.clone().transpose().matmul(x2)),
         };
         let merged = match (self.acc.remove(&input), update) {
@@ -76,6 +102,9 @@ impl<B: Backend> LayerStats<B> {
     }
 
     /// Bytes the accumulators hold (for the run's accounting).
+    ///
+    /// (The squares of a batch are never all materialised: see
+    /// [`column_square_sums`].)
     pub fn bytes(&self) -> u64 {
         self.acc
             .values()

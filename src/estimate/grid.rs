@@ -1,0 +1,177 @@
+//! The configurations the estimator of prunemem's own engine is fitted and
+//! tested on, and the runner that prunes each one through the binary and
+//! compares the estimate with the measured peaks. Shared by
+//! `examples/estimator_grid.rs` (the calibration table) and
+//! `tests/estimate.rs` (the 5% check).
+
+use std::path::Path;
+use std::process::Command;
+
+use super::EstimateError;
+use super::against::{self, Comparison};
+use crate::events::Event;
+use crate::model::synthetic::{SyntheticSpec, write_checkpoint};
+
+/// One configuration: a synthetic model and the `prune` flags to run on it.
+pub struct Case {
+    pub name: &'static str,
+    pub spec: SyntheticSpec,
+    pub args: &'static [&'static str],
+}
+
+fn spec(
+    layers: usize,
+    hidden: usize,
+    intermediate: usize,
+    heads: usize,
+    kv: usize,
+    vocab: usize,
+    tied: bool,
+) -> SyntheticSpec {
+    SyntheticSpec {
+        layers,
+        hidden,
+        intermediate,
+        heads,
+        kv_heads: kv,
+        vocab,
+        tied,
+        max_positions: 4096,
+        seed: 1,
+        ..Default::default()
+    }
+}
+
+/// The grid, in the order it runs.
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "wanda-h512-l4",
+            spec: spec(4, 512, 1408, 8, 2, 8192, true),
+            args: &["--method", "wanda", "--nsamples", "32", "--seqlen", "256"],
+        },
+        Case {
+            name: "wanda-h768-l2-s512",
+            spec: spec(2, 768, 2048, 12, 4, 4096, false),
+            args: &["--method", "wanda", "--nsamples", "16", "--seqlen", "512"],
+        },
+        Case {
+            name: "sparsegpt-h512-l3",
+            spec: spec(3, 512, 1536, 8, 8, 4096, true),
+            args: &[
+                "--method",
+                "sparsegpt",
+                "--nsamples",
+                "32",
+                "--seqlen",
+                "256",
+            ],
+        },
+        Case {
+            name: "sparsegpt-h1024-l2",
+            spec: spec(2, 1024, 2816, 16, 4, 2048, true),
+            args: &[
+                "--method",
+                "sparsegpt",
+                "--nsamples",
+                "8",
+                "--seqlen",
+                "512",
+            ],
+        },
+        Case {
+            name: "magnitude-h1024-l6",
+            spec: spec(6, 1024, 2816, 16, 4, 8192, false),
+            args: &["--method", "magnitude"],
+        },
+        Case {
+            name: "wanda-eval-h512-l4",
+            spec: spec(4, 512, 1408, 8, 2, 16384, true),
+            args: &[
+                "--method",
+                "wanda",
+                "--nsamples",
+                "16",
+                "--seqlen",
+                "256",
+                "--eval-windows",
+                "24",
+            ],
+        },
+        Case {
+            name: "wanda-resident-h768-l4",
+            spec: spec(4, 768, 2048, 12, 4, 8192, false),
+            args: &[
+                "--method",
+                "wanda",
+                "--nsamples",
+                "16",
+                "--seqlen",
+                "256",
+                "--resident",
+            ],
+        },
+        Case {
+            name: "wanda-b2-h512-l8-s1024",
+            spec: spec(8, 512, 1408, 8, 2, 4096, true),
+            args: &[
+                "--method",
+                "wanda",
+                "--nsamples",
+                "8",
+                "--seqlen",
+                "1024",
+                "--batch-size",
+                "2",
+            ],
+        },
+        Case {
+            name: "sparsegpt-eval-h640-l3",
+            spec: spec(3, 640, 1728, 10, 5, 8192, false),
+            args: &[
+                "--method",
+                "sparsegpt",
+                "--nsamples",
+                "24",
+                "--seqlen",
+                "384",
+                "--eval-windows",
+                "16",
+            ],
+        },
+    ]
+}
+
+/// Writes the case's model under `dir`, prunes it with `bin` (logging
+/// memory at 50 Hz), and returns the run's events and the comparison.
+pub fn run_case(
+    bin: &Path,
+    dir: &Path,
+    text: &Path,
+    case: &Case,
+) -> Result<(Vec<Event>, Comparison), EstimateError> {
+    let model = dir.join(case.name);
+    write_checkpoint(&model, &case.spec).map_err(|e| EstimateError::Invalid(e.to_string()))?;
+    let log = dir.join(format!("{}-log", case.name));
+    let mut cmd = Command::new(bin);
+    cmd.arg("prune").arg("--model").arg(&model).args(case.args);
+    cmd.arg("--calib-text").arg(text);
+    cmd.args(["--ui", "none", "--sample-hz", "50", "--log-memory"])
+        .arg(&log);
+    if case.args.contains(&"--eval-windows") {
+        cmd.arg("--eval-text").arg(text);
+    }
+    let out = cmd
+        .output()
+        .map_err(|e| EstimateError::Invalid(format!("running {}: {e}", bin.display())))?;
+    if !out.status.success() {
+        return Err(EstimateError::Invalid(format!(
+            "{}: {}",
+            case.name,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let events = against::read_events(&log)?;
+    let cmp = against::compare(&events)?;
+    Ok((events, cmp))
+}

@@ -1,0 +1,180 @@
+//! The estimator against the real engine and through the CLI: every
+//! configuration of `estimate::grid` is pruned by the binary and its peak
+//! RSS must lie within 5% of the estimate; `--against` reads such a run;
+//! bad inputs are one-line errors with exit code 2; `--json`, `--table` and
+//! `--fit` give what scripts and users rely on.
+
+use std::path::Path;
+use std::process::Command;
+
+use prunemem::estimate::grid;
+
+fn estimate(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
+        .arg("estimate")
+        .args(args)
+        .output()
+        .unwrap();
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn estimates_are_within_five_percent_of_measured_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, prunemem::demo::corpus(30_000, 9)).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_prunemem"));
+    let cases = grid::cases();
+    assert!(cases.len() >= 6);
+    let mut failures = Vec::new();
+    let mut methods = std::collections::BTreeSet::new();
+    for case in &cases {
+        let (events, cmp) = grid::run_case(bin, dir.path(), &text, case).unwrap();
+        assert!(!events.is_empty());
+        methods.insert(case.args[1]);
+        let err = cmp.peak.error_percent.expect("a measured peak");
+        eprintln!(
+            "{:<26} predicted {:>10} measured {:>10} {err:+.1}%",
+            case.name,
+            cmp.peak.predicted,
+            cmp.peak.measured.unwrap_or(0)
+        );
+        // Every phase was measured, and the run's peak is a phase's peak.
+        assert!(
+            cmp.phases.iter().all(|p| p.measured.is_some()),
+            "{}",
+            case.name
+        );
+        if err.abs() > 5.0 {
+            failures.push(format!("{}: {err:+.1}%", case.name));
+        }
+    }
+    assert_eq!(
+        methods.len(),
+        3,
+        "magnitude, wanda and sparsegpt are all covered"
+    );
+    assert!(
+        failures.is_empty(),
+        "estimates off by more than 5%: {failures:?}"
+    );
+}
+
+#[test]
+fn against_prints_predicted_and_measured_per_phase() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, prunemem::demo::corpus(8_000, 3)).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_prunemem"));
+    let case = grid::cases()
+        .into_iter()
+        .find(|c| c.name.starts_with("magnitude"))
+        .unwrap();
+    grid::run_case(bin, dir.path(), &text, &case).unwrap();
+    let log = dir.path().join(format!("{}-log", case.name));
+    let (code, out, err) = estimate(&["--against", log.to_str().unwrap()]);
+    assert_eq!(code, Some(0), "{err}");
+    for want in ["load", "prune", "predicted", "measured", "%"] {
+        assert!(out.contains(want), "missing {want:?} in:\n{out}");
+    }
+    let (code, out, _) = estimate(&["--against", log.to_str().unwrap(), "--json"]);
+    assert_eq!(code, Some(0));
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert!(v["peak"]["measured"].as_u64().unwrap() > 10 << 20);
+    // A folder without a log is a one-line error.
+    let (code, _, err) = estimate(&["--against", dir.path().to_str().unwrap()]);
+    assert_eq!(code, Some(2));
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+}
+
+#[test]
+fn bad_inputs_are_one_line_errors_with_exit_two() {
+    for args in [
+        &["--params", "0"][..],
+        &["--params", "-5"],
+        &["--params", "1e16"],
+        &["--params", "seven"],
+        &["--model", "gpt-9"],
+        &["--params", "7B", "--seqlen", "0"],
+        &["--params", "7B", "--fit", "24QB"],
+        &["--params", "7B", "--gpu", "voodoo 5"],
+        &[],
+    ] {
+        let (code, out, err) = estimate(args);
+        assert_eq!(code, Some(2), "{args:?}: {out}{err}");
+        assert_eq!(err.trim().lines().count(), 1, "{args:?}: {err}");
+        assert!(err.starts_with("error"), "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: {out}");
+    }
+}
+
+#[test]
+fn params_alone_prints_the_assumed_architecture_and_scales() {
+    let (code, out, err) = estimate(&["--params", "7e9", "--seqlen", "1024", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let arch = &v["estimate"]["arch"];
+    let params = arch["params"].as_u64().unwrap();
+    assert!((params as f64 / 7e9 - 1.0).abs() < 0.03, "{params}");
+    assert_eq!(arch["hidden"].as_u64(), Some(4096));
+    let peak = v["peak"].as_u64().unwrap();
+    // More samples and longer windows never need less memory.
+    let (_, out2, _) = estimate(&["--params", "7e9", "--seqlen", "2048", "--json"]);
+    let v2: serde_json::Value = serde_json::from_str(&out2).unwrap();
+    assert!(v2["peak"].as_u64().unwrap() > peak);
+    let (_, text, _) = estimate(&["--params", "7B"]);
+    assert!(text.contains("hidden 4096"), "{text}");
+    assert!(text.contains("Smallest GPU that fits"), "{text}");
+}
+
+#[test]
+fn reference_engine_needs_more_than_prunemem() {
+    for method in ["wanda", "sparsegpt"] {
+        let peak = |engine: &str| {
+            let (code, out, err) = estimate(&[
+                "--model", "llama-7b", "--method", method, "--engine", engine, "--json",
+            ]);
+            assert_eq!(code, Some(0), "{err}");
+            let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+            v["peak"].as_u64().unwrap()
+        };
+        let (ours, theirs) = (peak("prunemem"), peak("reference"));
+        // The reference holds the fp16 model (13.5 GB) on the GPU.
+        assert!(theirs > 13_000_000_000, "{method}: {theirs}");
+        assert!(ours * 2 < theirs, "{method}: {ours} vs {theirs}");
+    }
+}
+
+#[test]
+fn table_and_fit() {
+    let (code, out, err) = estimate(&["--table", "--seqlen", "2048"]);
+    assert_eq!(code, Some(0), "{err}");
+    for want in ["7B", "13B", "70B", "1B"] {
+        assert!(out.contains(want), "{want} missing:\n{out}");
+    }
+    let (code, out, err) = estimate(&["--model", "llama-7b", "--fit", "24GiB", "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    // LLaMA 7B's 2048 positions fit whole; the sample count is the limit.
+    assert_eq!(v["fit"]["max_seqlen"].as_u64(), Some(2048), "{v}");
+    let nsamples = v["fit"]["max_nsamples"].as_u64().unwrap();
+    assert!(nsamples >= 128, "{v}");
+    // The limit found fits, and 5% more does not.
+    let fits = |n: u64| {
+        let (_, out, _) = estimate(&[
+            "--model",
+            "llama-7b",
+            "--nsamples",
+            &n.to_string(),
+            "--json",
+        ]);
+        let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+        v["peak"].as_u64().unwrap() <= 24 << 30
+    };
+    assert!(fits(nsamples));
+    assert!(!fits(nsamples + nsamples / 20 + 1));
+}
