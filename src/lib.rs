@@ -17,6 +17,9 @@ pub mod profiler;
 pub mod prune;
 pub mod run;
 pub mod sinks;
+#[cfg(feature = "tui")]
+pub mod tui;
 pub mod units;
+pub mod watch;
 
 pub mod cli;

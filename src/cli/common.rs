@@ -62,6 +62,13 @@ impl ReportArgs {
         match self.ui_mode() {
             UiMode::Plain => extra.push(Box::new(ProgressSink::new(Box::new(std::io::stderr())))),
             UiMode::None => {}
+            #[cfg(feature = "tui")]
+            UiMode::Tui => extra.push(Box::new(crate::tui::TuiSink::start(
+                crate::tui::Mode::Owner,
+                Box::new(crate::run::request_interrupt),
+                true,
+            )?)),
+            #[cfg(not(feature = "tui"))]
             UiMode::Tui => extra.push(Box::new(ProgressSink::new(Box::new(std::io::stderr())))),
         }
         Ok(RunOptions {

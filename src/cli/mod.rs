@@ -8,6 +8,7 @@ mod estimate;
 mod eval;
 mod prune;
 mod snapshot;
+mod watch;
 
 use clap::{Parser, Subcommand};
 
@@ -45,6 +46,10 @@ pub enum Command {
     Estimate(Box<estimate::EstimateArgs>),
     /// Prune a model layer by layer (magnitude, Wanda, SparseGPT), optionally evaluate and save it
     Prune(Box<prune::PruneArgs>),
+    /// Live memory view of a log being written (--log DIR) or of any command (-- CMD ARGS...)
+    Watch(watch::WatchArgs),
+    /// Play a finished run back in the live view (--speed, --from STAGE)
+    Replay(watch::ReplayArgs),
 }
 
 /// Parses `std::env::args`, runs the command and returns the exit status.
@@ -73,6 +78,8 @@ pub fn run_from(argv: Vec<String>) -> i32 {
         Command::Eval(args) => eval::run(args, argv),
         Command::Prune(args) => prune::run(*args, argv),
         Command::Estimate(args) => estimate::run(*args),
+        Command::Watch(args) => watch::watch(args),
+        Command::Replay(args) => watch::replay(args),
     };
     match outcome {
         Ok(code) => code,

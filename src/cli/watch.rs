@@ -1,0 +1,234 @@
+//! `prunemem watch` and `prunemem replay`: the live UI (or plain lines) for
+//! runs this process does not perform — a log another process is writing,
+//! a finished log played back, or any command watched from outside (whose
+//! events are also written as a prunemem log, so reports work on it).
+
+use std::path::PathBuf;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+
+use clap::Args;
+
+use super::CliResult;
+use super::common::UiMode;
+use crate::events::{Emitter, Event};
+use crate::sinks::{self, SummarySink, progress::ProgressSink};
+use crate::watch::{self, WatchOptions};
+
+#[derive(Args, Debug)]
+pub struct WatchArgs {
+    /// Follow a run's log folder (events.jsonl) as it grows
+    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    log: Option<PathBuf>,
+    /// Write the watched command's memory_log.csv, events.jsonl and summary.txt to DIR
+    #[arg(long = "log-memory", value_name = "DIR")]
+    log_memory: Option<PathBuf>,
+    /// tui, plain or none (default: tui on a terminal, else plain)
+    #[arg(long, value_enum)]
+    ui: Option<UiMode>,
+    /// Samples per second of the watched command's process tree
+    #[arg(long, default_value_t = 10.0, value_name = "HZ")]
+    sample_hz: f64,
+    /// The command to run and watch (after --)
+    #[arg(last = true, value_name = "COMMAND")]
+    command: Vec<String>,
+}
+
+#[derive(Args, Debug)]
+pub struct ReplayArgs {
+    /// A finished run's log folder
+    dir: PathBuf,
+    /// Playback speed (2 = twice real time)
+    #[arg(long, default_value_t = 10.0)]
+    speed: f64,
+    /// Jump to this stage (e.g. 03_before_pruning)
+    #[arg(long, value_name = "STAGE")]
+    from: Option<String>,
+    /// tui, plain or none (default: tui on a terminal, else plain)
+    #[arg(long, value_enum)]
+    ui: Option<UiMode>,
+}
+
+fn ui_mode(ui: Option<UiMode>) -> UiMode {
+    use std::io::IsTerminal;
+    ui.unwrap_or(
+        if std::io::stdout().is_terminal() && cfg!(feature = "tui") {
+            UiMode::Tui
+        } else {
+            UiMode::Plain
+        },
+    )
+}
+
+/// What stops the watched run when the user asks the UI to.
+type Abort = Box<dyn Fn() + Send>;
+
+/// The sinks of a watch or replay, and the live UI when there is one.
+struct Outputs {
+    emitter: Arc<Emitter>,
+    #[cfg(feature = "tui")]
+    tui: Option<crate::tui::TuiHandle>,
+}
+
+impl Outputs {
+    fn new(mode: UiMode, owner_abort: Option<Abort>, log_dir: Option<&PathBuf>) -> CliResult<Self> {
+        let emitter = Arc::new(Emitter::new());
+        if let Some(dir) = log_dir {
+            sinks::attach_log_dir(&emitter, dir)?;
+        }
+        #[cfg(feature = "tui")]
+        let mut tui = None;
+        match mode {
+            UiMode::Tui => {
+                #[cfg(feature = "tui")]
+                {
+                    let view = match owner_abort {
+                        Some(abort) => {
+                            crate::tui::TuiSink::start(crate::tui::Mode::Owner, abort, false)?
+                        }
+                        None => crate::tui::TuiSink::start(
+                            crate::tui::Mode::Viewer,
+                            Box::new(|| {}),
+                            false,
+                        )?,
+                    };
+                    tui = Some(view.handle());
+                    emitter.add(Box::new(view));
+                }
+                #[cfg(not(feature = "tui"))]
+                {
+                    let _ = owner_abort;
+                    return Err(
+                        "this prunemem was built without the tui feature; use --ui plain".into(),
+                    );
+                }
+            }
+            UiMode::Plain => {
+                let _ = owner_abort;
+                emitter.add(Box::new(ProgressSink::new(Box::new(std::io::stderr()))));
+                emitter.add(Box::new(SummarySink::new(Box::new(std::io::stdout()))));
+            }
+            UiMode::None => {
+                let _ = owner_abort;
+            }
+        }
+        Ok(Self {
+            emitter,
+            #[cfg(feature = "tui")]
+            tui,
+        })
+    }
+
+    fn emit(&self, e: Event) {
+        self.emitter.emit(e);
+    }
+
+    /// A flag the feeding loop polls: set once the user closed the view.
+    fn stopped(&self) -> bool {
+        #[cfg(feature = "tui")]
+        if let Some(t) = &self.tui {
+            return t.quit_requested();
+        }
+        false
+    }
+
+    /// Flushes the logs, then waits for the user to leave the view.
+    fn finish(self) {
+        self.emitter.flush();
+        #[cfg(feature = "tui")]
+        if let Some(t) = &self.tui {
+            let stats = t.wait();
+            if std::env::var_os("PRUNEMEM_UI_STATS").is_some() {
+                eprintln!("{}", stats.line());
+            }
+        }
+    }
+}
+
+/// A stop flag that mirrors the UI's quit.
+fn poll_stop(out: &Outputs, flag: &AtomicBool) {
+    if out.stopped() {
+        flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+pub fn watch(args: WatchArgs) -> CliResult<i32> {
+    let mode = ui_mode(args.ui);
+    if let Some(dir) = &args.log {
+        let out = Outputs::new(mode, None, None)?;
+        let stop = AtomicBool::new(false);
+        let result = watch::follow(
+            dir,
+            &mut |e| {
+                out.emit(e);
+                poll_stop(&out, &stop);
+            },
+            &stop,
+            None,
+        );
+        out.finish();
+        result?;
+        return Ok(0);
+    }
+    if args.command.is_empty() {
+        return Err(
+            "watch needs --log DIR or a command after -- (prunemem watch -- python main.py ...)"
+                .into(),
+        );
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let abort_flag = stop.clone();
+    let abort: Abort =
+        Box::new(move || abort_flag.store(true, std::sync::atomic::Ordering::SeqCst));
+    let out = Arc::new(Outputs::new(mode, Some(abort), args.log_memory.as_ref())?);
+    let sink_out = out.clone();
+    let emit: watch::Emit = Arc::new(Mutex::new(move |e: Event| sink_out.emit(e)));
+    let options = WatchOptions {
+        hz: args.sample_hz,
+        echo: mode != UiMode::Tui,
+    };
+    let code = watch::watch_command(&args.command, &options, emit, stop);
+    // Release the emitter's other owner (the closure) before finishing.
+    match Arc::try_unwrap(out) {
+        Ok(out) => out.finish(),
+        Err(out) => out.emitter.flush(),
+    }
+    Ok(code?)
+}
+
+pub fn replay(args: ReplayArgs) -> CliResult<i32> {
+    let events = watch::read_all(&args.dir)?;
+    let out = Outputs::new(ui_mode(args.ui), None, None)?;
+    let stop = AtomicBool::new(false);
+    let result = watch::replay(
+        &events,
+        args.speed,
+        args.from.as_deref(),
+        &mut |e| {
+            out.emit(e);
+            poll_stop(&out, &stop);
+        },
+        &stop,
+    );
+    if result.is_err() {
+        // Leave the screen before reporting.
+        #[cfg(feature = "tui")]
+        if let Some(t) = &out.tui {
+            t.close();
+        }
+    }
+    result?;
+    out.finish();
+    Ok(0)
+}
+
+impl Drop for Outputs {
+    fn drop(&mut self) {
+        #[cfg(feature = "tui")]
+        if let Some(t) = &self.tui
+            && !t.quit_requested()
+        {
+            t.close();
+        }
+    }
+}

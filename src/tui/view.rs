@@ -1,0 +1,436 @@
+//! Draws a [`UiState`] into a ratatui frame: header, gauges with peak
+//! markers, the history chart with stage boundaries, the stage table with the
+//! peak row highlighted, layer progress, messages and the key line. Pure
+//! drawing: no state changes, no terminal access, so it is tested with
+//! ratatui's `TestBackend`. Bytes become text only here, in binary units.
+
+use ratatui::Frame;
+use ratatui::layout::{Constraint, Layout, Rect};
+use ratatui::style::{Color, Modifier, Style};
+use ratatui::symbols::Marker;
+use ratatui::text::{Line, Span};
+use ratatui::widgets::{
+    Axis, Block, Cell, Chart, Clear, Dataset, Gauge, GraphType, Paragraph, Row, Table, Wrap,
+};
+
+use super::state::{Focus, Mode, Reading, UiState};
+use crate::events::{Level, RunStatus};
+use crate::units::format_bytes;
+
+/// Width of the stage table (its columns fit `format_bytes` output).
+const STAGE_TABLE_WIDTH: u16 = 70;
+
+/// Smallest terminal the layout is drawn in.
+pub const MIN_WIDTH: u16 = 80;
+pub const MIN_HEIGHT: u16 = 24;
+
+/// Draws the whole screen.
+pub fn draw(frame: &mut Frame, state: &UiState) {
+    let area = frame.area();
+    if area.width < MIN_WIDTH || area.height < MIN_HEIGHT {
+        let text = format!(
+            "terminal too small: {}×{}, prunemem needs at least {MIN_WIDTH}×{MIN_HEIGHT} (q quits)",
+            area.width, area.height
+        );
+        frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: true }), area);
+        return;
+    }
+    let message_rows = if area.height >= 32 { 6 } else { 3 };
+    let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
+        Constraint::Length(4),
+        Constraint::Length(6),
+        Constraint::Min(7),
+        Constraint::Length(3),
+        Constraint::Length(message_rows),
+        Constraint::Length(1),
+    ])
+    .areas(area);
+    draw_header(frame, header, state);
+    draw_gauges(frame, gauges, state);
+    if middle.width >= STAGE_TABLE_WIDTH + 30 {
+        let [chart, table] =
+            Layout::horizontal([Constraint::Min(30), Constraint::Length(STAGE_TABLE_WIDTH)])
+                .areas(middle);
+        draw_chart(frame, chart, state);
+        draw_stages(frame, table, state);
+    } else {
+        // Narrow terminals: the timeline table matters most.
+        draw_stages(frame, middle, state);
+    }
+    draw_progress(frame, progress, state);
+    draw_messages(frame, messages, state);
+    draw_keys(frame, keys, state);
+    if state.help {
+        draw_help(frame, area);
+    }
+    if state.confirm_quit {
+        draw_confirm(frame, area, state);
+    }
+}
+
+fn clock(s: f64) -> String {
+    let s = s.max(0.0) as u64;
+    format!("{:02}:{:02}:{:02}", s / 3600, s / 60 % 60, s % 60)
+}
+
+fn status_text(state: &UiState) -> (String, Color) {
+    match &state.finished {
+        None if state.paused => ("paused (p resumes)".into(), Color::Yellow),
+        None => ("running".into(), Color::Green),
+        Some(RunStatus::Ok) => ("finished".into(), Color::Cyan),
+        Some(RunStatus::Interrupted) => ("interrupted".into(), Color::Red),
+        Some(RunStatus::Failed(e)) => (format!("failed: {e}"), Color::Red),
+    }
+}
+
+fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
+    let (status, color) = status_text(state);
+    let eta = state
+        .eta_s()
+        .map_or(String::new(), |e| format!("   ETA {}", clock(e)));
+    let lines = vec![
+        Line::from(vec![
+            Span::styled("prunemem ", Style::new().add_modifier(Modifier::BOLD)),
+            Span::raw(truncate(
+                &state.command,
+                area.width.saturating_sub(12) as usize,
+            )),
+        ]),
+        Line::from(vec![
+            Span::raw(format!(
+                "model {}   method {}   ",
+                or_dash(&state.model),
+                or_dash(&state.method)
+            )),
+            Span::raw(format!("elapsed {}{eta}   ", clock(state.elapsed_s))),
+            Span::styled(status, Style::new().fg(color)),
+        ]),
+    ];
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(" run ")),
+        area,
+    );
+}
+
+fn or_dash(s: &str) -> &str {
+    if s.is_empty() { "–" } else { s }
+}
+
+fn truncate(s: &str, width: usize) -> String {
+    if s.chars().count() <= width {
+        s.to_string()
+    } else {
+        let mut t: String = s.chars().take(width.saturating_sub(1)).collect();
+        t.push('…');
+        t
+    }
+}
+
+/// A bar of `width` cells for `r` on a scale of `full` bytes, with `│` at
+/// the peak.
+pub fn bar(r: &Reading, full: u64, width: usize) -> String {
+    let cells = |v: u64| ((v as f64 / full.max(1) as f64) * width as f64).round() as usize;
+    let filled = r.now.map_or(0, cells).min(width);
+    let peak = r.peak.map(|p| cells(p).clamp(1, width) - 1);
+    (0..width)
+        .map(|i| match (i < filled, peak == Some(i)) {
+            (_, true) => '│',
+            (true, false) => '█',
+            (false, false) => '░',
+        })
+        .collect()
+}
+
+fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Color) -> Line<'a> {
+    let text = |v: Option<u64>| v.map_or("n/a".to_string(), format_bytes);
+    let total = r
+        .total
+        .map_or(String::new(), |t| format!(" of {}", format_bytes(t)));
+    Line::from(vec![
+        Span::raw(format!("{name:<10}")),
+        Span::styled(bar(r, full, width), Style::new().fg(color)),
+        Span::raw(format!(
+            " {:>10}{total}  peak {}",
+            text(r.now),
+            text(r.peak)
+        )),
+    ])
+}
+
+fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
+    // Host series share one scale (the largest peak), so bars compare.
+    let host_full = [state.rss.peak, state.heap.peak, state.reserved.peak]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(1);
+    let width = (area.width as usize).saturating_sub(48).clamp(10, 60);
+    let gpu_full = state.gpu.total.or(state.gpu.peak).unwrap_or(1);
+    let lines = vec![
+        gauge_line("RSS", &state.rss, host_full, width, Color::Green),
+        gauge_line("allocated", &state.heap, host_full, width, Color::Blue),
+        gauge_line(
+            "reserved",
+            &state.reserved,
+            host_full,
+            width,
+            Color::Magenta,
+        ),
+        gauge_line("GPU used", &state.gpu, gpu_full, width, Color::Yellow),
+    ];
+    let title = " memory (│ = peak) ";
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(title)),
+        area,
+    );
+}
+
+/// A byte count in the unit the chart's axis uses.
+fn scaled(bytes: u64, unit: f64) -> f64 {
+    bytes as f64 / unit
+}
+
+fn draw_chart(frame: &mut Frame, area: Rect, state: &UiState) {
+    let t_end = state.history.back().map_or(1.0, |p| p.t).max(1.0);
+    let t_start = state.history.front().map_or(0.0, |p| p.t);
+    let top = state
+        .history
+        .iter()
+        .flat_map(|p| [p.rss, p.heap, p.reserved, p.gpu_used])
+        .flatten()
+        .max()
+        .unwrap_or(1 << 20);
+    let (unit, unit_name) = if top >= 4 << 30 {
+        ((1u64 << 30) as f64, "GiB")
+    } else {
+        ((1u64 << 20) as f64, "MiB")
+    };
+    let y_max = scaled(top, unit) * 1.1;
+    let series = |f: fn(&super::state::Point) -> Option<u64>| -> Vec<(f64, f64)> {
+        state
+            .history
+            .iter()
+            .filter_map(|p| f(p).map(|v| (p.t, scaled(v, unit))))
+            .collect()
+    };
+    let rss = series(|p| p.rss);
+    let heap = series(|p| p.heap);
+    let reserved = series(|p| p.reserved);
+    let gpu = series(|p| p.gpu_used);
+    // Stage boundaries other than per-layer ones, as vertical lines.
+    let marks: Vec<Vec<(f64, f64)>> = state
+        .stages
+        .iter()
+        .filter(|s| !s.label.starts_with("layer_"))
+        .map(|s| vec![(s.elapsed_s, 0.0), (s.elapsed_s, y_max)])
+        .collect();
+    let mut datasets = Vec::new();
+    for m in &marks {
+        datasets.push(
+            Dataset::default()
+                .graph_type(GraphType::Line)
+                .marker(Marker::Braille)
+                .style(Style::new().fg(Color::DarkGray))
+                .data(m),
+        );
+    }
+    for (name, data, color) in [
+        ("RSS", &rss, Color::Green),
+        ("allocated", &heap, Color::Blue),
+        ("reserved", &reserved, Color::Magenta),
+        ("GPU used", &gpu, Color::Yellow),
+    ] {
+        if !data.is_empty() {
+            datasets.push(
+                Dataset::default()
+                    .name(name)
+                    .graph_type(GraphType::Line)
+                    .marker(Marker::Braille)
+                    .style(Style::new().fg(color))
+                    .data(data),
+            );
+        }
+    }
+    let chart = Chart::new(datasets)
+        .block(Block::bordered().title(format!(" history ({unit_name}; grey = stages) ")))
+        .x_axis(
+            Axis::default()
+                .bounds([t_start, t_end])
+                .labels([format!("{t_start:.0}s"), format!("{t_end:.0}s")]),
+        )
+        .y_axis(
+            Axis::default()
+                .bounds([0.0, y_max])
+                .labels(["0".to_string(), format!("{:.0}", y_max / 1.1)]),
+        );
+    frame.render_widget(chart, area);
+}
+
+fn delta_text(d: Option<i64>) -> String {
+    match d {
+        Some(d) if d < 0 => format!("-{}", format_bytes(d.unsigned_abs())),
+        Some(d) => format!("+{}", format_bytes(d as u64)),
+        None => "n/a".into(),
+    }
+}
+
+fn draw_stages(frame: &mut Frame, area: Rect, state: &UiState) {
+    let visible = area.height.saturating_sub(3) as usize;
+    let peak_row = state.peak_stage();
+    // Show the rows ending at the scroll position.
+    let end = (state.stage_scroll + 1).min(state.stages.len());
+    let start = end.saturating_sub(visible);
+    let text = |v: Option<u64>| v.map_or("n/a".to_string(), format_bytes);
+    let rows = state.stages[start..end].iter().enumerate().map(|(k, r)| {
+        let style = if Some(start + k) == peak_row {
+            Style::new().fg(Color::Black).bg(Color::Yellow)
+        } else {
+            Style::new()
+        };
+        Row::new(vec![
+            Cell::from(r.label.clone()),
+            Cell::from(text(r.rss)),
+            Cell::from(text(r.heap)),
+            Cell::from(text(r.peak)),
+            Cell::from(delta_text(r.delta)),
+            Cell::from(format!("{:.1}s", r.seconds)),
+        ])
+        .style(style)
+    });
+    let focus = if state.focus == Focus::Stages {
+        " ◆"
+    } else {
+        ""
+    };
+    let table = Table::new(
+        rows,
+        [
+            Constraint::Min(16),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(9),
+            Constraint::Length(10),
+            Constraint::Length(6),
+        ],
+    )
+    .header(
+        Row::new(["stage", "RSS", "alloc", "peak", "Δ RSS", "time"])
+            .style(Style::new().add_modifier(Modifier::BOLD)),
+    )
+    .block(Block::bordered().title(format!(" stages (peak highlighted){focus} ")));
+    frame.render_widget(table, area);
+}
+
+fn draw_progress(frame: &mut Frame, area: Rect, state: &UiState) {
+    let current = state.stages.last().map_or("–", |s| s.label.as_str());
+    let (ratio, label) = match &state.progress {
+        Some((done, total, name)) => (
+            *done as f64 / (*total).max(1) as f64,
+            format!("{done}/{total} {name}   stage {current}"),
+        ),
+        None => (0.0, format!("stage {current}")),
+    };
+    let gauge = Gauge::default()
+        .block(Block::bordered().title(" layers "))
+        .gauge_style(Style::new().fg(Color::Cyan))
+        .ratio(ratio.clamp(0.0, 1.0))
+        .label(label);
+    frame.render_widget(gauge, area);
+}
+
+fn draw_messages(frame: &mut Frame, area: Rect, state: &UiState) {
+    let visible = area.height.saturating_sub(2) as usize;
+    let end = if state.focus == Focus::Messages {
+        (state.message_scroll + 1).min(state.messages.len())
+    } else {
+        state.messages.len()
+    };
+    let start = end.saturating_sub(visible);
+    let lines: Vec<Line> = state.messages[start..end]
+        .iter()
+        .map(|(level, text)| {
+            let (tag, color) = match level {
+                Level::Info => ("info ", Color::Gray),
+                Level::Warn => ("warn ", Color::Yellow),
+                Level::Error => ("error", Color::Red),
+            };
+            Line::from(vec![
+                Span::styled(tag, Style::new().fg(color)),
+                Span::raw(" "),
+                Span::raw(text.clone()),
+            ])
+        })
+        .collect();
+    let focus = if state.focus == Focus::Messages {
+        " ◆"
+    } else {
+        ""
+    };
+    frame.render_widget(
+        Paragraph::new(lines).block(Block::bordered().title(format!(" messages{focus} "))),
+        area,
+    );
+}
+
+fn draw_keys(frame: &mut Frame, area: Rect, state: &UiState) {
+    let quit = match state.mode {
+        Mode::Owner if state.finished.is_none() => "q stop run",
+        _ => "q quit",
+    };
+    let dropped = if state.dropped > 0 {
+        format!("   {} samples merged", state.dropped)
+    } else {
+        String::new()
+    };
+    let text = format!("{quit}   p pause   tab focus   ↑↓ scroll   ? help{dropped}");
+    frame.render_widget(
+        Paragraph::new(text).style(Style::new().fg(Color::DarkGray)),
+        area,
+    );
+}
+
+fn centered(area: Rect, width: u16, height: u16) -> Rect {
+    let w = width.min(area.width);
+    let h = height.min(area.height);
+    Rect::new(
+        area.x + (area.width - w) / 2,
+        area.y + (area.height - h) / 2,
+        w,
+        h,
+    )
+}
+
+fn draw_help(frame: &mut Frame, area: Rect) {
+    let text = vec![
+        Line::from("q / Esc   quit (a running prune asks first)"),
+        Line::from("Ctrl-C    stop the run now"),
+        Line::from("p         pause / resume the view (the run goes on)"),
+        Line::from("tab       switch focus: stages, messages"),
+        Line::from("↑ ↓ PgUp PgDn Home End   scroll the focused panel"),
+        Line::from("?         this help (any key closes)"),
+    ];
+    let r = centered(area, 60, 8);
+    frame.render_widget(Clear, r);
+    frame.render_widget(
+        Paragraph::new(text).block(Block::bordered().title(" keys ")),
+        r,
+    );
+}
+
+fn draw_confirm(frame: &mut Frame, area: Rect, state: &UiState) {
+    let r = centered(area, 56, 3);
+    let what = if state.command.starts_with("prunemem watch") || state.command.contains(" watch ") {
+        "Stop the watched command?"
+    } else {
+        "Stop the run? Logs are flushed."
+    };
+    frame.render_widget(Clear, r);
+    frame.render_widget(
+        Paragraph::new(format!("{what}  y = stop, any other key = go on"))
+            .block(Block::bordered().title(" quit ")),
+        r,
+    );
+}
+
+#[cfg(test)]
+mod tests;

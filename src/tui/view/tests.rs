@@ -1,0 +1,151 @@
+use ratatui::Terminal;
+use ratatui::backend::TestBackend;
+
+use super::*;
+use crate::events::Event;
+use crate::memory::MemorySnapshot;
+use crate::tui::state::{Key, UiState};
+
+const M: u64 = 1 << 20;
+
+fn screen(state: &UiState, w: u16, h: u16) -> String {
+    let mut t = Terminal::new(TestBackend::new(w, h)).unwrap();
+    t.draw(|f| draw(f, state)).unwrap();
+    let buf = t.backend().buffer().clone();
+    let mut out = String::new();
+    for y in 0..h {
+        for x in 0..w {
+            out.push_str(buf[(x, y)].symbol());
+        }
+        out.push('\n');
+    }
+    out
+}
+
+fn state() -> UiState {
+    let mut s = UiState::new(Mode::Owner);
+    let mut t = 0.0;
+    for (label, rss) in [
+        ("01_start", 20),
+        ("02_model_loaded", 120),
+        ("layer_00_pruned", 300),
+        ("04_after_pruning", 90),
+    ] {
+        t += 1.0;
+        s.apply(&Event::Sample {
+            snapshot: MemorySnapshot {
+                label: "sample".into(),
+                elapsed_s: t - 0.5,
+                rss: Some(rss * M + 5 * M),
+                heap_allocated: Some(rss * M),
+                ..Default::default()
+            },
+        });
+        s.apply(&Event::Stage {
+            snapshot: MemorySnapshot {
+                label: label.into(),
+                elapsed_s: t,
+                rss: Some(rss * M),
+                rss_peak: Some(305 * M),
+                heap_allocated: Some(rss * M / 2),
+                ..Default::default()
+            },
+        });
+    }
+    s.apply(&Event::Progress {
+        index: 0,
+        total: 30,
+        name: "model.layers.0".into(),
+        elapsed_s: t,
+    });
+    s.apply(&Event::Message {
+        level: Level::Warn,
+        text: "seqlen capped at 2048".into(),
+        elapsed_s: t,
+    });
+    s
+}
+
+#[test]
+fn the_screen_shows_gauges_stages_progress_and_messages() {
+    let text = screen(&state(), 120, 36);
+    for want in [
+        "RSS",
+        "allocated",
+        "GPU used",
+        "n/a",
+        "02_model_loaded",
+        "layer_00_pruned",
+        "+100.0 MiB",
+        "1/30 model.layers.0",
+        "seqlen capped at 2048",
+        "q stop run",
+        "history (MiB",
+    ] {
+        assert!(text.contains(want), "missing {want:?} in\n{text}");
+    }
+}
+
+#[test]
+fn the_peak_row_is_highlighted() {
+    let s = state();
+    let mut t = Terminal::new(TestBackend::new(120, 36)).unwrap();
+    t.draw(|f| draw(f, &s)).unwrap();
+    let buf = t.backend().buffer().clone();
+    let row = (0..36)
+        .find(|&y| {
+            let line: String = (0..120).map(|x| buf[(x, y)].symbol().to_string()).collect();
+            line.contains("layer_00_pruned")
+        })
+        .unwrap();
+    let x = (0..120)
+        .find(|&x| buf[(x, row)].symbol() == "l" && buf[(x + 1, row)].symbol() == "a")
+        .unwrap();
+    assert_eq!(buf[(x, row)].bg, Color::Yellow);
+    let other = (0..36)
+        .find(|&y| {
+            let line: String = (0..120).map(|x| buf[(x, y)].symbol().to_string()).collect();
+            line.contains("01_start")
+        })
+        .unwrap();
+    assert_ne!(buf[(x, other)].bg, Color::Yellow);
+}
+
+#[test]
+fn a_small_terminal_gets_a_message() {
+    let text = screen(&state(), 60, 20);
+    assert!(text.contains("terminal too small"), "{text}");
+    assert!(!text.contains("stages"));
+}
+
+#[test]
+fn confirm_and_help_overlays() {
+    let mut s = state();
+    s.key(Key::Char('q'));
+    assert!(screen(&s, 100, 30).contains("Stop the run?"));
+    s.key(Key::Char('n'));
+    s.key(Key::Char('?'));
+    assert!(screen(&s, 100, 30).contains("pause / resume"));
+}
+
+#[test]
+fn bars_mark_the_peak() {
+    let r = Reading {
+        now: Some(50),
+        peak: Some(80),
+        total: None,
+    };
+    let b = bar(&r, 100, 10);
+    assert_eq!(b.chars().count(), 10);
+    assert_eq!(b.chars().filter(|c| *c == '█').count(), 5);
+    assert_eq!(b.chars().position(|c| c == '│'), Some(7));
+    let none = bar(&Reading::default(), 100, 10);
+    assert_eq!(none, "░".repeat(10));
+}
+
+#[test]
+fn an_80_column_terminal_keeps_the_stage_table() {
+    let text = screen(&state(), 80, 24);
+    assert!(text.contains("02_model_loaded"), "{text}");
+    assert!(!text.contains("history"), "{text}");
+}

@@ -1,0 +1,352 @@
+//! `prunemem watch -- CMD`: runs any command (a PyTorch pruning script, say)
+//! and turns what can be seen from outside into prunemem events: its whole
+//! process tree's RSS (and, with NVML, the GPU memory of those processes)
+//! sampled at a fixed rate, and stages from the lines it prints —
+//! `PRUNEMEM_STAGE name` (prunemem's one-line protocol) or the memory
+//! scripts' `Memory Checkpoint: NAME` headers. Its output still reaches the
+//! terminal when no full-screen UI owns it.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use super::WatchError;
+use crate::events::{Event, HostInfo, Level, RunPlan, RunStatus, RunSummary};
+use crate::memory::process::TreeProbe;
+use crate::memory::{MemorySnapshot, gpu, unix_ms_now};
+
+/// How a command is watched.
+pub struct WatchOptions {
+    /// Samples per second of the process tree.
+    pub hz: f64,
+    /// Copy the command's output to this process's stdout/stderr.
+    pub echo: bool,
+}
+
+/// The stage a line announces, if any.
+pub fn parse_marker(line: &str) -> Option<String> {
+    let t = line.trim();
+    if let Some(rest) = t.strip_prefix("PRUNEMEM_STAGE") {
+        let name = rest.trim();
+        return (!name.is_empty() && rest.starts_with(char::is_whitespace))
+            .then(|| name.to_string());
+    }
+    let at = t.find("Memory Checkpoint:")?;
+    let name = t[at + "Memory Checkpoint:".len()..]
+        .trim_matches(|c: char| c.is_whitespace() || "=-*#:".contains(c));
+    (!name.is_empty()).then(|| name.to_string())
+}
+
+/// Whether a line of the command's output deserves the message pane.
+fn is_warning(line: &str) -> Option<Level> {
+    let l = line.to_ascii_lowercase();
+    if l.contains("out of memory") || l.contains("error") || l.contains("traceback") {
+        Some(Level::Error)
+    } else if l.contains("warning") {
+        Some(Level::Warn)
+    } else {
+        None
+    }
+}
+
+/// Readings of the watched tree, shared by the sampler and the output readers.
+struct Probe {
+    tree: TreeProbe,
+    start: Instant,
+    peak: Option<u64>,
+    gpu_peak: Option<u64>,
+}
+
+impl Probe {
+    fn snapshot(&mut self, label: &str) -> MemorySnapshot {
+        let reading = self.tree.read();
+        let rss = reading.as_ref().map(|(r, _)| *r);
+        self.peak = self.peak.max(rss);
+        let pids = reading.map(|(_, p)| p).unwrap_or_default();
+        let card = gpu::read(0);
+        // GPU memory of the watched processes (NVML per process).
+        let procs = gpu::processes(0);
+        let mine: Vec<u64> = procs
+            .iter()
+            .filter(|u| pids.contains(&u.pid))
+            .filter_map(|u| u.used)
+            .collect();
+        let tree_gpu = (card.is_some()).then(|| mine.iter().sum::<u64>());
+        self.gpu_peak = self.gpu_peak.max(tree_gpu);
+        MemorySnapshot {
+            label: label.to_string(),
+            unix_ms: unix_ms_now(),
+            elapsed_s: self.start.elapsed().as_secs_f64(),
+            rss,
+            rss_peak: self.peak,
+            device_allocated: tree_gpu,
+            device_peak: self.gpu_peak,
+            gpu_used: card.as_ref().and_then(|c| c.used),
+            gpu_free: card.as_ref().and_then(|c| c.free),
+            gpu_total: card.as_ref().and_then(|c| c.total),
+            gpu_util_percent: card.as_ref().and_then(|c| c.utilization_percent),
+            ..Default::default()
+        }
+    }
+}
+
+/// Where the watcher sends its events (shared by its threads).
+pub type Emit = Arc<Mutex<dyn FnMut(Event) + Send>>;
+
+fn send(emit: &Emit, e: Event) {
+    let mut f = match emit.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    f(e);
+}
+
+fn reader_thread(
+    stream: impl std::io::Read + Send + 'static,
+    to_stderr: bool,
+    echo: bool,
+    probe: Arc<Mutex<Probe>>,
+    emit: Emit,
+) -> std::thread::JoinHandle<()> {
+    std::thread::spawn(move || {
+        for line in BufReader::new(stream).lines().map_while(Result::ok) {
+            if echo {
+                if to_stderr {
+                    let _ = writeln!(std::io::stderr(), "{line}");
+                } else {
+                    let _ = writeln!(std::io::stdout(), "{line}");
+                }
+            }
+            let elapsed_s = lock(&probe).start.elapsed().as_secs_f64();
+            if let Some(stage) = parse_marker(&line) {
+                let snapshot = lock(&probe).snapshot(&stage);
+                send(&emit, Event::Stage { snapshot });
+            } else if let Some(level) = is_warning(&line) {
+                send(
+                    &emit,
+                    Event::Message {
+                        level,
+                        text: line,
+                        elapsed_s,
+                    },
+                );
+            }
+        }
+    })
+}
+
+fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    match m.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    }
+}
+
+/// Runs `argv`, emitting `RunStarted`, samples, stages, messages and
+/// `RunFinished`; returns the command's exit code (128 + signal when it was
+/// killed). `stop` set from outside sends the command SIGINT.
+pub fn watch_command(
+    argv: &[String],
+    options: &WatchOptions,
+    emit: Emit,
+    stop: Arc<AtomicBool>,
+) -> Result<i32, WatchError> {
+    let Some((program, args)) = argv.split_first() else {
+        return Err(WatchError::Invalid("watch needs a command after --".into()));
+    };
+    if !(options.hz > 0.0 && options.hz <= 1000.0) {
+        return Err(WatchError::Invalid(format!(
+            "--sample-hz must be between 0 and 1000, got {}",
+            options.hz
+        )));
+    }
+    let mut child: Child = Command::new(program)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|source| WatchError::Io {
+            path: program.clone(),
+            source,
+        })?;
+    let started_unix_ms = unix_ms_now();
+    let probe = Arc::new(Mutex::new(Probe {
+        tree: TreeProbe::new(child.id()),
+        start: Instant::now(),
+        peak: None,
+        gpu_peak: None,
+    }));
+    let mut full_argv = vec!["prunemem".to_string(), "watch".into(), "--".into()];
+    full_argv.extend(argv.iter().cloned());
+    send(
+        &emit,
+        Event::RunStarted {
+            plan: RunPlan {
+                tool: format!("prunemem {}", env!("CARGO_PKG_VERSION")),
+                command: "watch".into(),
+                argv: full_argv,
+                device: "process tree".into(),
+                engine: "external".into(),
+                sampler_hz: Some(options.hz),
+                started_unix_ms,
+                host: HostInfo::current(),
+                ..Default::default()
+            },
+        },
+    );
+    let first = lock(&probe).snapshot("watch_start");
+    send(&emit, Event::Stage { snapshot: first });
+    let readers = [
+        child
+            .stdout
+            .take()
+            .map(|s| reader_thread(s, false, options.echo, probe.clone(), emit.clone())),
+        child
+            .stderr
+            .take()
+            .map(|s| reader_thread(s, true, options.echo, probe.clone(), emit.clone())),
+    ];
+    let period = Duration::from_secs_f64(1.0 / options.hz);
+    let mut signalled = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().map_err(|source| WatchError::Io {
+            path: program.clone(),
+            source,
+        })? {
+            break status;
+        }
+        if stop.load(Ordering::SeqCst) && !signalled {
+            // SAFETY: kill sends a signal to the child we spawned.
+            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+            signalled = true;
+        }
+        let snapshot = lock(&probe).snapshot("sample");
+        send(&emit, Event::Sample { snapshot });
+        std::thread::sleep(period);
+    };
+    for r in readers.into_iter().flatten() {
+        let _ = r.join();
+    }
+    let code = status.code().unwrap_or_else(|| {
+        use std::os::unix::process::ExitStatusExt;
+        128 + status.signal().unwrap_or(0)
+    });
+    let (wall_s, peak, gpu_peak) = {
+        let p = lock(&probe);
+        (p.start.elapsed().as_secs_f64(), p.peak, p.gpu_peak)
+    };
+    let mut end = lock(&probe).snapshot("watch_end");
+    end.rss_peak = peak;
+    send(&emit, Event::Stage { snapshot: end });
+    let mut results = std::collections::BTreeMap::new();
+    results.insert("exit_code".to_string(), code.into());
+    send(
+        &emit,
+        Event::RunFinished {
+            summary: RunSummary {
+                status: match (code, signalled) {
+                    (0, _) => RunStatus::Ok,
+                    (_, true) => RunStatus::Interrupted,
+                    (c, false) => RunStatus::Failed(format!("{program} exited with status {c}")),
+                },
+                wall_s,
+                rss_peak: peak,
+                heap_peak: None,
+                device_peak: gpu_peak,
+                results,
+            },
+        },
+    );
+    Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn markers_of_both_kinds() {
+        assert_eq!(
+            parse_marker("PRUNEMEM_STAGE after_load"),
+            Some("after_load".into())
+        );
+        assert_eq!(
+            parse_marker("  PRUNEMEM_STAGE  layer 3 done "),
+            Some("layer 3 done".into())
+        );
+        assert_eq!(parse_marker("PRUNEMEM_STAGEX"), None);
+        assert_eq!(parse_marker("PRUNEMEM_STAGE "), None);
+        assert_eq!(
+            parse_marker("=== Memory Checkpoint: 02_model_loaded ==="),
+            Some("02_model_loaded".into())
+        );
+        assert_eq!(
+            parse_marker("[INFO] Memory Checkpoint: before pruning"),
+            Some("before pruning".into())
+        );
+        assert_eq!(parse_marker("loss 0.3"), None);
+    }
+
+    #[test]
+    fn watches_a_shell_command_with_markers() {
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let emit: Emit = Arc::new(Mutex::new(move |e: Event| lock(&sink).push(e)));
+        let argv: Vec<String> = [
+            "sh",
+            "-c",
+            "echo PRUNEMEM_STAGE one; sleep 0.3; echo '== Memory Checkpoint: two =='; echo 'RuntimeError: boom' >&2; exit 3",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let options = WatchOptions {
+            hz: 20.0,
+            echo: false,
+        };
+        let code = watch_command(&argv, &options, emit, Arc::new(AtomicBool::new(false))).unwrap();
+        assert_eq!(code, 3);
+        let events = lock(&events);
+        let stages: Vec<&str> = events
+            .iter()
+            .filter_map(|e| match e {
+                Event::Stage { snapshot } => Some(snapshot.label.as_str()),
+                _ => None,
+            })
+            .collect();
+        assert_eq!(stages, ["watch_start", "one", "two", "watch_end"]);
+        assert!(events.iter().any(|e| matches!(e, Event::Message { level: Level::Error, text, .. } if text.contains("boom"))));
+        assert!(
+            events
+                .iter()
+                .filter(|e| matches!(e, Event::Sample { .. }))
+                .count()
+                >= 3
+        );
+        match events.last() {
+            Some(Event::RunFinished { summary }) => {
+                assert!(matches!(summary.status, RunStatus::Failed(_)));
+                assert!(summary.rss_peak.unwrap() > 0);
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn a_missing_program_is_an_error() {
+        let emit: Emit = Arc::new(Mutex::new(|_e: Event| {}));
+        let r = watch_command(
+            &["/no/such/program".to_string()],
+            &WatchOptions {
+                hz: 10.0,
+                echo: false,
+            },
+            emit,
+            Arc::new(AtomicBool::new(false)),
+        );
+        assert!(r.is_err());
+    }
+}
