@@ -15,6 +15,7 @@ pub mod memory;
 pub mod model;
 pub mod profiler;
 pub mod prune;
+pub mod report;
 pub mod run;
 pub mod sinks;
 #[cfg(feature = "tui")]

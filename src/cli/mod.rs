@@ -7,6 +7,7 @@ mod demo;
 mod estimate;
 mod eval;
 mod prune;
+mod report;
 mod snapshot;
 mod watch;
 
@@ -46,6 +47,8 @@ pub enum Command {
     Estimate(Box<estimate::EstimateArgs>),
     /// Prune a model layer by layer (magnitude, Wanda, SparseGPT), optionally evaluate and save it
     Prune(Box<prune::PruneArgs>),
+    /// Charts, report.md and report.html of a run, or `report compare A B` side by side
+    Report(report::ReportArgs),
     /// Live memory view of a log being written (--log DIR) or of any command (-- CMD ARGS...)
     Watch(watch::WatchArgs),
     /// Play a finished run back in the live view (--speed, --from STAGE)
@@ -78,6 +81,7 @@ pub fn run_from(argv: Vec<String>) -> i32 {
         Command::Eval(args) => eval::run(args, argv),
         Command::Prune(args) => prune::run(*args, argv),
         Command::Estimate(args) => estimate::run(*args),
+        Command::Report(args) => report::run(args),
         Command::Watch(args) => watch::watch(args),
         Command::Replay(args) => watch::replay(args),
     };

@@ -246,7 +246,6 @@ impl UiState {
         // rose, the new high happened in the current stage window.
         let rose = match (s.rss_peak, self.rss.peak) {
             (Some(p), Some(prev)) if p > prev => Some(p),
-            (Some(p), None) => Some(p),
             _ => None,
         };
         self.window_peak = [self.window_peak, s.rss, rose].into_iter().flatten().max();

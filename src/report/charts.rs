@@ -1,0 +1,292 @@
+//! Charts of runs with plotters, one straight pipeline per chart, drawn to
+//! an SVG string (testable, embedded in report.html) or a PNG file. Text
+//! uses the DejaVu Sans font shipped in `assets/fonts` (no system fonts).
+//! Axes are in binary units (MiB or GiB, picked from the data).
+
+use std::path::Path;
+use std::sync::Once;
+
+use plotters::prelude::*;
+use plotters::style::FontStyle;
+
+use super::ReportError;
+use super::load::RunData;
+
+static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
+static REGISTER: Once = Once::new();
+
+fn font() {
+    REGISTER.call_once(|| {
+        // The font is ours and valid; a failure would show as missing text.
+        let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
+    });
+}
+
+const SIZE: (u32, u32) = (1000, 520);
+const COLORS: [RGBColor; 4] = [
+    RGBColor(31, 119, 180),
+    RGBColor(214, 39, 40),
+    RGBColor(44, 160, 44),
+    RGBColor(148, 103, 189),
+];
+
+fn err(e: impl std::fmt::Display) -> ReportError {
+    ReportError::Chart(e.to_string())
+}
+
+/// The unit for an axis whose largest value is `max` bytes.
+fn unit(max: u64) -> (f64, &'static str) {
+    if max >= 2 << 30 {
+        ((1u64 << 30) as f64, "GiB")
+    } else {
+        ((1u64 << 20) as f64, "MiB")
+    }
+}
+
+/// Memory over time: RSS and allocated for each run (solid / dashed by
+/// series, one colour per run), stage boundaries of the first run as thin
+/// lines, its peak annotated.
+pub fn timeline<DB: DrawingBackend>(
+    area: DrawingArea<DB, plotters::coord::Shift>,
+    runs: &[&RunData],
+    title: &str,
+) -> Result<(), ReportError>
+where
+    DB::ErrorType: 'static,
+{
+    font();
+    area.fill(&WHITE).map_err(err)?;
+    let t_max = runs
+        .iter()
+        .flat_map(|r| r.points.iter().map(|p| p.t))
+        .fold(1.0f64, f64::max);
+    let max = runs
+        .iter()
+        .flat_map(|r| {
+            r.points
+                .iter()
+                .flat_map(|p| [p.rss, p.allocated, p.reserved, p.gpu_used])
+        })
+        .flatten()
+        .chain(runs.iter().filter_map(|r| r.peak_rss()))
+        .max()
+        .unwrap_or(1 << 20);
+    let (div, name) = unit(max);
+    let y_max = max as f64 / div * 1.12;
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(70)
+        .build_cartesian_2d(0.0..t_max * 1.02, 0.0..y_max)
+        .map_err(err)?;
+    chart
+        .configure_mesh()
+        .x_desc("elapsed (s)")
+        .y_desc(format!("memory ({name})"))
+        .label_style(("sans-serif", 14))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()
+        .map_err(err)?;
+    if let Some(first) = runs.first() {
+        for s in first
+            .stages
+            .iter()
+            .filter(|s| !s.label.starts_with("layer_"))
+        {
+            let x = s.point.t;
+            chart
+                .draw_series(LineSeries::new(
+                    [(x, 0.0), (x, y_max)],
+                    RGBColor(200, 200, 200),
+                ))
+                .map_err(err)?;
+        }
+    }
+    for (k, run) in runs.iter().enumerate() {
+        let color = COLORS[k % COLORS.len()];
+        let label = |what: &str| {
+            if runs.len() > 1 {
+                format!("{} {what}", run.name)
+            } else {
+                what.to_string()
+            }
+        };
+        let series: [(&str, fn(&super::load::Point) -> Option<u64>, u32); 3] = [
+            ("RSS", |p| p.rss, 2),
+            ("allocated", |p| p.allocated, 1),
+            ("GPU used", |p| p.gpu_used, 1),
+        ];
+        for (what, get, width) in series {
+            let data: Vec<(f64, f64)> = run
+                .points
+                .iter()
+                .filter_map(|p| get(p).map(|v| (p.t, v as f64 / div)))
+                .collect();
+            if data.is_empty() {
+                continue;
+            }
+            let style = if what == "RSS" {
+                color.stroke_width(width)
+            } else {
+                color.mix(0.55).stroke_width(width)
+            };
+            chart
+                .draw_series(LineSeries::new(data, style))
+                .map_err(err)?
+                .label(label(what))
+                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+        }
+        if let (Some(peak), Some(at)) = (run.peak_rss(), run.peak_stage()) {
+            let x = run.stages[at].point.t;
+            let y = peak as f64 / div;
+            chart
+                .draw_series([Circle::new((x, y), 4, color.filled())])
+                .map_err(err)?;
+            chart
+                .draw_series([Text::new(
+                    format!("peak {}", crate::units::format_bytes(peak)),
+                    (x, y * 1.03),
+                    ("sans-serif", 14).into_font().color(&color),
+                )])
+                .map_err(err)?;
+        }
+    }
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperRight)
+        .draw()
+        .map_err(err)?;
+    area.present().map_err(err)?;
+    Ok(())
+}
+
+/// RSS at each non-layer stage as bars, with the change from the previous
+/// bar written above it.
+pub fn stage_bars<DB: DrawingBackend>(
+    area: DrawingArea<DB, plotters::coord::Shift>,
+    run: &RunData,
+    title: &str,
+) -> Result<(), ReportError>
+where
+    DB::ErrorType: 'static,
+{
+    font();
+    area.fill(&WHITE).map_err(err)?;
+    // Per-layer stages are folded into the next shown stage's peak.
+    let mut stages: Vec<super::load::Stage> = Vec::new();
+    let mut folded: Option<u64> = None;
+    for s in &run.stages {
+        folded = folded.max(s.peak);
+        if !s.label.starts_with("layer_") {
+            let mut shown = s.clone();
+            shown.peak = folded;
+            stages.push(shown);
+            folded = None;
+        }
+    }
+    let value = |s: &super::load::Stage| s.point.rss.or(s.point.allocated).unwrap_or(0);
+    let max = stages
+        .iter()
+        .map(|s| value(s).max(s.peak.unwrap_or(0)))
+        .max()
+        .unwrap_or(1 << 20);
+    let (div, name) = unit(max);
+    let n = stages.len().max(1);
+    let mut chart = ChartBuilder::on(&area)
+        .caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(90)
+        .y_label_area_size(70)
+        .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..max as f64 / div * 1.2)
+        .map_err(err)?;
+    let labels: Vec<String> = stages.iter().map(|s| s.label.clone()).collect();
+    chart
+        .configure_mesh()
+        .disable_x_mesh()
+        .y_desc(format!(
+            "RSS at the stage ({name}); line = peak since previous"
+        ))
+        .x_label_formatter(&|v| match v {
+            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
+            _ => String::new(),
+        })
+        .x_labels(n)
+        .x_label_style(
+            ("sans-serif", 12)
+                .into_font()
+                .transform(FontTransform::Rotate90),
+        )
+        .label_style(("sans-serif", 13))
+        .draw()
+        .map_err(err)?;
+    chart
+        .draw_series(
+            Histogram::vertical(&chart)
+                .style(COLORS[0].mix(0.8).filled())
+                .margin(6)
+                .data(
+                    stages
+                        .iter()
+                        .enumerate()
+                        .map(|(i, s)| (i, value(s) as f64 / div)),
+                ),
+        )
+        .map_err(err)?;
+    for (i, s) in stages.iter().enumerate() {
+        let y = value(s) as f64 / div;
+        if let Some(p) = s.peak {
+            let py = p as f64 / div;
+            chart
+                .draw_series([PathElement::new(
+                    [
+                        (SegmentValue::Exact(i), py),
+                        (SegmentValue::Exact(i + 1), py),
+                    ],
+                    COLORS[1].stroke_width(2),
+                )])
+                .map_err(err)?;
+        }
+        let delta = if i == 0 {
+            String::new()
+        } else {
+            let prev = value(&stages[i - 1]) as i64;
+            let d = value(s) as i64 - prev;
+            let sign = if d < 0 { "-" } else { "+" };
+            format!("{sign}{}", crate::units::format_bytes(d.unsigned_abs()))
+        };
+        chart
+            .draw_series([Text::new(
+                delta,
+                (SegmentValue::CenterOf(i), y * 1.02 + 0.01),
+                ("sans-serif", 12),
+            )])
+            .map_err(err)?;
+    }
+    area.present().map_err(err)?;
+    Ok(())
+}
+
+/// A chart drawn into an SVG string.
+pub fn svg(
+    draw: impl FnOnce(DrawingArea<SVGBackend, plotters::coord::Shift>) -> Result<(), ReportError>,
+) -> Result<String, ReportError> {
+    let mut out = String::new();
+    {
+        let area = SVGBackend::with_string(&mut out, SIZE).into_drawing_area();
+        draw(area)?;
+    }
+    Ok(out)
+}
+
+/// A chart drawn into a PNG file.
+pub fn png(
+    path: &Path,
+    draw: impl FnOnce(DrawingArea<BitMapBackend, plotters::coord::Shift>) -> Result<(), ReportError>,
+) -> Result<(), ReportError> {
+    let area = BitMapBackend::new(path, SIZE).into_drawing_area();
+    draw(area)
+}

@@ -1,0 +1,130 @@
+use super::*;
+
+fn fixture() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/run-wanda-tiny")
+}
+
+#[test]
+fn a_recorded_run_gives_a_full_report() {
+    let run = load(&fixture()).unwrap();
+    assert!(run.notes.is_empty(), "{:?}", run.notes);
+    assert!(run.stages.iter().any(|s| s.label == "04_after_pruning"));
+    let out = tempfile::tempdir().unwrap();
+    let w = write_report(&run, &fixture(), out.path()).unwrap();
+    let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
+    for want in [
+        "## Summary",
+        "Peak RSS",
+        "the model",
+        "## Timeline",
+        "← peak",
+        "## Top consumers",
+        "theoretical minimum",
+        "## Estimate vs measured",
+        "LLaMA 7B",
+    ] {
+        assert!(md.contains(want), "missing {want:?}:\n{md}");
+    }
+    let html = std::fs::read_to_string(out.path().join("report.html")).unwrap();
+    assert!(html.contains("<table>") && html.contains("</html>"));
+    #[cfg(feature = "charts")]
+    {
+        assert!(html.contains("<svg"), "charts are inline");
+        assert!(w.files.iter().any(|f| f.ends_with("timeline.png")));
+        assert!(
+            std::fs::metadata(out.path().join("stages.png"))
+                .unwrap()
+                .len()
+                > 5000
+        );
+    }
+    let _ = w;
+}
+
+#[cfg(feature = "charts")]
+#[test]
+fn charts_have_titles_series_and_binary_units() {
+    let run = load(&fixture()).unwrap();
+    let svg = charts::svg(|a| charts::timeline(a, &[&run], "Memory over time: tiny")).unwrap();
+    for want in [
+        "Memory over time: tiny",
+        "RSS",
+        "allocated",
+        "memory (MiB)",
+        "elapsed (s)",
+        "peak ",
+    ] {
+        assert!(svg.contains(want), "missing {want:?}");
+    }
+    let bars = charts::svg(|a| charts::stage_bars(a, &run, "RSS per stage")).unwrap();
+    assert!(bars.contains("02_model_loaded") && bars.contains("RSS per stage"));
+    assert!(bars.contains("+"), "deltas are written");
+    assert!(
+        !bars.contains("layer_00"),
+        "per-layer stages are left out of the bars"
+    );
+}
+
+#[test]
+fn python_csv_logs_are_read_and_compared_with_a_prunemem_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let csv = dir.path().join("memory_log.csv");
+    std::fs::write(
+        &csv,
+        "Timestamp,Checkpoint,GPU_Allocated_GB,GPU_Reserved_GB,GPU_Peak_GB,CPU_Used_GB,CPU_Percent,Extra\n\
+         2025-01-01T10:00:00.000,01_start,0.0,0.0,0.0,0.5,10,x\n\
+         2025-01-01T10:00:05.500,02_model_loaded,0.25,0.3,0.25,1.5,50,y\n\
+         2025-01-01T10:00:20.000,04_after_pruning,0.25,0.5,1.0,1.75,80,z\n",
+    )
+    .unwrap();
+    let py = load(dir.path()).unwrap();
+    assert_eq!(py.stages.len(), 3);
+    assert_eq!(py.stages[1].point.t, 5.5);
+    assert_eq!(py.stages[1].point.allocated, Some(1 << 28));
+    assert!(py.notes.iter().any(|n| n.contains("Extra")));
+    let ours = load(&fixture()).unwrap();
+    let out = tempfile::tempdir().unwrap();
+    write_compare(&[ours, py], out.path()).unwrap();
+    let md = std::fs::read_to_string(out.path().join("compare.md")).unwrap();
+    for want in [
+        "| scope | continuous peak | checkpoint snapshots |",
+        "measured differently",
+        "02_model_loaded",
+        "Net:",
+    ] {
+        assert!(md.contains(want), "missing {want:?}:\n{md}");
+    }
+}
+
+#[test]
+fn bad_inputs_are_errors_or_marked_partial() {
+    let dir = tempfile::tempdir().unwrap();
+    assert!(
+        load(&dir.path().join("missing"))
+            .unwrap_err()
+            .to_string()
+            .contains("no such run folder")
+    );
+    assert!(
+        load(dir.path())
+            .unwrap_err()
+            .to_string()
+            .contains("no events.jsonl")
+    );
+    std::fs::write(dir.path().join("events.jsonl"), "").unwrap();
+    assert!(load(dir.path()).unwrap_err().to_string().contains("empty"));
+    // A torn last line and no final event: a partial report, marked.
+    let text = std::fs::read_to_string(fixture().join("events.jsonl")).unwrap();
+    let cut: Vec<&str> = text.lines().collect();
+    let torn = cut[..cut.len() - 1].join("\n") + "\n{\"event\":\"run_fin";
+    std::fs::write(dir.path().join("events.jsonl"), torn).unwrap();
+    let run = load(dir.path()).unwrap();
+    assert!(run.notes.iter().any(|n| n.contains("torn")));
+    assert!(run.notes.iter().any(|n| n.contains("partial")));
+    let md = text::markdown(&run, None, false);
+    assert!(md.contains("partial report"));
+    let csvdir = tempfile::tempdir().unwrap();
+    std::fs::write(csvdir.path().join("memory_log.csv"), "a,b,c\n1,2,3\n").unwrap();
+    let e = load(csvdir.path()).unwrap_err().to_string();
+    assert!(e.contains("unknown columns (a, b, c)"), "{e}");
+}

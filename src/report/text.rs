@@ -1,0 +1,442 @@
+//! The words and tables of a report: executive summary, timeline with
+//! deltas, top consumers, the method's theoretical minimum, estimate vs
+//! measured, the projection to 7B; the comparison of runs with their
+//! configuration differences and an explanation. Markdown first; the HTML
+//! page wraps it with the charts inline.
+
+use std::fmt::Write;
+use std::path::Path;
+
+use super::load::{RunData, Scope};
+use crate::estimate::{self, against};
+use crate::units::{format_bytes, format_opt_bytes};
+
+/// The estimator's check of a prunemem run, when its log allows one.
+pub fn estimate_check(source: &Path) -> Option<against::Comparison> {
+    let dir = if source.is_dir() {
+        source.to_path_buf()
+    } else {
+        source.parent()?.to_path_buf()
+    };
+    let events = against::read_events(&dir).ok()?;
+    against::compare(&events).ok()
+}
+
+fn delta(a: Option<u64>, b: Option<u64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) if b >= a => format!("+{}", format_bytes(b - a)),
+        (Some(a), Some(b)) => format!("-{}", format_bytes(a - b)),
+        _ => "n/a".into(),
+    }
+}
+
+fn model_bytes(run: &RunData) -> Option<u64> {
+    let plan = run.plan.as_ref()?;
+    let m = plan.model.as_ref()?;
+    let c = match plan.settings.get("dtype").and_then(|v| v.as_str()) {
+        Some("f16" | "bf16") => 2,
+        _ => 4,
+    };
+    Some(m.params * c)
+}
+
+/// The smallest memory a method needs on this model: one layer's weights
+/// and the calibration activations for streamed methods, one layer alone
+/// for magnitude (prunemem's engine achieves this plus its transients).
+fn theoretical_minimum(run: &RunData) -> Option<(u64, String)> {
+    let plan = run.plan.as_ref()?;
+    let m = plan.model.as_ref()?;
+    let (arch, w) = against::workload_of(plan).ok()?;
+    let c = w.dtype.size();
+    let layer = arch.layer_params() * c;
+    let method = plan.method.as_deref().unwrap_or("");
+    let calib = if method == "magnitude" {
+        0
+    } else {
+        w.nsamples * w.seqlen * m.hidden as u64 * c
+    };
+    Some((
+        layer + calib,
+        format!(
+            "one decoder layer ({}) + calibration activations ({})",
+            format_bytes(layer),
+            format_bytes(calib)
+        ),
+    ))
+}
+
+/// The report of one run.
+pub fn markdown(run: &RunData, check: Option<&against::Comparison>, charts: bool) -> String {
+    let mut s = String::new();
+    let _ = writeln!(s, "# Memory report: {}\n", run.name);
+    if let Some(p) = &run.plan {
+        let _ = writeln!(s, "`{}`\n", p.argv.join(" "));
+    }
+    for n in &run.notes {
+        let _ = writeln!(s, "> note: {n}\n");
+    }
+    // Executive summary.
+    let peak = run.peak_rss();
+    let at = run.peak_stage().map(|i| {
+        let prev = if i > 0 {
+            run.stages[i - 1].label.as_str()
+        } else {
+            "start"
+        };
+        format!("between {prev} and {}", run.stages[i].label)
+    });
+    let _ = writeln!(s, "## Summary\n");
+    let _ = writeln!(
+        s,
+        "- Peak RSS: **{}** ({})",
+        format_opt_bytes(peak),
+        at.unwrap_or_else(|| "n/a".into())
+    );
+    let _ = writeln!(
+        s,
+        "- Peak allocated: {}",
+        format_opt_bytes(run.peak_allocated())
+    );
+    if let (Some(p), Some(m)) = (peak, model_bytes(run)) {
+        let _ = writeln!(
+            s,
+            "- Model size {}: the peak is **{:.2}×** the model",
+            format_bytes(m),
+            p as f64 / m as f64
+        );
+    }
+    if let Some(sum) = &run.summary {
+        let _ = writeln!(
+            s,
+            "- Wall time {:.1} s, status {:?}",
+            sum.wall_s, sum.status
+        );
+    }
+    let _ = writeln!(
+        s,
+        "- Measurement: {}\n",
+        match run.scope {
+            Scope::Continuous =>
+                "stage snapshots plus continuous sampling and the kernel's high-water mark",
+            Scope::Checkpoints =>
+                "checkpoint snapshots only (peaks between checkpoints are not seen)",
+        }
+    );
+    if charts {
+        let _ = writeln!(s, "![timeline](timeline.svg)\n\n![stages](stages.svg)\n");
+    }
+    // Timeline with deltas.
+    let _ = writeln!(
+        s,
+        "## Timeline\n\n| stage | t (s) | RSS | Δ RSS | allocated | Δ allocated | peak since previous |"
+    );
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let peak_row = run.peak_stage();
+    for (i, st) in run.stages.iter().enumerate() {
+        let prev = i.checked_sub(1).map(|j| &run.stages[j].point);
+        let mark = if Some(i) == peak_row {
+            " **← peak**"
+        } else {
+            ""
+        };
+        let _ = writeln!(
+            s,
+            "| {}{mark} | {:.1} | {} | {} | {} | {} | {} |",
+            st.label,
+            st.point.t,
+            format_opt_bytes(st.point.rss),
+            delta(prev.and_then(|p| p.rss), st.point.rss),
+            format_opt_bytes(st.point.allocated),
+            delta(prev.and_then(|p| p.allocated), st.point.allocated),
+            format_opt_bytes(st.peak),
+        );
+    }
+    // Top consumers: the stage windows that added most.
+    let mut rises: Vec<(String, i64)> = run
+        .stages
+        .windows(2)
+        .filter_map(|w| {
+            Some((
+                format!("{} → {}", w[0].label, w[1].label),
+                w[1].peak? as i64 - w[0].point.rss? as i64,
+            ))
+        })
+        .collect();
+    rises.sort_by_key(|(_, d)| -d);
+    let _ = writeln!(
+        s,
+        "\n## Top consumers\n\nStage windows whose peak rose most above the memory held when they began:\n"
+    );
+    for (name, d) in rises.iter().take(5) {
+        let _ = writeln!(s, "- {name}: +{}", format_bytes((*d).max(0) as u64));
+    }
+    if let Some((_, comps)) = run.components.last() {
+        let mut c: Vec<_> = comps.iter().collect();
+        c.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
+        let _ = writeln!(s, "\nThe engine's own accounting at its last report:\n");
+        for (k, b) in c.iter().take(8) {
+            let _ = writeln!(s, "- {k}: {}", format_bytes(**b));
+        }
+    }
+    if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), peak) {
+        let _ = writeln!(
+            s,
+            "\n## Against the theoretical minimum\n\nThe method needs at least {} ({how}); the run peaked at {} — {:.2}× that, {} above it.",
+            format_bytes(min),
+            format_bytes(p),
+            p as f64 / min.max(1) as f64,
+            format_bytes(p.saturating_sub(min))
+        );
+    }
+    if let Some(cmp) = check {
+        let _ = writeln!(
+            s,
+            "\n## Estimate vs measured\n\n| phase | predicted | measured | error |\n|---|---|---|---|"
+        );
+        for p in cmp.phases.iter().chain([&cmp.peak]) {
+            let _ = writeln!(
+                s,
+                "| {} | {} | {} | {} |",
+                p.phase,
+                format_bytes(p.predicted),
+                format_opt_bytes(p.measured),
+                p.error_percent
+                    .map_or("n/a".into(), |e| format!("{e:+.1}%"))
+            );
+        }
+        projection(&mut s, run);
+    }
+    s
+}
+
+/// The same workload on LLaMA 7B in f16 on a GPU.
+fn projection(s: &mut String, run: &RunData) {
+    let Some(plan) = &run.plan else { return };
+    let Ok((_, mut w)) = against::workload_of(plan) else {
+        return;
+    };
+    let Ok(arch) = estimate::presets::load("llama-7b") else {
+        return;
+    };
+    w.device = estimate::Device::Cuda;
+    w.dtype = crate::model::ComputeDtype::F16;
+    w.stored_bytes = 2;
+    w.resident = false;
+    let Ok(e) = estimate::estimate(&arch, &w) else {
+        return;
+    };
+    let gpu = estimate::catalog::smallest_fitting(e.peak(), 0.0)
+        .map_or("none in the catalog".into(), |g| g.name);
+    let _ = writeln!(
+        s,
+        "\n## Projection to LLaMA 7B\n\nThe same method and settings on LLaMA 7B in f16 with CUDA: estimated peak {} (prunemem's engine); smallest GPU that fits: {gpu}.",
+        format_bytes(e.peak())
+    );
+}
+
+fn setting(run: &RunData, key: &str) -> String {
+    if key == "scope" {
+        return match run.scope {
+            Scope::Continuous => "continuous peak".into(),
+            Scope::Checkpoints => "checkpoint snapshots".into(),
+        };
+    }
+    let Some(p) = &run.plan else {
+        return "n/a".into();
+    };
+    match key {
+        "method" => p.method.clone().unwrap_or_else(|| p.command.clone()),
+        "engine" => p.engine.clone(),
+        k => p
+            .settings
+            .get(k)
+            .map_or("n/a".into(), |v| v.to_string().replace('"', "")),
+    }
+}
+
+/// The comparison of runs.
+pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
+    let mut s = String::new();
+    let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
+    let _ = writeln!(s, "# Comparison: {}\n", names.join(" vs "));
+    if charts {
+        let _ = writeln!(s, "![timelines](compare.svg)\n");
+    }
+    let _ = writeln!(
+        s,
+        "## Configuration\n\n| setting | {} |\n|---|{}",
+        names.join(" | "),
+        "---|".repeat(runs.len())
+    );
+    let keys = [
+        "method",
+        "engine",
+        "scope",
+        "batch_size",
+        "seqlen",
+        "nsamples",
+        "grad_accum",
+        "dtype",
+        "sparsity",
+    ];
+    let mut differs = Vec::new();
+    for k in keys {
+        let vals: Vec<String> = runs.iter().map(|r| setting(r, k)).collect();
+        if vals.iter().any(|v| v != &vals[0]) {
+            differs.push(k);
+        }
+        let _ = writeln!(s, "| {k} | {} |", vals.join(" | "));
+    }
+    let peaks: Vec<Option<u64>> = runs.iter().map(|r| r.peak_rss()).collect();
+    let _ = writeln!(
+        s,
+        "| **peak RSS** | {} |",
+        peaks
+            .iter()
+            .map(|p| format_opt_bytes(*p))
+            .collect::<Vec<_>>()
+            .join(" | ")
+    );
+    // Per stage, aligned by label.
+    let _ = writeln!(
+        s,
+        "\n## Stages\n\n| stage | {} | difference |\n|---|{}---|",
+        names.join(" | "),
+        "---|".repeat(runs.len())
+    );
+    for st in runs[0]
+        .stages
+        .iter()
+        .filter(|s| !s.label.starts_with("layer_"))
+    {
+        let vals: Vec<Option<u64>> = runs
+            .iter()
+            .map(|r| {
+                r.stages
+                    .iter()
+                    .find(|x| x.label == st.label)
+                    .and_then(|x| x.point.rss)
+            })
+            .collect();
+        let diff = delta(vals[0], *vals.last().unwrap_or(&None));
+        let _ = writeln!(
+            s,
+            "| {} | {} | {diff} |",
+            st.label,
+            vals.iter()
+                .map(|v| format_opt_bytes(*v))
+                .collect::<Vec<_>>()
+                .join(" | ")
+        );
+    }
+    // Explanation.
+    let _ = writeln!(s, "\n## Where the difference comes from\n");
+    if runs.iter().any(|r| r.scope != runs[0].scope) {
+        let _ = writeln!(
+            s,
+            "- The runs were measured differently: a checkpoint-only log sees memory at its snapshots, while a continuous log also catches the peaks between them (activations, statistics and transients freed before the next checkpoint). Expect the continuous figure to be higher for the same work."
+        );
+    }
+    for k in &differs {
+        let why = match *k {
+            "engine" => {
+                "the engine: the reference scripts keep the whole model and 128-sample input/output buffers resident, prunemem streams one layer"
+            }
+            "method" => {
+                "the method: SparseGPT adds Hessians (in² f32 per linear), Wanda only column norms, magnitude no calibration at all"
+            }
+            "batch_size" | "seqlen" | "nsamples" => {
+                "the calibration workload: activations and calibration buffers scale with batch × seqlen and nsamples × seqlen"
+            }
+            "grad_accum" => {
+                "gradient accumulation: fewer samples per step, so smaller activations per step"
+            }
+            "dtype" => "the compute dtype: f16/bf16 halve weights and activations",
+            _ => "a setting",
+        };
+        let _ = writeln!(s, "- `{k}` differs — {why}.");
+    }
+    if let (Some(a), Some(b)) = (peaks[0], *peaks.last().unwrap_or(&None)) {
+        let (hi, lo) = if a >= b {
+            (names[0], names[names.len() - 1])
+        } else {
+            (names[names.len() - 1], names[0])
+        };
+        let _ = writeln!(
+            s,
+            "- Net: {hi} peaked {} higher than {lo} ({:.2}×).",
+            format_bytes(a.abs_diff(b)),
+            a.max(b) as f64 / a.min(b).max(1) as f64
+        );
+    }
+    if differs.is_empty() && runs.iter().all(|r| r.scope == runs[0].scope) {
+        let _ = writeln!(
+            s,
+            "- The recorded configurations agree; the difference is in the implementation or the machine."
+        );
+    }
+    s
+}
+
+fn escape(t: &str) -> String {
+    t.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+}
+
+/// A self-contained HTML page: the markdown's lines as simple HTML, with
+/// the charts' SVG inline where the markdown links them.
+pub fn html(md: &str, charts: &[(String, String)]) -> String {
+    let mut body = String::new();
+    let mut in_table = false;
+    for line in md.lines() {
+        let is_row = line.starts_with('|');
+        if in_table && !is_row {
+            body.push_str("</table>\n");
+            in_table = false;
+        }
+        if let Some(h) = line.strip_prefix("## ") {
+            let _ = writeln!(body, "<h2>{}</h2>", escape(h));
+        } else if let Some(h) = line.strip_prefix("# ") {
+            let _ = writeln!(body, "<h1>{}</h1>", escape(h));
+        } else if let Some(img) = line.strip_prefix("![") {
+            let name = img.split(']').next().unwrap_or("");
+            for part in line.split("![").skip(1) {
+                let file = part
+                    .split('(')
+                    .nth(1)
+                    .and_then(|x| x.split(')').next())
+                    .unwrap_or("");
+                let key = file.trim_end_matches(".svg");
+                if let Some((_, svg)) = charts.iter().find(|(k, _)| k == key) {
+                    let _ = writeln!(body, "<figure>{svg}</figure>");
+                }
+            }
+            let _ = name;
+        } else if is_row {
+            if line.starts_with("|---") {
+                continue;
+            }
+            if !in_table {
+                body.push_str("<table>\n");
+                in_table = true;
+            }
+            let cells: Vec<String> = line
+                .trim_matches('|')
+                .split('|')
+                .map(|c| format!("<td>{}</td>", escape(c.trim())))
+                .collect();
+            let _ = writeln!(body, "<tr>{}</tr>", cells.join(""));
+        } else if let Some(item) = line.strip_prefix("- ") {
+            let _ = writeln!(body, "<li>{}</li>", escape(item));
+        } else if !line.trim().is_empty() {
+            let _ = writeln!(body, "<p>{}</p>", escape(line.trim_start_matches("> ")));
+        }
+    }
+    if in_table {
+        body.push_str("</table>\n");
+    }
+    format!(
+        "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>prunemem report</title>\n<style>body{{font-family:sans-serif;max-width:1100px;margin:2em auto}}table{{border-collapse:collapse}}td{{border:1px solid #ccc;padding:2px 8px;text-align:right}}td:first-child{{text-align:left}}</style></head>\n<body>\n{body}</body></html>\n"
+    )
+}
