@@ -14,6 +14,18 @@ use crate::profiler::{Profiler, ProfilerConfig};
 use crate::run::RunOptions;
 use crate::sinks::progress::ProgressSink;
 
+/// `--ui` as given, or its default: the live UI when stdout is a terminal
+/// (and the `tui` feature is built), plain lines otherwise.
+pub fn resolve_ui(ui: Option<UiMode>) -> UiMode {
+    ui.unwrap_or(
+        if std::io::stdout().is_terminal() && cfg!(feature = "tui") {
+            UiMode::Tui
+        } else {
+            UiMode::Plain
+        },
+    )
+}
+
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum UiMode {
@@ -40,13 +52,7 @@ pub struct ReportArgs {
 
 impl ReportArgs {
     pub fn ui_mode(&self) -> UiMode {
-        self.ui.unwrap_or(
-            if std::io::stdout().is_terminal() && cfg!(feature = "tui") {
-                UiMode::Tui
-            } else {
-                UiMode::Plain
-            },
-        )
+        resolve_ui(self.ui)
     }
 
     /// Run options for these flags, with `log_dir` overriding --log-memory.

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use clap::Args;
 
 use super::CliResult;
-use super::common::UiMode;
+use super::common::{UiMode, resolve_ui as ui_mode};
 use crate::events::{Emitter, Event};
 use crate::sinks::{self, SummarySink, progress::ProgressSink};
 use crate::watch::{self, WatchOptions};
@@ -47,17 +47,6 @@ pub struct ReplayArgs {
     /// tui, plain or none (default: tui on a terminal, else plain)
     #[arg(long, value_enum)]
     ui: Option<UiMode>,
-}
-
-fn ui_mode(ui: Option<UiMode>) -> UiMode {
-    use std::io::IsTerminal;
-    ui.unwrap_or(
-        if std::io::stdout().is_terminal() && cfg!(feature = "tui") {
-            UiMode::Tui
-        } else {
-            UiMode::Plain
-        },
-    )
 }
 
 /// What stops the watched run when the user asks the UI to.

@@ -23,22 +23,9 @@ pub fn read_events(dir: &Path) -> Result<Vec<Event>, EstimateError> {
     let path = dir.join(crate::sinks::JSONL_FILE);
     let text = std::fs::read_to_string(&path)
         .map_err(|e| EstimateError::Invalid(format!("{}: {e}", path.display())))?;
-    let lines: Vec<&str> = text.lines().collect();
-    let mut events = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        match serde_json::from_str::<Event>(line) {
-            Ok(e) => events.push(e),
-            Err(_) if i + 1 == lines.len() => {}
-            Err(e) => {
-                return Err(EstimateError::Invalid(format!(
-                    "{}: line {}: {e}",
-                    path.display(),
-                    i + 1
-                )));
-            }
-        }
-    }
-    Ok(events)
+    crate::events::parse_log(&text)
+        .map(|log| log.events)
+        .map_err(|e| EstimateError::Invalid(format!("{}: {e}", path.display())))
 }
 
 /// The measured peak live heap between two stages of a run (exact: the

@@ -281,6 +281,6 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
 /// The components of a phase, largest first (for tables).
 pub fn sorted(p: &Phase) -> Vec<Component> {
     let mut c = p.components.clone();
-    c.sort_by(|a, b| b.bytes.cmp(&a.bytes));
+    c.sort_by_key(|c| std::cmp::Reverse(c.bytes));
     c
 }

@@ -99,6 +99,37 @@ impl Event {
     }
 }
 
+/// The events of a log's text (`events.jsonl`), as every reader of logs
+/// needs them: blank lines are ignored, a torn last line (a run killed
+/// mid-write) is skipped and reported, a bad line elsewhere is an error
+/// `line N: why` (N counts the file's lines).
+#[derive(Debug, Default)]
+pub struct ParsedLog {
+    pub events: Vec<Event>,
+    pub torn_last_line: bool,
+}
+
+/// Parses a log's text; see [`ParsedLog`].
+pub fn parse_log(text: &str) -> Result<ParsedLog, String> {
+    let lines: Vec<(usize, &str)> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+        .collect();
+    let mut log = ParsedLog {
+        events: Vec::with_capacity(lines.len()),
+        torn_last_line: false,
+    };
+    for (k, (n, line)) in lines.iter().enumerate() {
+        match serde_json::from_str::<Event>(line) {
+            Ok(e) => log.events.push(e),
+            Err(_) if k + 1 == lines.len() => log.torn_last_line = true,
+            Err(e) => return Err(format!("line {}: {e}", n + 1)),
+        }
+    }
+    Ok(log)
+}
+
 /// A sink that could not take an event.
 #[derive(Debug, Error)]
 pub enum SinkError {

@@ -22,6 +22,9 @@ fn font() {
     });
 }
 
+/// A plotted series: its name, how to read it from a point, line width.
+type Series = (&'static str, fn(&super::load::Point) -> Option<u64>, u32);
+
 const SIZE: (u32, u32) = (1000, 520);
 const COLORS: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
@@ -112,7 +115,7 @@ where
                 what.to_string()
             }
         };
-        let series: [(&str, fn(&super::load::Point) -> Option<u64>, u32); 3] = [
+        let series: [Series; 3] = [
             ("RSS", |p| p.rss, 2),
             ("allocated", |p| p.allocated, 1),
             ("GPU used", |p| p.gpu_used, 1),

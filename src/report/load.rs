@@ -132,13 +132,14 @@ fn point(s: &crate::memory::MemorySnapshot) -> Point {
 
 fn from_jsonl(path: &Path, name: String) -> Result<RunData, ReportError> {
     let text = read(path)?;
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    if lines.is_empty() {
+    if text.trim().is_empty() {
         return Err(ReportError::Invalid(format!(
             "{}: empty log",
             path.display()
         )));
     }
+    let log = crate::events::parse_log(&text)
+        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?;
     let mut run = RunData {
         name,
         plan: None,
@@ -149,53 +150,35 @@ fn from_jsonl(path: &Path, name: String) -> Result<RunData, ReportError> {
         scope: Scope::Continuous,
         notes: Vec::new(),
     };
+    if log.torn_last_line {
+        run.notes.push(format!(
+            "the last line of {} is torn and was skipped",
+            path.display()
+        ));
+    }
     let mut window_peak: Option<u64> = None;
     let mut last_kernel_peak: Option<u64> = None;
-    for (i, line) in lines.iter().enumerate() {
-        let event: Event = match serde_json::from_str(line) {
-            Ok(e) => e,
-            Err(_) if i + 1 == lines.len() => {
-                run.notes.push(format!(
-                    "the last line of {} is torn and was skipped",
-                    path.display()
-                ));
-                continue;
-            }
-            Err(e) => {
-                return Err(ReportError::Invalid(format!(
-                    "{}: line {}: {e}",
-                    path.display(),
-                    i + 1
-                )));
-            }
-        };
+    for event in log.events {
         match event {
             Event::RunStarted { plan } => run.plan = Some(plan),
-            Event::Sample { snapshot } | Event::Stage { snapshot }
-                if snapshot.label == "sample" =>
-            {
+            Event::Sample { snapshot } | Event::Stage { snapshot } => {
+                let is_stage = snapshot.label != "sample";
                 let p = point(&snapshot);
+                // The kernel's high-water mark counts when it rose in this window.
                 let rose = snapshot
                     .rss_peak
                     .filter(|k| last_kernel_peak.is_some_and(|l| *k > l));
                 last_kernel_peak = last_kernel_peak.max(snapshot.rss_peak);
                 window_peak = [window_peak, p.rss, rose].into_iter().flatten().max();
                 run.points.push(p);
-            }
-            Event::Stage { snapshot } => {
-                let p = point(&snapshot);
-                let rose = snapshot
-                    .rss_peak
-                    .filter(|k| last_kernel_peak.is_some_and(|l| *k > l));
-                last_kernel_peak = last_kernel_peak.max(snapshot.rss_peak);
-                let peak = [window_peak, p.rss, rose].into_iter().flatten().max();
-                run.points.push(p);
-                run.stages.push(Stage {
-                    label: snapshot.label,
-                    point: p,
-                    peak,
-                });
-                window_peak = p.rss;
+                if is_stage {
+                    run.stages.push(Stage {
+                        label: snapshot.label,
+                        point: p,
+                        peak: window_peak,
+                    });
+                    window_peak = p.rss;
+                }
             }
             Event::Components { stage, bytes, .. } => run.components.push((stage, bytes)),
             Event::RunFinished { summary } => run.summary = Some(summary),
@@ -278,7 +261,7 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
     }
     let gib = |rec: &csv::StringRecord, c: Option<usize>| -> Option<u64> {
         let v: f64 = rec.get(c?)?.trim().parse().ok()?;
-        (v.is_finite() && v >= 0.0).then(|| (v * GIB) as u64)
+        (v.is_finite() && v >= 0.0).then_some((v * GIB) as u64)
     };
     let mut t0: Option<f64> = None;
     for (i, rec) in reader.records().enumerate() {

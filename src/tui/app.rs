@@ -97,7 +97,8 @@ impl TuiHandle {
 
     /// Closes the view now (the terminal is restored when this returns).
     pub fn close(&self) -> UiStats {
-        let _ = self.tx.try_send(Msg::Close);
+        // A view that already quit has a drain thread that ends when the
+        // senders are gone; one that is running ends at this message.
         if !self.quit_requested() {
             let _ = self.tx.send(Msg::Close);
         }

@@ -27,26 +27,14 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> WatchError + '_ {
 pub fn read_all(dir: &Path) -> Result<Vec<Event>, WatchError> {
     let path = dir.join(JSONL_FILE);
     let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    let lines: Vec<&str> = text.lines().filter(|l| !l.trim().is_empty()).collect();
-    if lines.is_empty() {
+    let events = crate::events::parse_log(&text)
+        .map_err(|e| WatchError::Invalid(format!("{}: {e}", path.display())))?
+        .events;
+    if events.is_empty() {
         return Err(WatchError::Invalid(format!(
             "{}: no events",
             path.display()
         )));
-    }
-    let mut events = Vec::with_capacity(lines.len());
-    for (i, line) in lines.iter().enumerate() {
-        match serde_json::from_str::<Event>(line) {
-            Ok(e) => events.push(e),
-            Err(_) if i + 1 == lines.len() => {}
-            Err(e) => {
-                return Err(WatchError::Invalid(format!(
-                    "{}: line {}: {e}",
-                    path.display(),
-                    i + 1
-                )));
-            }
-        }
     }
     Ok(events)
 }
