@@ -18,6 +18,7 @@ use crate::model::tokenizer::Tokenizer;
 use crate::model::{Checkpoint, ComputeDtype, hub};
 use crate::profiler::Profiler;
 use crate::prune::engine::{self, PruneConfig, PruneOutcome, Source};
+use crate::prune::gradprobe::{GradPrecision, Strategy};
 use crate::prune::{Method, Pattern, validate};
 use crate::run::Run;
 
@@ -29,7 +30,7 @@ pub struct PruneArgs {
     /// Hub revision when --model is a Hub id
     #[arg(long, default_value = "main")]
     pub revision: String,
-    /// Pruning method: magnitude, wanda or sparsegpt
+    /// Pruning method: magnitude, wanda, sparsegpt or gradprobe
     #[arg(long, alias = "prune_method", default_value = "wanda")]
     pub method: Method,
     /// Fraction of each decoder linear's weights to remove, in [0, 1)
@@ -46,7 +47,7 @@ pub struct PruneArgs {
     /// Calibration windows
     #[arg(long, default_value_t = 128)]
     pub nsamples: usize,
-    /// Window length in tokens (default 2048, capped at the model's max positions)
+    /// Window length in tokens (default 2048, 128 for gradprobe; capped at the model's max positions)
     #[arg(long)]
     pub seqlen: Option<usize>,
     /// Seed of the calibration sampling (Python random.seed semantics)
@@ -79,9 +80,9 @@ pub struct PruneArgs {
     /// Compute dtype
     #[arg(long, default_value = "f32")]
     pub dtype: ComputeDtype,
-    /// Windows per forward pass
-    #[arg(long, default_value_t = 8)]
-    pub batch_size: usize,
+    /// Windows per forward pass (default 8; gradprobe: windows per gradient batch, default 1)
+    #[arg(long)]
+    pub batch_size: Option<usize>,
     /// SparseGPT dampening, as a fraction of the mean Hessian diagonal
     #[arg(long, default_value_t = 0.01)]
     pub percdamp: f64,
@@ -92,7 +93,52 @@ pub struct PruneArgs {
     #[arg(long)]
     pub json: bool,
     #[command(flatten)]
+    pub gradprobe: GradProbeArgs,
+    #[command(flatten)]
     pub report: ReportArgs,
+}
+
+/// GradProbe's settings (defaults are the reference's).
+#[derive(Args, Debug, Clone)]
+pub struct GradProbeArgs {
+    /// GradProbe: how tentative candidates are chosen (magnitude or wanda)
+    #[arg(long, default_value = "magnitude", help_heading = "GradProbe")]
+    pub strategy: Strategy,
+    /// GradProbe: tentative weights are multiplied by this for the second pass
+    #[arg(long, default_value_t = 0.1, help_heading = "GradProbe")]
+    pub reduction_factor: f64,
+    /// GradProbe: prune iff modified |grad| <= original |grad| x (1 + this)
+    #[arg(
+        long,
+        default_value_t = 0.0,
+        help_heading = "GradProbe",
+        allow_negative_numbers = true
+    )]
+    pub gradient_threshold: f64,
+    /// GradProbe: calibration batches per gradient pass (max |grad| over them)
+    #[arg(long, default_value_t = 1, help_heading = "GradProbe")]
+    pub num_batches: usize,
+    /// GradProbe: tokens between the starts of calibration windows (default seqlen/2)
+    #[arg(long, help_heading = "GradProbe")]
+    pub stride: Option<usize>,
+    /// GradProbe: also probe the embeddings and a separate LM head (every >=2-D parameter)
+    #[arg(long, help_heading = "GradProbe")]
+    pub include_embeddings: bool,
+    /// GradProbe: storage of the original gradient maxima (f16 or f32)
+    #[arg(long, default_value = "f16", help_heading = "GradProbe")]
+    pub grad_precision: GradPrecision,
+    /// GradProbe: raise sparsity step by step while perplexity holds
+    #[arg(long, help_heading = "GradProbe")]
+    pub iterative: bool,
+    /// GradProbe --iterative: first target sparsity
+    #[arg(long, default_value_t = 0.1, help_heading = "GradProbe")]
+    pub initial_sparsity: f64,
+    /// GradProbe --iterative: sparsity added per step
+    #[arg(long, default_value_t = 0.1, help_heading = "GradProbe")]
+    pub sparsity_step: f64,
+    /// GradProbe --iterative: stop when perplexity exceeds the dense one by more than this (absolute)
+    #[arg(long, default_value_t = 3.0, help_heading = "GradProbe")]
+    pub max_ppl_increase: f64,
 }
 
 /// Calibration windows for `args`, from the calibration text.
@@ -152,7 +198,11 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
         args.sparsity_type,
         args.nsamples,
     )?;
-    if args.batch_size == 0 || args.blocksize == 0 {
+    let gradprobe = args.method == Method::GradProbe;
+    if gradprobe {
+        super::gradprobe::validate(&args)?;
+    }
+    if args.batch_size == Some(0) || args.blocksize == 0 {
         return Err("--batch-size and --blocksize must be at least 1".into());
     }
     if args.eval_windows == Some(0) {
@@ -203,7 +253,7 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
     s.insert("nsamples".into(), json!(args.nsamples));
     s.insert("seed".into(), json!(args.seed));
     s.insert("dtype".into(), json!(args.dtype.name()));
-    s.insert("batch_size".into(), json!(args.batch_size));
+    s.insert("batch_size".into(), json!(batch_size(&args)));
     s.insert("resident".into(), json!(args.resident));
     s.insert("use_variant".into(), json!(args.use_variant));
     s.insert(
@@ -215,14 +265,27 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
         s.insert("percdamp".into(), json!(args.percdamp));
         s.insert("blocksize".into(), json!(args.blocksize));
     }
-    let (seqlen, capped) =
-        common::resolve_seqlen(args.seqlen, ckpt.config.max_position_embeddings)?;
+    if gradprobe {
+        super::gradprobe::plan_settings(&args, s);
+    }
+    let requested = args.seqlen.or(gradprobe.then_some(128));
+    let (seqlen, capped) = common::resolve_seqlen(requested, ckpt.config.max_position_embeddings)?;
     plan.settings.insert("seqlen".into(), json!(seqlen));
     let mut run = Run::start(plan, args.report.run_options(log_dir.clone())?)?;
     let p = run.profiler.clone();
     common::warn_seqlen(capped, &p);
-    p.checkpoint("01_start");
-    let outcome = prune_and_eval(&args, seqlen, &ckpt, &tok, writer.as_mut(), &p, &mut run);
+    let late = if gradprobe {
+        p.checkpoint("00_initial");
+        ["19_before_save_model", "20_after_save_model", "21_end"]
+    } else {
+        p.checkpoint("01_start");
+        ["07_before_save_model", "08_after_save_model", "09_end"]
+    };
+    let outcome = if gradprobe {
+        super::gradprobe::prune_and_eval(&args, seqlen, &ckpt, &tok, writer.as_mut(), &p, &mut run)
+    } else {
+        prune_and_eval(&args, seqlen, &ckpt, &tok, writer.as_mut(), &p, &mut run)
+    };
     let outcome = match outcome {
         Ok(o) => o,
         Err(e) => {
@@ -233,14 +296,14 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
     };
     let saved = match writer {
         Some(w) => {
-            p.checkpoint("07_before_save_model");
+            p.checkpoint(late[0]);
             let dir = w.finish(&ckpt)?;
-            p.checkpoint("08_after_save_model");
+            p.checkpoint(late[1]);
             Some(dir)
         }
         None => None,
     };
-    p.checkpoint("09_end");
+    p.checkpoint(late[2]);
     let (summary, errors) = run.finish(RunStatus::Ok);
     let final_logs = match (&args.report.log_memory, &saved) {
         (Some(l), _) => Some(l.clone()),
@@ -285,9 +348,19 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
     })
 }
 
-struct Outcome {
-    prune: PruneOutcome,
-    perplexity: Option<eval::Perplexity>,
+/// Windows per forward pass: `--batch-size`, or the method's default.
+pub fn batch_size(args: &PruneArgs) -> usize {
+    args.batch_size
+        .unwrap_or(if args.method == Method::GradProbe {
+            1
+        } else {
+            8
+        })
+}
+
+pub(super) struct Outcome {
+    pub prune: PruneOutcome,
+    pub perplexity: Option<eval::Perplexity>,
 }
 
 fn prune_and_eval(
@@ -323,7 +396,7 @@ fn prune_and_eval(
         pattern: args.sparsity_type,
         use_variant: args.use_variant,
         seqlen,
-        batch_size: args.batch_size,
+        batch_size: batch_size(args),
         dtype: args.dtype,
         percdamp: args.percdamp,
         blocksize: args.blocksize,
@@ -373,7 +446,7 @@ fn prune_and_eval(
     let mut perplexity = None;
     if let Some(windows) = &eval_wins {
         let options = EvalOptions {
-            batch_size: args.batch_size,
+            batch_size: batch_size(args),
             dtype: args.dtype,
         };
         // Streaming: the pruned layers are on disk; complete that folder.

@@ -115,6 +115,8 @@ fn load_transient(a: &Arch, w: &Workload) -> u64 {
 fn prune_transient(a: &Arch, m: Method) -> u64 {
     match m {
         Method::Magnitude | Method::Wanda => a.largest_linear() * 13,
+        // Estimated whole by `reference::gradprobe_prunemem`.
+        Method::GradProbe => 0,
         Method::SparseGpt => {
             let widest_in = a.intermediate.max(a.q_dim()).max(a.hidden);
             5 * widest_in * widest_in * 4 + 22 * a.hidden * a.intermediate * 4 / 10
@@ -210,7 +212,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         (
             "activations",
             match m {
-                Method::Magnitude => 0,
+                Method::Magnitude | Method::GradProbe => 0,
                 Method::Wanda => forward(a, tokens) + wanda_norm_slab(a, tokens),
                 Method::SparseGpt => forward_with_hessians(a, tokens),
             },

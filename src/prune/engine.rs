@@ -107,6 +107,7 @@ fn stat_kind(method: Method) -> Option<StatKind> {
         Method::Magnitude => None,
         Method::Wanda => Some(StatKind::ColumnNorms),
         Method::SparseGpt => Some(StatKind::Hessian),
+        Method::GradProbe => None,
     }
 }
 
@@ -145,6 +146,11 @@ pub fn prune<B: Backend>(
     device: &B::Device,
     profiler: &Profiler,
 ) -> Result<PruneOutcome, PruneError> {
+    if config.method == Method::GradProbe {
+        return Err(PruneError::Invalid(
+            "GradProbe runs through prune::gradprobe, not the sequential engine".into(),
+        ));
+    }
     let start = Instant::now();
     let c = &ckpt.config;
     let kind = stat_kind(config.method);

@@ -3,6 +3,7 @@
 //! checkpoint.
 
 pub mod engine;
+pub mod gradprobe;
 pub mod linalg;
 pub mod methods;
 pub mod sparsegpt;
@@ -23,6 +24,7 @@ pub enum Method {
     Magnitude,
     Wanda,
     SparseGpt,
+    GradProbe,
 }
 
 impl FromStr for Method {
@@ -32,6 +34,7 @@ impl FromStr for Method {
             "magnitude" => Ok(Method::Magnitude),
             "wanda" => Ok(Method::Wanda),
             "sparsegpt" => Ok(Method::SparseGpt),
+            "gradprobe" => Ok(Method::GradProbe),
             other => Err(format!(
                 "unknown method '{other}' (expected magnitude, wanda, sparsegpt or gradprobe)"
             )),
@@ -45,6 +48,7 @@ impl fmt::Display for Method {
             Method::Magnitude => "magnitude",
             Method::Wanda => "wanda",
             Method::SparseGpt => "sparsegpt",
+            Method::GradProbe => "gradprobe",
         })
     }
 }
@@ -112,6 +116,11 @@ pub fn validate(
             "--sparsity must be in [0, 1), got {sparsity}"
         )));
     }
+    if method == Method::GradProbe && pattern != Pattern::Unstructured {
+        return Err(PruneError::Invalid(
+            "GradProbe prunes unstructured sparsity only (--sparsity-type unstructured)".into(),
+        ));
+    }
     if let Pattern::NM { n, m } = pattern {
         if n == 0 || m == 0 || n >= m {
             return Err(PruneError::Invalid(format!(
@@ -125,7 +134,7 @@ pub fn validate(
             )));
         }
     }
-    if method != Method::Magnitude && nsamples == 0 {
+    if matches!(method, Method::Wanda | Method::SparseGpt) && nsamples == 0 {
         return Err(PruneError::Invalid("--nsamples must be at least 1".into()));
     }
     Ok(())

@@ -1,0 +1,271 @@
+//! GradProbe (the `dcifrian/GradProbe` pruner): shrink the tentatively
+//! pruned weights and keep only those whose loss gradient does not react —
+//! at a fraction of the reference's memory.
+//!
+//! The reference keeps a full copy of the weights, two full sets of
+//! gradients and full masks at once (≈8× the fp32 model). Here:
+//! - the model is never resident: layers stream from the read-only
+//!   checkpoint, which is also where the original values come from when a
+//!   weight is restored (bit-identical, nothing copied);
+//! - gradients are computed layer by layer ([`pass`]): one forward keeps the
+//!   decoder-layer boundary activations, then each layer, last to first, is
+//!   recomputed under autodiff, the upstream gradient pushed through it and
+//!   its weight gradients folded into the running max at once;
+//! - only candidates carry state: their positions, and the original
+//!   gradient magnitudes in f16 ([`select::StoredGrads`]).
+//!
+//! Stage snapshots follow the reference's profiling stages (`04_…` to
+//! `16_…`), with per-layer scopes.
+
+mod head;
+mod pass;
+pub mod select;
+mod write;
+
+use std::collections::BTreeMap;
+
+use pass::{Batch, Norms, State, Which};
+pub use select::{GradPrecision, Strategy};
+pub use write::write_pruned;
+
+use super::PruneError;
+use crate::model::Checkpoint;
+use crate::model::llama::LAYER_LINEARS;
+use crate::profiler::Profiler;
+
+/// Sorted flat positions per tensor name (PyTorch orientation).
+pub type Masks = BTreeMap<String, Vec<u32>>;
+
+/// How to probe.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct GradProbeConfig {
+    pub strategy: Strategy,
+    pub sparsity: f64,
+    /// Tentative weights are multiplied by this for the second pass.
+    pub reduction_factor: f64,
+    /// Prune iff `modified ≤ original × (1 + gradient_threshold)`.
+    pub gradient_threshold: f64,
+    /// Also probe the embeddings (and a separate LM head): the reference's
+    /// global scope over every parameter of two or more dimensions.
+    pub include_embeddings: bool,
+    pub precision: GradPrecision,
+}
+
+/// One probed tensor.
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub name: String,
+    pub rows: usize,
+    pub cols: usize,
+}
+
+/// The tensors probed for `ckpt`: the seven linears of every decoder layer,
+/// then (with `include_embeddings`) the embeddings and a separate head.
+pub fn targets(ckpt: &Checkpoint, include_embeddings: bool) -> Vec<Target> {
+    let c = &ckpt.config;
+    let mut out = Vec::new();
+    for i in 0..c.num_layers {
+        for name in LAYER_LINEARS {
+            let full = format!("model.layers.{i}.{name}.weight");
+            if let Ok(e) = ckpt.entry(&full) {
+                let rows = e.shape.first().copied().unwrap_or(0);
+                let cols = e.shape.get(1).copied().unwrap_or(0);
+                out.push(Target {
+                    name: full,
+                    rows,
+                    cols,
+                });
+            }
+        }
+    }
+    if include_embeddings {
+        out.push(Target {
+            name: EMBED.into(),
+            rows: c.vocab_size,
+            cols: c.hidden_size,
+        });
+        if !c.tie_word_embeddings {
+            out.push(Target {
+                name: HEAD.into(),
+                rows: c.vocab_size,
+                cols: c.hidden_size,
+            });
+        }
+    }
+    out
+}
+
+pub(crate) const EMBED: &str = "model.embed_tokens.weight";
+pub(crate) const HEAD: &str = "lm_head.weight";
+
+/// What one GradProbe step decided.
+#[derive(Debug, Clone)]
+pub struct StepOutcome {
+    /// Weights newly pruned (zeroed) this step, per tensor.
+    pub pruned: Masks,
+    pub tentative: u64,
+    pub restored: u64,
+    /// Mean calibration loss with the original and with the reduced weights.
+    pub loss_original: f64,
+    pub loss_modified: f64,
+    pub seconds: f64,
+}
+
+impl StepOutcome {
+    pub fn pruned_count(&self) -> u64 {
+        self.pruned.values().map(|v| v.len() as u64).sum()
+    }
+}
+
+/// A GradProbe run over one checkpoint and one set of calibration batches.
+pub struct GradProbe<'a> {
+    ckpt: &'a Checkpoint,
+    config: GradProbeConfig,
+    batches: Vec<Batch>,
+    targets: Vec<Target>,
+    /// Activation norms (Wanda strategy), from the first original pass on
+    /// the dense model, reused by later steps as the reference caches them.
+    norms: Option<Norms>,
+    profiler: &'a Profiler,
+}
+
+impl<'a> GradProbe<'a> {
+    /// `windows` hold `seqlen + 1` tokens each (inputs and shifted targets),
+    /// grouped `batch_size` to a batch.
+    pub fn new(
+        ckpt: &'a Checkpoint,
+        config: GradProbeConfig,
+        windows: &[Vec<u32>],
+        batch_size: usize,
+        profiler: &'a Profiler,
+    ) -> Result<Self, PruneError> {
+        if windows.is_empty() || windows.iter().any(|w| w.len() < 2) {
+            return Err(PruneError::Invalid(
+                "GradProbe needs at least one calibration window of 2 or more tokens".into(),
+            ));
+        }
+        if !(config.reduction_factor.is_finite() && config.gradient_threshold.is_finite()) {
+            return Err(PruneError::Invalid(
+                "--reduction-factor and --gradient-threshold must be finite".into(),
+            ));
+        }
+        let batches = windows.chunks(batch_size.max(1)).map(Batch::new).collect();
+        let targets = targets(ckpt, config.include_embeddings);
+        Ok(Self {
+            ckpt,
+            config,
+            batches,
+            targets,
+            norms: None,
+            profiler,
+        })
+    }
+
+    /// The target sparsity of the next step (`--iterative` raises it).
+    pub fn set_sparsity(&mut self, sparsity: f64) {
+        self.config.sparsity = sparsity;
+    }
+
+    pub fn targets(&self) -> &[Target] {
+        &self.targets
+    }
+
+    /// Parameters probed.
+    pub fn target_params(&self) -> u64 {
+        self.targets.iter().map(|t| (t.rows * t.cols) as u64).sum()
+    }
+
+    /// Steps 1–2 alone: the candidates of every target and the max |grad|
+    /// over the batches at them, in f32 (for tests and diagnostics).
+    pub fn original_magnitudes(
+        &mut self,
+        pruned: &Masks,
+    ) -> Result<(Masks, BTreeMap<String, Vec<f32>>), PruneError> {
+        let mut state = self.state(pruned, GradPrecision::F32);
+        pass::run(self.input(), &mut state, Which::Original)?;
+        self.norms = state.norms.take().or(self.norms.take());
+        let grads = state
+            .original
+            .iter()
+            .map(|(k, v)| (k.clone(), (0..v.len()).map(|i| v.get(i)).collect()))
+            .collect();
+        Ok((state.tentative, grads))
+    }
+
+    /// One GradProbe step (steps 1–5) on the model with `pruned` already
+    /// zeroed: returns the weights it prunes.
+    pub fn step(&mut self, pruned: &Masks) -> Result<StepOutcome, PruneError> {
+        let start = std::time::Instant::now();
+        let p = self.profiler;
+        let mut components = BTreeMap::new();
+        components.insert("saved_values".to_string(), 0);
+        p.components("04_saved_tentative_values", components);
+        p.checkpoint("04_saved_tentative_values");
+        let mut state = self.state(pruned, self.config.precision);
+        let loss_original = pass::run(self.input(), &mut state, Which::Original)?;
+        p.components("08_original_gradients_computed", state.components());
+        p.checkpoint("08_original_gradients_computed");
+        let tentative: u64 = state.tentative.values().map(|v| v.len() as u64).sum();
+        p.checkpoint("09_tentative_masks_created");
+        p.checkpoint("10_weights_reduced");
+        let loss_modified = pass::run(self.input(), &mut state, Which::Modified)?;
+        p.components("14_modified_gradients_computed", state.components());
+        p.checkpoint("14_modified_gradients_computed");
+        self.norms = state.norms.take().or(self.norms.take());
+        let decided = std::mem::take(&mut state.decided);
+        let count: u64 = decided.values().map(|v| v.len() as u64).sum();
+        p.checkpoint("15_final_masks_computed");
+        Ok(StepOutcome {
+            pruned: decided,
+            tentative,
+            restored: tentative - count,
+            loss_original,
+            loss_modified,
+            seconds: start.elapsed().as_secs_f64(),
+        })
+    }
+
+    fn state(&mut self, pruned: &Masks, precision: GradPrecision) -> State {
+        State::new(pruned.clone(), self.norms.take(), precision)
+    }
+
+    fn input(&self) -> pass::Input<'_> {
+        pass::Input {
+            ckpt: self.ckpt,
+            config: &self.config,
+            batches: &self.batches,
+            targets: &self.targets,
+            profiler: self.profiler,
+        }
+    }
+}
+
+/// Calibration windows the way the reference's `prepare_calibration_data`
+/// cuts them: `seqlen + 1` consecutive tokens every `stride` tokens from the
+/// start of the text, the first `count` of them.
+pub fn sliding_windows(
+    tokens: &[u32],
+    seqlen: usize,
+    stride: usize,
+    count: usize,
+) -> Result<Vec<Vec<u32>>, PruneError> {
+    if seqlen < 1 || stride < 1 {
+        return Err(PruneError::Invalid(
+            "--seqlen and --stride must be at least 1".into(),
+        ));
+    }
+    let windows: Vec<Vec<u32>> = (0..)
+        .map(|k| k * stride)
+        .take_while(|start| start + seqlen + 1 <= tokens.len())
+        .take(count)
+        .map(|start| tokens[start..start + seqlen + 1].to_vec())
+        .collect();
+    if windows.len() < count {
+        return Err(PruneError::Invalid(format!(
+            "the calibration text gives {} windows of {} tokens every {stride} tokens; {count} are needed",
+            windows.len(),
+            seqlen + 1
+        )));
+    }
+    Ok(windows)
+}

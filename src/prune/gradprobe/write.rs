@@ -1,0 +1,63 @@
+//! Step 6: the pruned model, written tensor by tensor from the read-only
+//! checkpoint with the pruned positions zeroed. Every other weight is the
+//! checkpoint's own bytes, so restoring is exact by construction.
+
+use super::{Masks, Target, select};
+use crate::model::Checkpoint;
+use crate::model::save::PrunedWriter;
+use crate::prune::PruneError;
+use crate::prune::engine::{LayerReport, LinearReport};
+
+/// Writes every target with `masks` zeroed (and copies the rest); returns
+/// per-layer reports of the decoder linears and the reports of the other
+/// targets (embeddings, head).
+pub fn write_pruned(
+    ckpt: &Checkpoint,
+    targets: &[Target],
+    masks: &Masks,
+    writer: &mut PrunedWriter,
+) -> Result<(Vec<LayerReport>, Vec<LinearReport>), PruneError> {
+    let mut layers: Vec<LayerReport> = (0..ckpt.config.num_layers)
+        .map(|index| LayerReport {
+            index,
+            seconds: 0.0,
+            linears: Vec::new(),
+        })
+        .collect();
+    let mut others = Vec::new();
+    for t in targets {
+        let start = std::time::Instant::now();
+        let mut w = ckpt.read_f32(&t.name)?;
+        if let Some(m) = masks.get(&t.name) {
+            select::scale_at(&mut w, m, 0.0);
+        }
+        let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
+        writer.write_f32(ckpt, &t.name, &w)?;
+        let report = LinearReport {
+            name: t.name.clone(),
+            zeros,
+            params: w.len() as u64,
+            alpha: None,
+            error: None,
+        };
+        match layer_index(&t.name) {
+            Some(i) if i < layers.len() => {
+                layers[i].linears.push(report);
+                layers[i].seconds += start.elapsed().as_secs_f64();
+            }
+            _ => others.push(report),
+        }
+    }
+    for i in 0..ckpt.config.num_layers {
+        writer.copy_rest(ckpt, &format!("model.layers.{i}."))?;
+    }
+    Ok((layers, others))
+}
+
+fn layer_index(name: &str) -> Option<usize> {
+    name.strip_prefix("model.layers.")?
+        .split('.')
+        .next()?
+        .parse()
+        .ok()
+}
