@@ -10,7 +10,11 @@
 //! ```text
 //! cargo run --release --example bench_prune -- wanda unstructured [--resident]
 //! cargo run --release --example bench_prune -- sparsegpt 2:4
+//! cargo run --release --example bench_prune -- gradprobe - [--include-embeddings]
 //! ```
+//! GradProbe runs its own profiling configuration instead (seqlen 128, batch
+//! 1, 2 batches, sparsity 0.1, threshold 2.0, magnitude strategy), evaluated
+//! on 40 windows of 128 tokens.
 //! Environment: PRUNEMEM_MODEL (default models/smollm2-135m), PRUNEMEM_TEXT
 //! (default ../shared/data/wikitext-2-raw/wiki.test.raw).
 
@@ -36,23 +40,40 @@ fn main() {
             std::process::exit(2);
         }
     }
-    let mut argv: Vec<String> = [
-        "prunemem",
-        "prune",
-        "--model",
-        &model,
-        "--method",
-        &method,
-        "--sparsity",
-        "0.5",
-        "--sparsity-type",
-        &pattern,
-        "--nsamples",
-        "32",
-        "--seqlen",
-        "512",
-        "--seed",
-        "0",
+    // GradProbe's benchmark is its own profiling example's configuration:
+    // seqlen 128, batch 1, 2 batches, 10%, threshold 2.0, magnitude.
+    let gradprobe = method == "gradprobe";
+    let settings: &[&str] = if gradprobe {
+        &[
+            "--sparsity",
+            "0.1",
+            "--seqlen",
+            "128",
+            "--num-batches",
+            "2",
+            "--gradient-threshold",
+            "2.0",
+            "--strategy",
+            "magnitude",
+        ]
+    } else {
+        &[
+            "--sparsity",
+            "0.5",
+            "--sparsity-type",
+            &pattern,
+            "--nsamples",
+            "32",
+            "--seqlen",
+            "512",
+            "--seed",
+            "0",
+        ]
+    };
+    let mut argv: Vec<String> = ["prunemem", "prune", "--model", &model, "--method", &method]
+        .iter()
+        .chain(settings)
+        .chain(&[
         "--calib-text",
         &text,
         "--calib-lines",
@@ -66,8 +87,7 @@ fn main() {
         "--ui",
         "none",
         "--json",
-    ]
-    .iter()
+    ])
     .map(|s| s.to_string())
     .collect();
     argv.extend(extra);

@@ -311,6 +311,7 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
         _ => None,
     };
     if args.json {
+        let fp32_bytes = ckpt.config.param_count() * 4;
         let layer_sparsity: Vec<f64> = outcome.prune.layers.iter().map(|l| l.sparsity()).collect();
         println!(
             "{}",
@@ -322,6 +323,8 @@ pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
                 "perplexity": outcome.perplexity.as_ref().map(|p| p.perplexity),
                 "eval_windows": outcome.perplexity.as_ref().map(|p| p.windows),
                 "nsamples": args.nsamples, "resident": args.resident, "layer_sparsity": layer_sparsity,
+                "fp32_model_bytes": fp32_bytes,
+                "peak_over_fp32_model": summary.rss_peak.map(|p| p as f64 / fp32_bytes.max(1) as f64),
             })
         );
     } else {

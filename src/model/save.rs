@@ -129,8 +129,28 @@ impl PrunedWriter {
         name: &str,
         values: &[f32],
     ) -> Result<(), ModelError> {
-        let dtype = ckpt.entry(name)?.dtype;
-        self.put(ckpt, name, &super::dtype::encode_f32(values, dtype))
+        // Encoded and written 2 Mi values at a time: a large tensor is never
+        // held twice (f32 and encoded) in full.
+        const CHUNK: usize = 2 << 20;
+        let e = ckpt.entry(name)?;
+        let width = (e.dtype.bitsize() / 8).max(1);
+        if values.len() * width != e.end - e.start {
+            return Err(ModelError::Checkpoint(format!(
+                "{name}: writing {} values into a {}-byte slot",
+                values.len(),
+                e.end - e.start
+            )));
+        }
+        let (start, shard, dtype) = (e.start, e.shard, e.dtype);
+        for (k, chunk) in values.chunks(CHUNK).enumerate() {
+            let bytes = super::dtype::encode_f32(chunk, dtype);
+            let at = (start + k * CHUNK * width) as u64;
+            std::os::unix::fs::FileExt::write_all_at(&self.files[shard], &bytes, at)
+                .map_err(|err| ModelError::io(&self.tmp, err))?;
+            self.bytes_written += bytes.len() as u64;
+        }
+        self.written.insert(name.to_string());
+        Ok(())
     }
 
     /// Copies every not-yet-written tensor whose name starts with `prefix`.

@@ -178,3 +178,16 @@ pub fn sample_text(words: usize) -> String {
     }
     out
 }
+
+/// Runs the `prunemem` binary: (exit code, stdout, stderr).
+pub fn run_prunemem(args: &[&str]) -> (Option<i32>, String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"))
+        .args(args)
+        .output()
+        .expect("the prunemem binary runs");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
