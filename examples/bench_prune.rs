@@ -74,22 +74,22 @@ fn main() {
         .iter()
         .chain(settings)
         .chain(&[
-        "--calib-text",
-        &text,
-        "--calib-lines",
-        "second-half",
-        "--eval-text",
-        &text,
-        "--eval-lines",
-        "first-half",
-        "--eval-windows",
-        "40",
-        "--ui",
-        "none",
-        "--json",
-    ])
-    .map(|s| s.to_string())
-    .collect();
+            "--calib-text",
+            &text,
+            "--calib-lines",
+            "second-half",
+            "--eval-text",
+            &text,
+            "--eval-lines",
+            "first-half",
+            "--eval-windows",
+            "40",
+            "--ui",
+            "none",
+            "--json",
+        ])
+        .map(|s| s.to_string())
+        .collect();
     argv.extend(extra);
     std::process::exit(prunemem::cli::run_from(argv));
 }

@@ -34,9 +34,24 @@ fn setup() -> (tempfile::TempDir, String, String) {
 
 fn args<'a>(model: &'a str, text: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     let mut v = vec![
-        "prune", "--model", model, "--method", "gradprobe", "--sparsity", "0.3",
-        "--seqlen", "32", "--num-batches", "2", "--gradient-threshold", "2.0",
-        "--calib-text", text, "--ui", "none", "--json",
+        "prune",
+        "--model",
+        model,
+        "--method",
+        "gradprobe",
+        "--sparsity",
+        "0.3",
+        "--seqlen",
+        "32",
+        "--num-batches",
+        "2",
+        "--gradient-threshold",
+        "2.0",
+        "--calib-text",
+        text,
+        "--ui",
+        "none",
+        "--json",
     ];
     v.extend_from_slice(extra);
     v
@@ -54,7 +69,16 @@ fn one_step_logs_the_reference_stages_and_saves_the_model() {
     let (code, out, err) = run(&args(
         &model,
         &text,
-        &["--save", s(&save), "--log-memory", s(&log), "--eval-text", &text, "--eval-windows", "2"],
+        &[
+            "--save",
+            s(&save),
+            "--log-memory",
+            s(&log),
+            "--eval-text",
+            &text,
+            "--eval-windows",
+            "2",
+        ],
     ));
     assert_eq!(code, Some(0), "{err}");
     let v = json_line(&out);
@@ -64,7 +88,10 @@ fn one_step_logs_the_reference_stages_and_saves_the_model() {
     assert!(v["perplexity"].as_f64().unwrap() > 1.0, "{v}");
 
     let text_log = std::fs::read_to_string(log.join("events.jsonl")).unwrap();
-    let events: Vec<Event> = text_log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    let events: Vec<Event> = text_log
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
     let stages: Vec<String> = events
         .iter()
         .filter_map(|e| match e {
@@ -75,11 +102,21 @@ fn one_step_logs_the_reference_stages_and_saves_the_model() {
     assert_eq!(
         stages,
         [
-            "00_initial", "01_model_loaded", "02_data_prepared", "04_saved_tentative_values",
-            "08_original_gradients_computed", "09_tentative_masks_created", "10_weights_reduced",
-            "14_modified_gradients_computed", "15_final_masks_computed",
-            "16_final_pruning_applied", "17_before_eval", "18_after_eval",
-            "19_before_save_model", "20_after_save_model", "21_end",
+            "00_initial",
+            "01_model_loaded",
+            "02_data_prepared",
+            "04_saved_tentative_values",
+            "08_original_gradients_computed",
+            "09_tentative_masks_created",
+            "10_weights_reduced",
+            "14_modified_gradients_computed",
+            "15_final_masks_computed",
+            "16_final_pruning_applied",
+            "17_before_eval",
+            "18_after_eval",
+            "19_before_save_model",
+            "20_after_save_model",
+            "21_end",
         ]
     );
     let scopes: Vec<String> = events
@@ -89,13 +126,23 @@ fn one_step_logs_the_reference_stages_and_saves_the_model() {
             _ => None,
         })
         .collect();
-    assert!(scopes.contains(&"layer_01_original".to_string()), "{scopes:?}");
-    assert!(scopes.contains(&"layer_00_modified".to_string()), "{scopes:?}");
+    assert!(
+        scopes.contains(&"layer_01_original".to_string()),
+        "{scopes:?}"
+    );
+    assert!(
+        scopes.contains(&"layer_00_modified".to_string()),
+        "{scopes:?}"
+    );
     let Some(Event::RunFinished { summary }) = events.last() else {
         panic!("summary last")
     };
     let r = &summary.results;
-    let (t, p, k) = (r["tentative"].as_u64().unwrap(), r["pruned"].as_u64().unwrap(), r["restored"].as_u64().unwrap());
+    let (t, p, k) = (
+        r["tentative"].as_u64().unwrap(),
+        r["pruned"].as_u64().unwrap(),
+        r["restored"].as_u64().unwrap(),
+    );
     assert_eq!(t, p + k);
 
     // The saved model holds exactly the zeros the run reported.
@@ -116,9 +163,20 @@ fn iterative_steps_until_perplexity_rises_and_keeps_the_best() {
         &model,
         &text,
         &[
-            "--iterative", "--initial-sparsity", "0.2", "--sparsity-step", "0.2",
-            "--max-ppl-increase", "0.5", "--eval-text", &text, "--eval-windows", "2",
-            "--include-embeddings", "--log-memory", s(&_dir.path().join("log")),
+            "--iterative",
+            "--initial-sparsity",
+            "0.2",
+            "--sparsity-step",
+            "0.2",
+            "--max-ppl-increase",
+            "0.5",
+            "--eval-text",
+            &text,
+            "--eval-windows",
+            "2",
+            "--include-embeddings",
+            "--log-memory",
+            s(&_dir.path().join("log")),
         ],
     ));
     assert_eq!(code, Some(0), "{err}");
@@ -137,8 +195,14 @@ fn iterative_steps_until_perplexity_rises_and_keeps_the_best() {
         .iter()
         .take_while(|s| s["perplexity"].as_f64().unwrap() - dense <= 0.5)
         .collect();
-    let last_ok = within.last().map(|s| s["perplexity"].as_f64().unwrap()).unwrap_or(dense);
-    assert!((v["perplexity"].as_f64().unwrap() - last_ok).abs() < 1e-9, "{v} vs {steps:?}");
+    let last_ok = within
+        .last()
+        .map(|s| s["perplexity"].as_f64().unwrap())
+        .unwrap_or(dense);
+    assert!(
+        (v["perplexity"].as_f64().unwrap() - last_ok).abs() < 1e-9,
+        "{v} vs {steps:?}"
+    );
     assert!(steps.len() <= within.len() + 1);
     // Sparsity grows step by step while it is kept.
     for w in within.windows(2) {
@@ -150,7 +214,10 @@ fn iterative_steps_until_perplexity_rises_and_keeps_the_best() {
 fn bad_gradprobe_flags_are_one_line_errors() {
     let (_dir, model, text) = setup();
     let cases: Vec<(Vec<&str>, &str)> = vec![
-        (vec!["--sparsity-type", "2:4", "--sparsity", "0.5"], "unstructured"),
+        (
+            vec!["--sparsity-type", "2:4", "--sparsity", "0.5"],
+            "unstructured",
+        ),
         (vec!["--dtype", "bf16"], "--dtype f32"),
         (vec!["--resident"], "--resident"),
         (vec!["--num-batches", "0"], "--num-batches"),

@@ -217,7 +217,7 @@ pub(super) fn prune_and_eval(
     };
     let mut components = std::collections::BTreeMap::new();
     components.insert(
-        "final_masks".to_string(),
+        "pruned positions (u32)".to_string(),
         masks.values().map(|m| m.len() as u64 * 4).sum(),
     );
     p.components("16_final_pruning_applied", components);

@@ -20,6 +20,9 @@ pub struct ReportArgs {
     /// Names for the compared runs, in order (default: folder names)
     #[arg(long = "label", value_name = "NAME")]
     labels: Vec<String>,
+    /// Project the run to this GPU (catalog name: "RTX 4090", "A100 80GB"...)
+    #[arg(long, value_name = "NAME")]
+    gpu: Option<String>,
 }
 
 pub fn run(args: ReportArgs) -> CliResult<i32> {
@@ -54,7 +57,11 @@ pub fn run(args: ReportArgs) -> CliResult<i32> {
         let out = args
             .out
             .unwrap_or_else(|| PathBuf::from("reports").join(&run.name));
-        report::write_report(&run, dir, &out)?
+        let gpu = match &args.gpu {
+            Some(name) => Some(crate::estimate::catalog::find(name)?),
+            None => None,
+        };
+        report::write_report(&run, dir, &out, gpu.as_ref())?
     };
     for f in &written.files {
         println!("{}", f.display());

@@ -186,7 +186,7 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
     };
     let tentative = (probed as f64 * w.sparsity) as u64;
     let head = a.embedding_params() * 4;
-    let boundaries = (a.layers + 1) * tokens * a.hidden * 4;
+    let boundaries = (a.layers + 1) * w.num_batches.max(1) * tokens * a.hidden * 4;
     // Head blocks: 4 Mi logits (host copy, tensor, dlogits) and the upstream
     // gradient of the final norm.
     let block_logits = (1u64 << 22).min(tokens * a.vocab) * 4 * 3 + tokens * a.hidden * 4 * 3;

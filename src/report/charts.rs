@@ -8,6 +8,7 @@ use std::sync::Once;
 
 use plotters::prelude::*;
 use plotters::style::FontStyle;
+use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::ReportError;
 use super::load::RunData;
@@ -15,7 +16,7 @@ use super::load::RunData;
 static FONT: &[u8] = include_bytes!("../../assets/fonts/DejaVuSans.ttf");
 static REGISTER: Once = Once::new();
 
-fn font() {
+pub(super) fn font() {
     REGISTER.call_once(|| {
         // The font is ours and valid; a failure would show as missing text.
         let _ = plotters::style::register_font("sans-serif", FontStyle::Normal, FONT);
@@ -26,19 +27,34 @@ fn font() {
 type Series = (&'static str, fn(&super::load::Point) -> Option<u64>, u32);
 
 const SIZE: (u32, u32) = (1000, 520);
-const COLORS: [RGBColor; 4] = [
+pub(super) const COLORS: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
     RGBColor(44, 160, 44),
     RGBColor(148, 103, 189),
 ];
 
-fn err(e: impl std::fmt::Display) -> ReportError {
+pub(super) fn err(e: impl std::fmt::Display) -> ReportError {
     ReportError::Chart(e.to_string())
 }
 
+/// Axis labels turned a quarter clockwise, starting at their tick.
+pub(super) fn rotated(size: u32) -> TextStyle<'static> {
+    TextStyle::from(
+        ("sans-serif", size)
+            .into_font()
+            .transform(FontTransform::Rotate90),
+    )
+    .pos(Pos::new(HPos::Left, VPos::Center))
+}
+
+/// Text centred above its anchor point (bar values).
+pub(super) fn above(size: u32) -> TextStyle<'static> {
+    TextStyle::from(("sans-serif", size).into_font()).pos(Pos::new(HPos::Center, VPos::Bottom))
+}
+
 /// The unit for an axis whose largest value is `max` bytes.
-fn unit(max: u64) -> (f64, &'static str) {
+pub(super) fn unit(max: u64) -> (f64, &'static str) {
     if max >= 2 << 30 {
         ((1u64 << 30) as f64, "GiB")
     } else {
@@ -75,7 +91,9 @@ where
         .max()
         .unwrap_or(1 << 20);
     let (div, name) = unit(max);
-    let y_max = max as f64 / div * 1.12;
+    // Headroom above the data: the peak's label sits just over it and the
+    // legend above that, so neither hides a line.
+    let y_max = max as f64 / div * 1.3;
     let mut chart = ChartBuilder::on(&area)
         .caption(title, ("sans-serif", 22))
         .margin(12)
@@ -160,7 +178,7 @@ where
         .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperRight)
+        .position(SeriesLabelPosition::UpperLeft)
         .draw()
         .map_err(err)?;
     area.present().map_err(err)?;
@@ -202,7 +220,7 @@ where
     let mut chart = ChartBuilder::on(&area)
         .caption(title, ("sans-serif", 22))
         .margin(12)
-        .x_label_area_size(90)
+        .x_label_area_size(200)
         .y_label_area_size(70)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..max as f64 / div * 1.2)
         .map_err(err)?;
@@ -213,19 +231,17 @@ where
         .y_desc(format!(
             "RSS at the stage ({name}); line = peak since previous"
         ))
-        .x_label_formatter(&|v| match v {
-            SegmentValue::CenterOf(i) => labels.get(*i).cloned().unwrap_or_default(),
-            _ => String::new(),
-        })
-        .x_labels(n)
-        .x_label_style(
-            ("sans-serif", 12)
-                .into_font()
-                .transform(FontTransform::Rotate90),
-        )
+        .x_label_formatter(&|_| String::new())
         .label_style(("sans-serif", 13))
         .draw()
         .map_err(err)?;
+    // Stage names turned a quarter, hanging from their bars (plotters
+    // centres rotated axis labels on the axis, across the bars).
+    for (i, l) in labels.iter().enumerate() {
+        let (x, y) = chart.backend_coord(&(SegmentValue::CenterOf(i), 0.0));
+        area.draw(&Text::new(l.clone(), (x, y + 10), rotated(12)))
+            .map_err(err)?;
+    }
     chart
         .draw_series(
             Histogram::vertical(&chart)
@@ -264,8 +280,8 @@ where
         chart
             .draw_series([Text::new(
                 delta,
-                (SegmentValue::CenterOf(i), y * 1.02 + 0.01),
-                ("sans-serif", 12),
+                (SegmentValue::CenterOf(i), y * 1.01),
+                above(11),
             )])
             .map_err(err)?;
     }

@@ -3,9 +3,13 @@
 //! `prunemem report compare A B` sets runs side by side and explains the
 //! difference. Reads logs only (`load`); never imports the engine's UI.
 
+pub mod breakdown;
 #[cfg(feature = "charts")]
 pub mod charts;
+#[cfg(feature = "charts")]
+pub mod charts_stacked;
 pub mod load;
+mod sections;
 pub mod text;
 
 use std::path::Path;
@@ -41,7 +45,12 @@ pub struct Written {
 }
 
 /// Writes the report of `run` (loaded from `source`) into `out`.
-pub fn write_report(run: &RunData, source: &Path, out: &Path) -> Result<Written, ReportError> {
+pub fn write_report(
+    run: &RunData,
+    source: &Path,
+    out: &Path,
+    gpu: Option<&crate::estimate::catalog::Gpu>,
+) -> Result<Written, ReportError> {
     std::fs::create_dir_all(out).map_err(|e| ReportError::Io {
         path: out.display().to_string(),
         source: e,
@@ -69,8 +78,20 @@ pub fn write_report(run: &RunData, source: &Path, out: &Path) -> Result<Written,
         written.files.push(p);
         charts.push(("timeline".into(), tl));
         charts.push(("stages".into(), bars));
+        let stacked = breakdown::bars(run, comparison.as_ref());
+        if !stacked.is_empty() {
+            let title = format!("What the peak is made of: {}", run.name);
+            let svg = charts::svg(|a| charts_stacked::breakdown(a, &stacked, &title))?;
+            let p = out.join("breakdown.svg");
+            write(&p, &svg)?;
+            written.files.push(p);
+            let p = out.join("breakdown.png");
+            charts::png(&p, |a| charts_stacked::breakdown(a, &stacked, &title))?;
+            written.files.push(p);
+            charts.push(("breakdown".into(), svg));
+        }
     }
-    let md = text::markdown(run, comparison.as_ref(), !charts.is_empty());
+    let md = text::markdown(run, comparison.as_ref(), !charts.is_empty(), gpu);
     let p = out.join("report.md");
     write(&p, &md)?;
     written.files.push(p);
@@ -106,6 +127,15 @@ pub fn write_compare(runs: &[RunData], out: &Path) -> Result<Written, ReportErro
         charts::png(&p, |a| charts::timeline(a, &refs, "Memory over time"))?;
         written.files.push(p);
         charts.push(("compare".into(), svg));
+        let title = "Memory at each stage, aligned by stage name";
+        let svg = charts::svg(|a| charts_stacked::stage_overlay(a, &refs, title))?;
+        let p = out.join("compare_stages.svg");
+        write(&p, &svg)?;
+        written.files.push(p);
+        let p = out.join("compare_stages.png");
+        charts::png(&p, |a| charts_stacked::stage_overlay(a, &refs, title))?;
+        written.files.push(p);
+        charts.push(("compare_stages".into(), svg));
     }
     let md = text::compare_markdown(runs, !charts.is_empty());
     let p = out.join("compare.md");

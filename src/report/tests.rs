@@ -10,7 +10,7 @@ fn a_recorded_run_gives_a_full_report() {
     assert!(run.notes.is_empty(), "{:?}", run.notes);
     assert!(run.stages.iter().any(|s| s.label == "04_after_pruning"));
     let out = tempfile::tempdir().unwrap();
-    let w = write_report(&run, &fixture(), out.path()).unwrap();
+    let w = write_report(&run, &fixture(), out.path(), None).unwrap();
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
     for want in [
         "## Summary",
@@ -121,10 +121,92 @@ fn bad_inputs_are_errors_or_marked_partial() {
     let run = load(dir.path()).unwrap();
     assert!(run.notes.iter().any(|n| n.contains("torn")));
     assert!(run.notes.iter().any(|n| n.contains("partial")));
-    let md = text::markdown(&run, None, false);
+    let md = text::markdown(&run, None, false, None);
     assert!(md.contains("partial report"));
     let csvdir = tempfile::tempdir().unwrap();
     std::fs::write(csvdir.path().join("memory_log.csv"), "a,b,c\n1,2,3\n").unwrap();
     let e = load(csvdir.path()).unwrap_err().to_string();
     assert!(e.contains("unknown columns (a, b, c)"), "{e}");
+}
+
+#[test]
+fn breakdown_has_measured_and_predicted_bars_summing_to_their_totals() {
+    let run = load(&fixture()).unwrap();
+    let check = text::estimate_check(&fixture());
+    let bars = breakdown::bars(&run, check.as_ref());
+    assert_eq!(bars.len(), 2, "measured and estimate");
+    let measured = &bars[0];
+    let c = check.as_ref().unwrap();
+    let peak = c.phases[c.estimate.peak_phase()].measured.unwrap();
+    assert_eq!(
+        measured.total(),
+        peak,
+        "topped up to the peak of the estimate's peak phase"
+    );
+    let alone = breakdown::measured(&run, None).unwrap();
+    assert_eq!(
+        alone.total(),
+        run.summary.as_ref().and_then(|s| s.rss_peak).unwrap()
+    );
+    assert!(
+        measured
+            .parts
+            .iter()
+            .any(|(n, _)| n.starts_with("unaccounted"))
+    );
+    assert!(bars[1].label.starts_with("estimate ("));
+    let md = text::markdown(&run, check.as_ref(), false, None);
+    assert!(md.contains("## What the peak is made of"), "{md}");
+    assert!(md.contains("| **total** |"));
+}
+
+#[cfg(feature = "charts")]
+#[test]
+fn stacked_and_aligned_charts_name_their_parts() {
+    let run = load(&fixture()).unwrap();
+    let check = text::estimate_check(&fixture());
+    let bars = breakdown::bars(&run, check.as_ref());
+    let svg =
+        charts::svg(|a| charts_stacked::breakdown(a, &bars, "What the peak is made of")).unwrap();
+    assert!(svg.contains("What the peak is made of"));
+    assert!(svg.contains("memory at the peak (MiB)"));
+    for (name, _) in &bars[0].parts {
+        assert!(svg.contains(name.as_str()), "legend names {name}");
+    }
+    let mut other = run.clone();
+    other.name = "second".into();
+    other.stages.retain(|s| s.label != "05_before_eval");
+    other.stages.insert(
+        1,
+        load::Stage {
+            label: "01b_extra".into(),
+            ..other.stages[0].clone()
+        },
+    );
+    let stages = charts_stacked::aligned_stages(&[&run, &other]);
+    let pos = |l: &str| stages.iter().position(|s| s == l).unwrap();
+    assert!(pos("01_start") < pos("01b_extra") && pos("01b_extra") < pos("02_model_loaded"));
+    assert!(stages.contains(&"05_before_eval".to_string()));
+    assert!(!stages.iter().any(|s| s.starts_with("layer_")));
+    let svg =
+        charts::svg(|a| charts_stacked::stage_overlay(a, &[&run, &other], "Aligned")).unwrap();
+    for want in [
+        "Aligned",
+        "second",
+        "run-wanda-tiny",
+        "01b_extra",
+        "RSS at the stage (MiB)",
+    ] {
+        assert!(svg.contains(want), "missing {want:?}");
+    }
+}
+
+#[test]
+fn projection_to_a_named_gpu() {
+    let run = load(&fixture()).unwrap();
+    let gpu = crate::estimate::catalog::find("RTX 4090").unwrap();
+    let md = text::markdown(&run, None, false, Some(&gpu));
+    assert!(md.contains("## Projection to RTX 4090"), "{md}");
+    assert!(md.contains("| LLaMA 7B |"), "{md}");
+    assert!(md.contains("usable"));
 }

@@ -50,6 +50,30 @@ fn theoretical_minimum(run: &RunData) -> Option<(u64, String)> {
     let c = w.dtype.size();
     let layer = arch.layer_params() * c;
     let method = plan.method.as_deref().unwrap_or("");
+    if method == "gradprobe" {
+        // Streamed probing: one layer, the boundary activations, the head
+        // for the loss, and per candidate its position and original maximum.
+        let tokens = w.num_batches * w.batch_size * w.seqlen;
+        let bounds = (arch.layers + 1) * tokens * arch.hidden * 4;
+        let head = arch.embedding_params() * 4;
+        let probed = arch.layers * arch.layer_linear_params()
+            + if w.include_embeddings {
+                arch.embedding_params()
+            } else {
+                0
+            };
+        let cand = (probed as f64 * w.sparsity) as u64 * 6;
+        return Some((
+            layer + bounds + head + cand,
+            format!(
+                "layer-by-layer probing: one decoder layer ({}) + boundary activations ({}) + the head for the loss ({}) + 6 bytes per candidate ({}); GradProbe's own report puts the minimum of its resident design at about 1.3× the model",
+                format_bytes(layer),
+                format_bytes(bounds),
+                format_bytes(head),
+                format_bytes(cand)
+            ),
+        ));
+    }
     let calib = if method == "magnitude" {
         0
     } else {
@@ -66,7 +90,12 @@ fn theoretical_minimum(run: &RunData) -> Option<(u64, String)> {
 }
 
 /// The report of one run.
-pub fn markdown(run: &RunData, check: Option<&against::Comparison>, charts: bool) -> String {
+pub fn markdown(
+    run: &RunData,
+    check: Option<&against::Comparison>,
+    charts: bool,
+    gpu: Option<&crate::estimate::catalog::Gpu>,
+) -> String {
     let mut s = String::new();
     let _ = writeln!(s, "# Memory report: {}\n", run.name);
     if let Some(p) = &run.plan {
@@ -170,14 +199,8 @@ pub fn markdown(run: &RunData, check: Option<&against::Comparison>, charts: bool
     for (name, d) in rises.iter().take(5) {
         let _ = writeln!(s, "- {name}: +{}", format_bytes((*d).max(0) as u64));
     }
-    if let Some((_, comps)) = run.components.last() {
-        let mut c: Vec<_> = comps.iter().collect();
-        c.sort_by_key(|(_, b)| std::cmp::Reverse(**b));
-        let _ = writeln!(s, "\nThe engine's own accounting at its last report:\n");
-        for (k, b) in c.iter().take(8) {
-            let _ = writeln!(s, "- {k}: {}", format_bytes(**b));
-        }
-    }
+    let bars = super::breakdown::bars(run, check);
+    super::sections::breakdown(&mut s, &bars, charts);
     if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), peak) {
         let _ = writeln!(
             s,
@@ -205,6 +228,9 @@ pub fn markdown(run: &RunData, check: Option<&against::Comparison>, charts: bool
             );
         }
         projection(&mut s, run);
+    }
+    if let Some(g) = gpu {
+        super::sections::gpu(&mut s, run, g);
     }
     s
 }
@@ -260,7 +286,10 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
     let _ = writeln!(s, "# Comparison: {}\n", names.join(" vs "));
     if charts {
-        let _ = writeln!(s, "![timelines](compare.svg)\n");
+        let _ = writeln!(
+            s,
+            "![timelines](compare.svg)\n\n![aligned by stage](compare_stages.svg)\n"
+        );
     }
     let _ = writeln!(
         s,

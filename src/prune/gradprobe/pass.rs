@@ -132,14 +132,24 @@ impl State {
     /// Bytes of candidate state, for stage snapshots.
     pub fn components(&self) -> BTreeMap<String, u64> {
         let positions = |m: &Masks| m.values().map(|v| v.len() as u64 * 4).sum::<u64>();
+        let maxima = match self.precision {
+            GradPrecision::F16 => "original maxima (f16)",
+            GradPrecision::F32 => "original maxima (f32)",
+        };
         let mut c = BTreeMap::new();
-        c.insert("tentative_masks".into(), positions(&self.tentative));
         c.insert(
-            "original_gradients".into(),
+            "candidate positions (u32)".into(),
+            positions(&self.tentative),
+        );
+        c.insert(
+            maxima.into(),
             self.original.values().map(StoredGrads::bytes).sum(),
         );
-        c.insert("final_masks".into(), positions(&self.decided));
-        c.insert("pruned_masks".into(), positions(&self.pruned));
+        c.insert("pruned positions (u32)".into(), positions(&self.decided));
+        c.insert(
+            "earlier steps' pruning (u32)".into(),
+            positions(&self.pruned),
+        );
         c
     }
 
@@ -301,6 +311,17 @@ pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, Pru
         TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
         &device,
     );
+    let mut held = state.components();
+    held.insert(
+        "head weight (f32)".into(),
+        (c.vocab_size * c.hidden_size * 4) as u64,
+    );
+    let tokens: usize = batches.iter().map(|b| b.targets.len()).sum();
+    held.insert(
+        "boundary activations".into(),
+        ((c.num_layers + 1) * tokens * c.hidden_size * 4) as u64,
+    );
+    profiler.components(&format!("{tag} pass, head"), held);
     let norm_ad = LlamaRmsNorm::<Ad>::from_inner(ckpt.load_norm::<Flex>(dtype, &device)?);
     let head_positions = state.tentative.get(head_name).cloned().unwrap_or_default();
     let embed_positions = state.tentative.get(EMBED).cloned().unwrap_or_default();

@@ -1,0 +1,104 @@
+//! Report sections beyond the timeline: what the peak is made of (measured
+//! accounting beside the estimator's components) and the projection of the
+//! run to a GPU the user names.
+
+use std::fmt::Write;
+
+use super::breakdown::Bar;
+use super::load::RunData;
+use crate::estimate::{self, against, catalog};
+use crate::units::format_bytes;
+
+/// "What the peak is made of": one table row per component, one column per
+/// bar (measured, estimate).
+pub fn breakdown(s: &mut String, bars: &[Bar], chart: bool) {
+    if bars.is_empty() {
+        return;
+    }
+    let _ = writeln!(s, "\n## What the peak is made of\n");
+    if chart {
+        let _ = writeln!(s, "![breakdown](breakdown.svg)\n");
+    }
+    let mut names: Vec<&str> = Vec::new();
+    for b in bars {
+        for (n, _) in &b.parts {
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+    }
+    let head: Vec<&str> = bars.iter().map(|b| b.label.as_str()).collect();
+    let _ = writeln!(s, "| component | {} |", head.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(bars.len()));
+    for n in &names {
+        let cells: Vec<String> = bars
+            .iter()
+            .map(|b| {
+                b.parts
+                    .iter()
+                    .find(|(m, _)| m == n)
+                    .map_or("—".into(), |(_, v)| format_bytes(*v))
+            })
+            .collect();
+        let _ = writeln!(s, "| {n} | {} |", cells.join(" | "));
+    }
+    let totals: Vec<String> = bars.iter().map(|b| format_bytes(b.total())).collect();
+    let _ = writeln!(s, "| **total** | {} |", totals.join(" | "));
+}
+
+/// "Projection to GPU": this run's method and settings, on its own model and
+/// on LLaMA 7B, in f16 with CUDA, against `gpu`'s usable memory; when it
+/// does not fit, the longest seqlen and largest batch that do.
+pub fn gpu(s: &mut String, run: &RunData, gpu: &catalog::Gpu) {
+    let Some(plan) = &run.plan else {
+        let _ = writeln!(
+            s,
+            "\n## Projection to {}\n\nn/a: the log has no plan to project.",
+            gpu.name
+        );
+        return;
+    };
+    let Ok((arch, mut w)) = against::workload_of(plan) else {
+        return;
+    };
+    w.device = estimate::Device::Cuda;
+    w.dtype = crate::model::ComputeDtype::F16;
+    w.stored_bytes = 2;
+    let usable = gpu.usable();
+    let _ = writeln!(
+        s,
+        "\n## Projection to {}\n\n{} has {} usable ({} total, less {} for the CUDA context). The same method and settings in f16 with CUDA (prunemem's engine):\n",
+        gpu.name,
+        gpu.name,
+        format_bytes(usable),
+        format_bytes(gpu.total()),
+        format_bytes(gpu.context_mib << 20)
+    );
+    let mut models = vec![(arch.name.clone(), arch)];
+    if let Ok(llama) = estimate::presets::load("llama-7b") {
+        models.push(("LLaMA 7B".into(), llama));
+    }
+    let _ = writeln!(
+        s,
+        "| model | estimated peak | fits | longest seqlen that fits | largest batch that fits |\n|---|---|---|---|---|"
+    );
+    for (name, a) in &models {
+        let Ok(e) = estimate::estimate(a, &w) else {
+            continue;
+        };
+        let fits = if e.peak() <= usable {
+            format!("yes, {} to spare", format_bytes(usable - e.peak()))
+        } else {
+            format!("no, {} short", format_bytes(e.peak() - usable))
+        };
+        let limits = estimate::fit::limits(a, &w, usable).ok();
+        let show = |v: Option<u64>| v.map_or("none".into(), |v| v.to_string());
+        let _ = writeln!(
+            s,
+            "| {name} | {} | {fits} | {} | {} |",
+            format_bytes(e.peak()),
+            show(limits.as_ref().and_then(|l| l.max_seqlen)),
+            show(limits.as_ref().and_then(|l| l.max_batch_size)),
+        );
+    }
+}
