@@ -311,7 +311,10 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     let mut differs = Vec::new();
     for k in keys {
         let vals: Vec<String> = runs.iter().map(|r| setting(r, k)).collect();
-        if vals.iter().any(|v| v != &vals[0]) {
+        // "n/a" is unknown (a memory_log.csv records no plan), not a
+        // difference; the scope is always known.
+        let known: Vec<&String> = vals.iter().filter(|v| *v != "n/a").collect();
+        if known.len() == vals.len() && vals.iter().any(|v| v != &vals[0]) {
             differs.push(k);
         }
         let _ = writeln!(s, "| {k} | {} |", vals.join(" | "));
@@ -360,13 +363,21 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     }
     // Explanation.
     let _ = writeln!(s, "\n## Where the difference comes from\n");
+    for r in runs.iter().filter(|r| r.plan.is_none()) {
+        let _ = writeln!(
+            s,
+            "- {}'s log records no configuration (a memory_log.csv has no plan): only the measurement scope is compared for it.",
+            r.name
+        );
+    }
     if runs.iter().any(|r| r.scope != runs[0].scope) {
         let _ = writeln!(
             s,
             "- The runs were measured differently: a checkpoint-only log sees memory at its snapshots, while a continuous log also catches the peaks between them (activations, statistics and transients freed before the next checkpoint). Expect the continuous figure to be higher for the same work."
         );
     }
-    for k in &differs {
+    // The scope has its own sentence above.
+    for k in differs.iter().filter(|k| **k != "scope") {
         let why = match *k {
             "engine" => {
                 "the engine: the reference scripts keep the whole model and 128-sample input/output buffers resident, prunemem streams one layer"

@@ -9,6 +9,10 @@
 use burn::backend::Flex;
 use burn::prelude::*;
 
+/// Where the head-weight gradient goes: the sorted candidate positions and
+/// a sink called with `(candidate index, dL/dW there)`.
+pub type WeightGrad<'a> = Option<(&'a [u32], &'a mut dyn FnMut(usize, f32))>;
+
 /// Mean cross-entropy of `h` `[T, d]` against `targets` through head `w`
 /// `[V, d]`; returns `dL/dh` and the loss. `weight_grad`, when given, is
 /// called with `(candidate index, dL/dW at that position)` for each sorted
@@ -17,7 +21,7 @@ pub fn head_backward(
     h: Tensor<Flex, 2>,
     w: &Tensor<Flex, 2>,
     targets: &[u32],
-    mut weight_grad: Option<(&[u32], &mut dyn FnMut(usize, f32))>,
+    mut weight_grad: WeightGrad<'_>,
 ) -> (Tensor<Flex, 2>, f64) {
     let [t, d] = h.dims();
     let [v, _] = w.dims();

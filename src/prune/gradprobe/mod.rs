@@ -256,7 +256,7 @@ pub fn sliding_windows(
     }
     let windows: Vec<Vec<u32>> = (0..)
         .map(|k| k * stride)
-        .take_while(|start| start + seqlen + 1 <= tokens.len())
+        .take_while(|start| start + seqlen < tokens.len())
         .take(count)
         .map(|start| tokens[start..start + seqlen + 1].to_vec())
         .collect();

@@ -21,7 +21,7 @@ use burn::backend::{Autodiff, Flex};
 use burn::module::{AutodiffModule, Param};
 use burn::prelude::*;
 
-use super::head::head_backward;
+use super::head::{WeightGrad, head_backward};
 use super::select::{self, GradPrecision, StoredGrads};
 use super::{EMBED, GradProbeConfig, HEAD, Masks, Target};
 use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LinearInput, LlamaRmsNorm};
@@ -347,8 +347,7 @@ pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, Pru
                 head_max[k] = g.abs();
             }
         };
-        let wg: Option<(&[u32], &mut dyn FnMut(usize, f32))> =
-            head_probed.then_some((head_positions.as_slice(), &mut sink));
+        let wg: WeightGrad<'_> = head_probed.then_some((head_positions.as_slice(), &mut sink));
         let (dh, l) = head_backward(h.clone().inner().reshape([n * s, d]), &head, &b.targets, wg);
         loss += l;
         deferred.push(held);
