@@ -4,16 +4,10 @@
 
 mod support;
 
-use std::path::Path;
-
 use prunemem::events::Event;
 use prunemem::model::Checkpoint;
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-use support::run_prunemem as run;
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use support::{json_line, run_prunemem as run, s};
 
 fn setup() -> (tempfile::TempDir, String, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -55,10 +49,6 @@ fn args<'a>(model: &'a str, text: &'a str, extra: &[&'a str]) -> Vec<&'a str> {
     ];
     v.extend_from_slice(extra);
     v
-}
-
-fn json_line(stdout: &str) -> serde_json::Value {
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
 }
 
 #[test]

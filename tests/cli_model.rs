@@ -3,26 +3,8 @@
 
 mod support;
 
-use std::path::Path;
-use std::process::Command;
-
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-
-fn prunemem(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
+use support::{run_prunemem as prunemem, s};
 
 fn assert_user_error(args: &[&str], needle: &str) {
     let (code, _, err) = prunemem(args);

@@ -5,29 +5,14 @@
 
 mod support;
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use prunemem::events::{Event, RunStatus};
 use prunemem::model::Checkpoint;
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-
-fn s(p: &Path) -> &str {
-    p.to_str().unwrap()
-}
-
-fn run(args: &[&str]) -> (Option<i32>, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
-        .args(args)
-        .output()
-        .unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use support::{json_line, run_prunemem as run, s};
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -72,10 +57,6 @@ fn prune_args<'a>(f: &'a Fixture, method: &'a str, extra: &[&'a str]) -> Vec<&'a
     ];
     v.extend_from_slice(extra);
     v
-}
-
-fn json_line(stdout: &str) -> serde_json::Value {
-    serde_json::from_str(stdout.lines().last().unwrap()).unwrap()
 }
 
 #[test]

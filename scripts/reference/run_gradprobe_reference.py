@@ -28,27 +28,9 @@ import time
 
 import torch
 
-
-def select(text, spec):
-    lines = text.split("\n")
-    lines = [l + "\n" for l in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
-    n = len(lines)
-    if spec == "all":
-        return text
-    if spec == "first-half":
-        return "".join(lines[: n // 2])
-    if spec == "second-half":
-        return "".join(lines[n // 2:])
-    a, b = spec.split(":")
-    return "".join(lines[int(a or 0): int(b) if b else n])
-
-
-def rss_kib(field):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(field):
-                return int(line.split()[1])
-    return 0
+# Same line selection and /proc reading as the Wanda reference runner.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from run_reference import rss_kib, select  # noqa: E402
 
 
 class Log:

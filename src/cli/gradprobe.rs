@@ -16,7 +16,7 @@ use crate::model::save::PrunedWriter;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{Checkpoint, ComputeDtype};
 use crate::profiler::Profiler;
-use crate::prune::engine::{LinearReport, PruneOutcome};
+use crate::prune::engine::{self, LinearReport, PruneOutcome};
 use crate::prune::gradprobe::{
     GradProbe, GradProbeConfig, Masks, select, sliding_windows, write_pruned,
 };
@@ -137,14 +137,9 @@ fn scratch_model(
     Ok((dir, path, others, PruneOutcome { layers, seconds }))
 }
 
+/// Zeros over every probed tensor: decoder linears and `others`.
 fn sparsity_of(outcome: &PruneOutcome, others: &[LinearReport]) -> f64 {
-    let (z, n) = outcome
-        .layers
-        .iter()
-        .flat_map(|l| &l.linears)
-        .chain(others)
-        .fold((0u64, 0u64), |(z, n), l| (z + l.zeros, n + l.params));
-    z as f64 / n.max(1) as f64
+    engine::sparsity_of(outcome.layers.iter().flat_map(|l| &l.linears).chain(others))
 }
 
 pub(super) fn prune_and_eval(

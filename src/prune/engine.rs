@@ -65,13 +65,17 @@ pub struct LayerReport {
     pub linears: Vec<LinearReport>,
 }
 
+/// Fraction of zeros over `linears`.
+pub fn sparsity_of<'a>(linears: impl IntoIterator<Item = &'a LinearReport>) -> f64 {
+    let (z, p) = linears
+        .into_iter()
+        .fold((0u64, 0u64), |(z, p), l| (z + l.zeros, p + l.params));
+    z as f64 / p.max(1) as f64
+}
+
 impl LayerReport {
     pub fn sparsity(&self) -> f64 {
-        let (z, p) = self
-            .linears
-            .iter()
-            .fold((0u64, 0u64), |(z, p), l| (z + l.zeros, p + l.params));
-        z as f64 / p.max(1) as f64
+        sparsity_of(&self.linears)
     }
 }
 
@@ -85,12 +89,7 @@ pub struct PruneOutcome {
 impl PruneOutcome {
     /// Fraction of zeros over every decoder linear (`check_sparsity`).
     pub fn sparsity(&self) -> f64 {
-        let (z, p) = self
-            .layers
-            .iter()
-            .flat_map(|l| &l.linears)
-            .fold((0u64, 0u64), |(z, p), l| (z + l.zeros, p + l.params));
-        z as f64 / p.max(1) as f64
+        sparsity_of(self.layers.iter().flat_map(|l| &l.linears))
     }
 }
 

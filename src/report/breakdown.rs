@@ -19,6 +19,20 @@ impl Bar {
     }
 }
 
+/// Every component name across `bars`, in order of first appearance (one
+/// table row and one chart colour each).
+pub fn component_names(bars: &[Bar]) -> Vec<&str> {
+    let mut names: Vec<&str> = Vec::new();
+    for b in bars {
+        for (n, _) in &b.parts {
+            if !names.contains(&n.as_str()) {
+                names.push(n);
+            }
+        }
+    }
+    names
+}
+
 /// The measured bar: the fullest accounting the run reported, plus
 /// "unaccounted" up to the peak RSS (runtime, allocator slack, transients):
 /// the peak measured in the estimator's peak phase when there is an

@@ -36,14 +36,7 @@ where
 {
     font();
     area.fill(&WHITE).map_err(err)?;
-    let mut names: Vec<&str> = Vec::new();
-    for b in bars {
-        for (n, _) in &b.parts {
-            if !names.contains(&n.as_str()) {
-                names.push(n);
-            }
-        }
-    }
+    let names = super::breakdown::component_names(bars);
     let color = |n: &str| {
         let i = names.iter().position(|m| *m == n).unwrap_or(0);
         PALETTE[i % PALETTE.len()]

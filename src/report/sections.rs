@@ -19,14 +19,7 @@ pub fn breakdown(s: &mut String, bars: &[Bar], chart: bool) {
     if chart {
         let _ = writeln!(s, "![breakdown](breakdown.svg)\n");
     }
-    let mut names: Vec<&str> = Vec::new();
-    for b in bars {
-        for (n, _) in &b.parts {
-            if !names.contains(&n.as_str()) {
-                names.push(n);
-            }
-        }
-    }
+    let names = super::breakdown::component_names(bars);
     let head: Vec<&str> = bars.iter().map(|b| b.label.as_str()).collect();
     let _ = writeln!(s, "| component | {} |", head.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(bars.len()));

@@ -191,3 +191,13 @@ pub fn run_prunemem(args: &[&str]) -> (Option<i32>, String, String) {
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
 }
+
+/// A path as the `&str` a command line takes.
+pub fn s(p: &Path) -> &str {
+    p.to_str().expect("test paths are UTF-8")
+}
+
+/// The JSON object on the last line of a `--json` run's stdout.
+pub fn json_line(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("valid JSON")
+}

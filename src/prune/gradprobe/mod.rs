@@ -170,11 +170,6 @@ impl<'a> GradProbe<'a> {
         &self.targets
     }
 
-    /// Parameters probed.
-    pub fn target_params(&self) -> u64 {
-        self.targets.iter().map(|t| (t.rows * t.cols) as u64).sum()
-    }
-
     /// Steps 1–2 alone: the candidates of every target and the max |grad|
     /// over the batches at them, in f32 (for tests and diagnostics).
     pub fn original_magnitudes(

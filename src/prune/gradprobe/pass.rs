@@ -25,7 +25,7 @@ use super::head::{WeightGrad, head_backward};
 use super::select::{self, GradPrecision, StoredGrads};
 use super::{EMBED, GradProbeConfig, HEAD, Masks, Target};
 use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LinearInput, LlamaRmsNorm};
-use crate::model::{Checkpoint, ComputeDtype, ModelError, Rope};
+use crate::model::{Checkpoint, ComputeDtype, Rope};
 use crate::profiler::Profiler;
 use crate::prune::PruneError;
 use crate::prune::engine::{set_weight, weight_out_in};
@@ -185,11 +185,6 @@ impl State {
     }
 }
 
-/// Host f32 of a checkpoint tensor in PyTorch orientation.
-fn read(ckpt: &Checkpoint, name: &str) -> Result<Vec<f32>, ModelError> {
-    ckpt.read_f32(name)
-}
-
 /// Runs one pass; returns the mean calibration loss.
 pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, PruneError> {
     let Input {
@@ -216,7 +211,7 @@ pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, Pru
 
     // Embedding (tentative candidates of a probed embedding were chosen in
     // the original pass, so the modified pass can reduce them here).
-    let mut embed_w = read(ckpt, EMBED)?;
+    let mut embed_w = ckpt.read_f32(EMBED)?;
     state.prepare(which, EMBED, &mut embed_w, config.reduction_factor);
     let d = c.hidden_size;
     let mut xs: Vec<Vec<Tensor<Flex, 3>>> = vec![
@@ -286,7 +281,7 @@ pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, Pru
 
     // Head and loss.
     let head_name = if c.tie_word_embeddings { EMBED } else { HEAD };
-    let mut head_w = read(ckpt, head_name)?;
+    let mut head_w = ckpt.read_f32(head_name)?;
     let head_probed = probed.contains(head_name);
     if which == Which::Original && head_probed {
         let n = (head_name == HEAD)
@@ -302,7 +297,7 @@ pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, Pru
         state.prepare(which, head_name, &mut head_w, config.reduction_factor);
     }
     if which == Which::Original && probed.contains(EMBED) && head_name != EMBED {
-        let mut w = read(ckpt, EMBED)?;
+        let mut w = ckpt.read_f32(EMBED)?;
         state.prepare(which, EMBED, &mut w, 0.0);
         let t = select::tentative(&w, c.hidden_size, None, config.sparsity);
         state.tentative.insert(EMBED.to_string(), t);

@@ -70,14 +70,10 @@ pub fn candidate_count(sparsity: f64, n: usize) -> usize {
     ((sparsity * n as f64).round_ties_even() as usize).min(n)
 }
 
-/// The `k` positions of smallest `importance`, sorted by position. Equal
-/// importances are taken in index order.
-pub fn smallest(importance: &[f32], k: usize) -> Vec<u32> {
-    smallest_by(importance.len(), k, |i| importance[i])
-}
-
-/// [`smallest`] over `n` importances computed on demand (no `n`-long
-/// importance vector: only the index vector, trimmed to `k` at once).
+/// The `k` positions of smallest `importance(i)` for `i < n`, sorted by
+/// position; equal importances are taken in index order. Importances are
+/// computed on demand (no `n`-long importance vector: only the index
+/// vector, trimmed to `k` at once).
 pub fn smallest_by(n: usize, k: usize, importance: impl Fn(usize) -> f32) -> Vec<u32> {
     if k == 0 || n == 0 {
         return Vec::new();
@@ -252,9 +248,10 @@ mod tests {
     #[test]
     fn smallest_takes_ties_in_index_order() {
         let imp = [3.0, 1.0, 1.0, 0.5, 1.0, 9.0];
-        assert_eq!(smallest(&imp, 3), vec![1, 2, 3]);
-        assert_eq!(smallest(&imp, 6), vec![0, 1, 2, 3, 4, 5]);
-        assert!(smallest(&imp, 0).is_empty());
+        let smallest = |k| smallest_by(imp.len(), k, |i| imp[i]);
+        assert_eq!(smallest(3), vec![1, 2, 3]);
+        assert_eq!(smallest(6), vec![0, 1, 2, 3, 4, 5]);
+        assert!(smallest(0).is_empty());
     }
 
     #[test]
