@@ -1,8 +1,8 @@
-//! Runs `prunemem prune` on the estimator grid (`estimate::grid`, synthetic
+//! Runs `prunemem prune` on the estimator grid (`tests/support/grid.rs`, synthetic
 //! models of varied shapes and workloads) and prints, per run, the
 //! estimator's prediction beside the measured peak RSS of each phase (one
 //! JSON line per run, then a summary table). This is how the constants of
-//! `estimate::prunemem_engine` were fitted and how they are checked.
+//! `estimate::prunemem` were fitted and how they are checked.
 //!
 //! ```text
 //! cargo build --release && cargo run --release --example estimator_grid [-- FILTER]
@@ -12,7 +12,8 @@
 
 use std::path::PathBuf;
 
-use prunemem::estimate::{against, grid};
+#[path = "../tests/support/grid.rs"]
+mod grid;
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
@@ -23,7 +24,7 @@ fn main() {
     let dir = keep.as_deref().unwrap_or(tmp.path());
     std::fs::create_dir_all(dir).expect("creating the output folder");
     let text = dir.join("text.txt");
-    std::fs::write(&text, prunemem::demo::corpus(30_000, 9)).expect("writing text");
+    std::fs::write(&text, prunemem::model::tiny::corpus(30_000, 9)).expect("writing text");
     let mut rows = Vec::new();
     let bin = PathBuf::from(bin);
     for case in grid::cases()
@@ -42,7 +43,8 @@ fn main() {
             .iter()
             .map(|p| {
                 let est = cmp.estimate.phases.iter().find(|e| e.name == p.phase);
-                let heap = est.and_then(|e| against::measured_heap_peak(&events, &e.stages[0], &e.stages[e.stages.len() - 1]));
+                let fold = prunemem::events::fold::RunFold::of(&events);
+                let heap = est.and_then(|e| fold.heap_peak_between(&e.stages[0], &e.stages[e.stages.len() - 1]));
                 serde_json::json!({"phase": p.phase, "predicted": p.predicted, "measured": p.measured, "heap": heap,
                 "components": est.map(|e| e.components.clone())})
             })

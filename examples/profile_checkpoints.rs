@@ -8,7 +8,7 @@
 use burn::backend::Flex;
 use burn::prelude::*;
 use prunemem::events::{HostInfo, RunPlan, RunStatus};
-use prunemem::run::{Run, RunOptions};
+use prunemem::jobs::{Run, RunOptions};
 
 #[global_allocator]
 static GLOBAL: prunemem::memory::CountingAllocator = prunemem::memory::CountingAllocator;
@@ -25,6 +25,9 @@ fn main() {
     };
     let options = RunOptions {
         log_dir: Some(log_dir.clone().into()),
+        sinks: vec![Box::new(prunemem::sinks::SummarySink::new(Box::new(
+            std::io::stdout(),
+        )))],
         ..Default::default()
     };
     let run = match Run::start(plan, options) {
@@ -36,12 +39,12 @@ fn main() {
     };
     let p = &run.profiler;
     let device = Default::default();
-    p.checkpoint("01_start");
+    p.stage("01_start");
 
     let n = 2048;
     let a = Tensor::<Flex, 2>::random([n, n], burn::tensor::Distribution::Default, &device);
     let b = Tensor::<Flex, 2>::random([n, n], burn::tensor::Distribution::Default, &device);
-    p.checkpoint("02_inputs_allocated");
+    p.stage("02_inputs_allocated");
     {
         let _scope = p.scope("matmuls");
         let mut acc = a.clone().matmul(b.clone());
@@ -49,11 +52,11 @@ fn main() {
             acc = acc.matmul(b.clone()).div_scalar(n as f32);
         }
         let total: f32 = acc.sum().into_scalar();
-        p.checkpoint("03_after_matmuls");
+        p.stage("03_after_matmuls");
         println!("checksum {total:.4}");
     }
     drop((a, b));
-    p.checkpoint("04_dropped");
+    p.stage("04_dropped");
     let (_summary, errors) = run.finish(RunStatus::Ok);
     for e in errors {
         eprintln!("warning: {e}");

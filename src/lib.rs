@@ -7,16 +7,14 @@
 //! sink, the UI or the charts.
 
 pub mod data;
-pub mod demo;
 pub mod estimate;
-pub mod eval;
 pub mod events;
+pub mod jobs;
 pub mod memory;
 pub mod model;
 pub mod profiler;
 pub mod prune;
 pub mod report;
-pub mod run;
 pub mod sinks;
 #[cfg(feature = "tui")]
 pub mod tui;

@@ -5,8 +5,8 @@ mod support;
 
 use burn::backend::Flex;
 use prunemem::data::windows::eval_windows;
-use prunemem::eval::{self, EvalOptions, Weights};
 use prunemem::model::convert::convert_gguf;
+use prunemem::model::perplexity::{self as eval, EvalOptions, Weights};
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
 use prunemem::model::tokenizer::Tokenizer;
 use prunemem::model::{Checkpoint, ComputeDtype};

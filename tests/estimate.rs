@@ -1,5 +1,5 @@
 //! The estimator against the real engine and through the CLI: every
-//! configuration of `estimate::grid` is pruned by the binary and its peak
+//! configuration of `tests/support/grid.rs` is pruned by the binary and its peak
 //! RSS must lie within 5% of the estimate; `--against` reads such a run;
 //! bad inputs are one-line errors with exit code 2; `--json`, `--table` and
 //! `--fit` give what scripts and users rely on.
@@ -7,7 +7,9 @@
 use std::path::Path;
 use std::process::Command;
 
-use prunemem::estimate::grid;
+mod support;
+
+use support::grid;
 
 fn estimate(args: &[&str]) -> (Option<i32>, String, String) {
     let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
@@ -26,7 +28,7 @@ fn estimate(args: &[&str]) -> (Option<i32>, String, String) {
 fn estimates_are_within_five_percent_of_measured_peaks() {
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("text.txt");
-    std::fs::write(&text, prunemem::demo::corpus(30_000, 9)).unwrap();
+    std::fs::write(&text, prunemem::model::tiny::corpus(30_000, 9)).unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_prunemem"));
     let cases = grid::cases();
     assert!(cases.len() >= 6);
@@ -68,7 +70,7 @@ fn estimates_are_within_five_percent_of_measured_peaks() {
 fn against_prints_predicted_and_measured_per_phase() {
     let dir = tempfile::tempdir().unwrap();
     let text = dir.path().join("text.txt");
-    std::fs::write(&text, prunemem::demo::corpus(8_000, 3)).unwrap();
+    std::fs::write(&text, prunemem::model::tiny::corpus(8_000, 3)).unwrap();
     let bin = Path::new(env!("CARGO_BIN_EXE_prunemem"));
     let case = grid::cases()
         .into_iter()

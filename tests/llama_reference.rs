@@ -6,7 +6,7 @@
 use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
-use prunemem::eval::{self, EvalOptions, Weights};
+use prunemem::model::perplexity::{self as eval, EvalOptions, Weights};
 use prunemem::model::{Checkpoint, ComputeDtype, Rope};
 
 type B = Flex;

@@ -7,9 +7,9 @@ use std::sync::{Arc, Mutex};
 use prunemem::events::{
     Emitter, Event, EventSink, Level, RunPlan, RunStatus, RunSummary, SinkError,
 };
+use prunemem::jobs::{Run, RunOptions};
 use prunemem::memory::{self, MemorySnapshot};
 use prunemem::profiler::{Profiler, ProfilerConfig};
-use prunemem::run::{Run, RunOptions};
 use prunemem::sinks::{self, CSV_HEADER};
 
 #[global_allocator]
@@ -131,8 +131,7 @@ fn log_dir_formats_round_trip() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let options = RunOptions {
         log_dir: Some(dir.path().to_path_buf()),
-        console_summary: false,
-        extra_sinks: vec![Box::new(Recorder(seen.clone()))],
+        sinks: vec![Box::new(Recorder(seen.clone()))],
         profiler: ProfilerConfig {
             sampler_hz: Some(50.0),
             gpu_index: Some(0),
@@ -146,7 +145,7 @@ fn log_dir_formats_round_trip() {
         ..Default::default()
     };
     let mut run = Run::start(plan, options).unwrap();
-    run.profiler.checkpoint("01_start");
+    run.profiler.stage("01_start");
     {
         let _s = run.profiler.scope("work");
         let v = vec![3u8; (8 * MIB) as usize];
@@ -155,7 +154,7 @@ fn log_dir_formats_round_trip() {
     }
     run.profiler.progress(0, 2, "layer 0");
     run.profiler.message(Level::Warn, "seqlen capped");
-    run.profiler.checkpoint("09_end");
+    run.profiler.stage("09_end");
     run.result("perplexity", 12.5);
     let (summary, errors) = run.finish(RunStatus::Ok);
     assert!(errors.is_empty(), "{errors:?}");

@@ -60,7 +60,7 @@ fn prune(
         },
     );
     let config = PruneConfig {
-        method,
+        method: method.try_into().unwrap(),
         sparsity: 0.5,
         pattern,
         use_variant: variant,

@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 
 use burn::backend::Flex;
 use prunemem::data::windows::eval_windows;
-use prunemem::eval::{self, EvalOptions, Weights};
+use prunemem::model::perplexity::{self as eval, EvalOptions, Weights};
 use prunemem::model::tokenizer::Tokenizer;
 use prunemem::model::{Checkpoint, ComputeDtype, Rope};
 

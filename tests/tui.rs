@@ -201,7 +201,7 @@ fn prune_with_the_tui_shows_progress_then_prints_the_summary() {
     };
     prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
     let text = tmp.path().join("text.txt");
-    std::fs::write(&text, prunemem::demo::corpus(20_000, 5)).unwrap();
+    std::fs::write(&text, prunemem::model::tiny::corpus(20_000, 5)).unwrap();
     let mut s = Screen::spawn(
         &[
             "prune",

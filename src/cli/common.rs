@@ -1,17 +1,18 @@
-//! Pieces every model command shares: how a run reports (`--log-memory`,
-//! `--ui`), reading and tokenising text, and resolving `--seqlen`.
+//! Pieces every run command shares: the flags of how a run reports
+//! (`--log-memory`, `--ui`, `--sample-hz`), the one place the sinks for a
+//! UI mode are built ([`for_ui`]), and turning a job's errors into lines
+//! that name this CLI's flags.
 
 use std::io::IsTerminal;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
 use clap::{Args, ValueEnum};
 
-use super::CliResult;
-use crate::data::{self, Corpus, LineRange};
-use crate::events::{EventSink, HostInfo, Level, RunPlan};
-use crate::model::tokenizer::Tokenizer;
-use crate::profiler::{Profiler, ProfilerConfig};
-use crate::run::RunOptions;
+use super::{CliError, CliResult};
+use crate::events::EventSink;
+use crate::jobs::{Field, JobError, RunOptions};
+use crate::profiler::ProfilerConfig;
+use crate::sinks::SummarySink;
 use crate::sinks::progress::ProgressSink;
 
 /// `--ui` as given, or its default: the live UI when stdout is a terminal
@@ -37,8 +38,86 @@ pub enum UiMode {
     None,
 }
 
+impl UiMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            UiMode::Tui => "tui",
+            UiMode::Plain => "plain",
+            UiMode::None => "none",
+        }
+    }
+}
+
+/// Who the UI shows a run for, which decides what quitting does and
+/// whether the summary table is printed.
+pub enum Role {
+    /// A run of this process: the summary table goes to stdout (after the
+    /// live UI closes), and quitting the UI interrupts the run.
+    Run,
+    /// A command this process watches: quitting calls the abort function.
+    Watch(Box<dyn Fn() + Send>),
+    /// A log followed or replayed: quitting only closes the view.
+    View,
+}
+
+/// The sinks of one UI mode, and the live UI's handle when there is one.
+pub struct Ui {
+    pub sinks: Vec<Box<dyn EventSink>>,
+    #[cfg(feature = "tui")]
+    pub tui: Option<crate::tui::TuiHandle>,
+}
+
+/// Builds the sinks for `mode`: the one place they are chosen. Without the
+/// `tui` feature the live UI falls back to plain lines, saying so.
+pub fn for_ui(mode: UiMode, role: Role) -> CliResult<Ui> {
+    let mut ui = Ui {
+        sinks: Vec::new(),
+        #[cfg(feature = "tui")]
+        tui: None,
+    };
+    let summary = |ui: &mut Ui| {
+        ui.sinks
+            .push(Box::new(SummarySink::new(Box::new(std::io::stdout()))))
+    };
+    let own_run = matches!(role, Role::Run);
+    match mode {
+        UiMode::None => {}
+        UiMode::Plain => {
+            ui.sinks
+                .push(Box::new(ProgressSink::new(Box::new(std::io::stderr()))));
+            summary(&mut ui);
+        }
+        #[cfg(feature = "tui")]
+        UiMode::Tui => {
+            use crate::tui::{Mode, TuiSink};
+            let view = match role {
+                Role::Run => {
+                    TuiSink::start(Mode::Owner, Box::new(crate::jobs::request_interrupt), true)?
+                }
+                Role::Watch(abort) => TuiSink::start(Mode::Owner, abort, false)?,
+                Role::View => TuiSink::start(Mode::Viewer, Box::new(|| {}), false)?,
+            };
+            ui.tui = Some(view.handle());
+            ui.sinks.push(Box::new(view));
+            if own_run {
+                summary(&mut ui);
+            }
+        }
+        #[cfg(not(feature = "tui"))]
+        UiMode::Tui => {
+            let _ = own_run;
+            eprintln!(
+                "note: this prunemem was built without the tui feature; showing plain progress"
+            );
+            return for_ui(UiMode::Plain, role);
+        }
+    }
+    Ok(ui)
+}
+
+/// How a run reports.
 #[derive(Args, Debug, Clone)]
-pub struct ReportArgs {
+pub struct RunFlags {
     /// Write memory_log.csv, events.jsonl and summary.txt to DIR
     #[arg(long = "log-memory", alias = "log_memory", value_name = "DIR")]
     pub log_memory: Option<PathBuf>,
@@ -50,13 +129,14 @@ pub struct ReportArgs {
     pub sample_hz: f64,
 }
 
-impl ReportArgs {
+impl RunFlags {
     pub fn ui_mode(&self) -> UiMode {
         resolve_ui(self.ui)
     }
 
-    /// Run options for these flags, with `log_dir` overriding --log-memory.
-    pub fn run_options(&self, log_dir: Option<PathBuf>) -> CliResult<RunOptions> {
+    /// Run options for these flags: the UI's sinks, the log folder, the
+    /// sampler.
+    pub fn run_options(&self) -> CliResult<RunOptions> {
         if !(self.sample_hz >= 0.0 && self.sample_hz <= 1000.0) {
             return Err(format!(
                 "--sample-hz must be between 0 and 1000, got {}",
@@ -64,23 +144,9 @@ impl ReportArgs {
             )
             .into());
         }
-        let mut extra: Vec<Box<dyn EventSink>> = Vec::new();
-        match self.ui_mode() {
-            UiMode::Plain => extra.push(Box::new(ProgressSink::new(Box::new(std::io::stderr())))),
-            UiMode::None => {}
-            #[cfg(feature = "tui")]
-            UiMode::Tui => extra.push(Box::new(crate::tui::TuiSink::start(
-                crate::tui::Mode::Owner,
-                Box::new(crate::run::request_interrupt),
-                true,
-            )?)),
-            #[cfg(not(feature = "tui"))]
-            UiMode::Tui => extra.push(Box::new(ProgressSink::new(Box::new(std::io::stderr())))),
-        }
         Ok(RunOptions {
-            log_dir: log_dir.or_else(|| self.log_memory.clone()),
-            console_summary: self.ui_mode() != UiMode::None,
-            extra_sinks: extra,
+            log_dir: self.log_memory.clone(),
+            sinks: for_ui(self.ui_mode(), Role::Run)?.sinks,
             profiler: ProfilerConfig {
                 sampler_hz: (self.sample_hz > 0.0).then_some(self.sample_hz),
                 ..Default::default()
@@ -90,56 +156,22 @@ impl ReportArgs {
     }
 }
 
-/// A plan with the fields every command fills.
-pub fn base_plan(command: &str, argv: Vec<String>) -> RunPlan {
-    RunPlan {
-        command: command.into(),
-        argv,
-        host: HostInfo::current(),
-        ..Default::default()
+/// A job setting's flag (`--sparsity-type`).
+pub fn flag(f: Field) -> String {
+    format!("--{}", f.key().replace('_', "-"))
+}
+
+/// A job's error for this CLI: configuration errors name its flags.
+pub fn job_error(e: JobError) -> CliError {
+    match e {
+        JobError::Config(c) => c.render(flag).into(),
+        other => Box::new(other),
     }
 }
 
-/// The model folder's tokenizer.
-pub fn load_tokenizer(model_dir: &Path) -> CliResult<Tokenizer> {
-    Ok(Tokenizer::from_file(&model_dir.join("tokenizer.json"))?)
-}
-
-/// Reads `path` (restricted to `range`) and tokenises it as one text.
-pub fn tokenize_text(tok: &Tokenizer, path: &Path, range: LineRange) -> CliResult<Vec<u32>> {
-    Ok(tokenize_counting(tok, path, range)?.0)
-}
-
-/// [`tokenize_text`], also returning the bytes of text tokenised.
-pub fn tokenize_counting(
-    tok: &Tokenizer,
-    path: &Path,
-    range: LineRange,
-) -> CliResult<(Vec<u32>, u64)> {
-    let text = match data::read_corpus(path, range)? {
-        Corpus::Text(text) => text,
-        Corpus::Documents(docs) => docs.join("\n\n"),
-    };
-    let ids = tok.encode(&text)?;
-    let bytes = text.len() as u64;
-    drop(text);
-    // Tokenisation leaves many small freed chunks; hand their pages back.
-    crate::memory::alloc::trim();
-    Ok((ids, bytes))
-}
-
-/// `--seqlen` resolved against the model's max positions, and the warning
-/// to emit (once the run has started) when it was capped.
-pub fn resolve_seqlen(
-    requested: Option<usize>,
-    max_positions: usize,
-) -> CliResult<(usize, Option<String>)> {
-    Ok(data::windows::resolve_seqlen(requested, max_positions)?)
-}
-
-/// Emits a capped-seqlen warning, if any.
-pub fn warn_seqlen(warning: Option<String>, profiler: &Profiler) {
-    if let Some(w) = warning {
-        profiler.message(Level::Warn, w);
+/// Prints the sink failures of a finished run.
+pub fn warn_sink_errors(errors: &[String]) {
+    for e in errors {
+        eprintln!("warning: {e}");
     }
 }

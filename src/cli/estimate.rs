@@ -299,7 +299,7 @@ pub fn render(
     }
     let peak = &est.phases[peak_i];
     s += &format!("\nBreakdown at the peak ({})\n", peak.name);
-    for c in crate::estimate::prunemem_engine::sorted(peak) {
+    for c in crate::estimate::prunemem::sorted(peak) {
         s += &format!("  {:<34} {:>12}\n", c.name, format_bytes(c.bytes));
     }
     s += &format!("  {:<34} {:>12}\n", "total", format_bytes(peak.total()));

@@ -6,7 +6,6 @@ mod convert;
 mod demo;
 mod estimate;
 mod eval;
-mod gradprobe;
 mod prune;
 mod report;
 mod snapshot;

@@ -1,26 +1,17 @@
-//! `prunemem prune`: prune a model layer by layer, optionally evaluate it and
-//! save it in the Hugging Face layout, with stage snapshots throughout.
+//! `prunemem prune`: the flags of a prune, turned once into a
+//! [`PruneJob`], and the printing of its outcome.
 
 use std::path::PathBuf;
 
-use burn::backend::Flex;
 use clap::Args;
-use serde_json::json;
 
 use super::CliResult;
-use super::common::{self, ReportArgs};
-use crate::data::windows::{calibration_from_documents, calibration_windows, eval_windows};
-use crate::data::{self, Corpus, LineRange};
-use crate::eval::{self, EvalOptions, Weights};
-use crate::events::{Level, RunStatus};
-use crate::model::save::PrunedWriter;
-use crate::model::tokenizer::Tokenizer;
-use crate::model::{Checkpoint, ComputeDtype, hub};
-use crate::profiler::Profiler;
-use crate::prune::engine::{self, PruneConfig, PruneOutcome, Source};
+use super::common::{RunFlags, job_error, warn_sink_errors};
+use crate::data::LineRange;
+use crate::jobs::{self, GradProbeSettings, PruneJob, TextSource};
+use crate::model::ComputeDtype;
 use crate::prune::gradprobe::{GradPrecision, Strategy};
-use crate::prune::{Method, Pattern, validate};
-use crate::run::Run;
+use crate::prune::{Method, Pattern};
 
 #[derive(Args, Debug)]
 pub struct PruneArgs {
@@ -95,7 +86,7 @@ pub struct PruneArgs {
     #[command(flatten)]
     pub gradprobe: GradProbeArgs,
     #[command(flatten)]
-    pub report: ReportArgs,
+    pub run: RunFlags,
 }
 
 /// GradProbe's settings (defaults are the reference's).
@@ -141,343 +132,79 @@ pub struct GradProbeArgs {
     pub max_ppl_increase: f64,
 }
 
-/// Calibration windows for `args`, from the calibration text.
-/// Calibration windows for `args`, and the bytes of text tokenised.
-fn calibration(
-    args: &PruneArgs,
-    tok: &Tokenizer,
-    seqlen: usize,
-) -> CliResult<(Vec<Vec<u32>>, u64)> {
-    if args.method == Method::Magnitude {
-        return Ok((Vec::new(), 0));
-    }
-    let Some(path) = &args.calib_text else {
-        return Err(format!("--calib-text is required for --method {}", args.method).into());
-    };
-    Ok(match data::read_corpus(path, args.calib_lines)? {
-        Corpus::Text(text) => (
-            calibration_windows(&tok.encode(&text)?, args.nsamples, seqlen, args.seed)?,
-            text.len() as u64,
-        ),
-        Corpus::Documents(docs) => {
-            let encode = |s: &str| tok.encode(s).map_err(|e| e.to_string());
-            let bytes = docs.iter().map(|d| d.len() as u64).max().unwrap_or(0);
-            (
-                calibration_from_documents(&docs, &encode, args.nsamples, seqlen, args.seed)?,
-                bytes,
-            )
+impl PruneArgs {
+    /// The job these flags ask for.
+    pub fn job(&self, argv: Vec<String>) -> PruneJob {
+        let text = |path: &Option<PathBuf>, lines| {
+            path.as_ref().map(|p| TextSource {
+                path: p.clone(),
+                lines,
+            })
+        };
+        let g = &self.gradprobe;
+        PruneJob {
+            model: self.model.clone(),
+            revision: self.revision.clone(),
+            method: self.method,
+            sparsity: self.sparsity,
+            pattern: self.sparsity_type,
+            nsamples: self.nsamples,
+            seqlen: self.seqlen,
+            seed: self.seed,
+            calib: text(&self.calib_text, self.calib_lines),
+            eval: text(&self.eval_text, self.eval_lines),
+            eval_windows: self.eval_windows,
+            use_variant: self.use_variant,
+            save: self.save.clone(),
+            resident: self.resident,
+            dtype: self.dtype,
+            batch_size: self.batch_size,
+            percdamp: self.percdamp,
+            blocksize: self.blocksize,
+            gradprobe: GradProbeSettings {
+                strategy: g.strategy,
+                reduction_factor: g.reduction_factor,
+                gradient_threshold: g.gradient_threshold,
+                num_batches: g.num_batches,
+                stride: g.stride,
+                include_embeddings: g.include_embeddings,
+                grad_precision: g.grad_precision,
+                iterative: g.iterative,
+                initial_sparsity: g.initial_sparsity,
+                sparsity_step: g.sparsity_step,
+                max_ppl_increase: g.max_ppl_increase,
+            },
+            argv,
         }
-    })
-}
-
-/// Prints what `check_sparsity` prints, and returns the overall sparsity.
-pub fn sparsity_lines(outcome: &PruneOutcome) -> String {
-    let mut s = String::new();
-    for l in &outcome.layers {
-        s += &format!("layer {} sparsity {:.6}\n", l.index, l.sparsity());
     }
-    s += &format!("sparsity sanity check {:.4}\n", outcome.sparsity());
-    s
-}
-
-/// What a finished `prune` reports back to callers such as `demo`.
-pub struct PruneReport {
-    pub sparsity: f64,
-    pub perplexity: Option<f64>,
 }
 
 pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
-    execute(args, argv).map(|_| 0)
-}
-
-/// Runs `prune` and returns what it found.
-pub fn execute(args: PruneArgs, argv: Vec<String>) -> CliResult<PruneReport> {
-    validate(
-        args.method,
-        args.sparsity,
-        args.sparsity_type,
-        args.nsamples,
-    )?;
-    let gradprobe = args.method == Method::GradProbe;
-    if gradprobe {
-        super::gradprobe::validate(&args)?;
-    }
-    if args.batch_size == Some(0) || args.blocksize == 0 {
-        return Err("--batch-size and --blocksize must be at least 1".into());
-    }
-    if args.eval_windows == Some(0) {
-        return Err("--eval-windows must be at least 1".into());
-    }
-    if args.use_variant
-        && (args.method != Method::Wanda || args.sparsity_type != Pattern::Unstructured)
-    {
-        return Err("--use-variant applies to --method wanda with unstructured sparsity".into());
-    }
-    for (flag, path) in [
-        ("--calib-text", &args.calib_text),
-        ("--eval-text", &args.eval_text),
-    ] {
-        if let Some(p) = path
-            && !p.is_file()
-        {
-            return Err(format!("{flag} {}: no such file", p.display()).into());
-        }
-    }
-    let model_dir = hub::resolve(&args.model, &args.revision)?;
-    let ckpt = Checkpoint::open(&model_dir)?;
-    let tok = common::load_tokenizer(&model_dir)?;
-    let mut writer = match &args.save {
-        Some(dir) => Some(PrunedWriter::create(&ckpt, dir)?),
-        None => None,
-    };
-    // Logs default to SAVE/logs (written inside the partial folder, which is
-    // renamed into place at the end).
-    let log_dir = args
-        .report
-        .log_memory
-        .clone()
-        .or_else(|| writer.as_ref().map(|w| w.partial_dir().join("logs")));
-
-    let mut plan = common::base_plan("prune", argv);
-    plan.model = Some(ckpt.config.model_info(
-        &args.model,
-        &crate::model::dtype::stored_name(ckpt.stored_dtype()),
-    ));
-    plan.method = Some(args.method.to_string());
-    let s = &mut plan.settings;
-    s.insert("sparsity".into(), json!(args.sparsity));
-    s.insert(
-        "sparsity_type".into(),
-        json!(args.sparsity_type.to_string()),
-    );
-    s.insert("nsamples".into(), json!(args.nsamples));
-    s.insert("seed".into(), json!(args.seed));
-    s.insert("dtype".into(), json!(args.dtype.name()));
-    s.insert("batch_size".into(), json!(batch_size(&args)));
-    s.insert("resident".into(), json!(args.resident));
-    s.insert("use_variant".into(), json!(args.use_variant));
-    s.insert(
-        "save".into(),
-        json!(args.save.as_ref().map(|p| p.display().to_string())),
-    );
-    s.insert("eval_windows".into(), json!(args.eval_windows));
-    if args.method == Method::SparseGpt {
-        s.insert("percdamp".into(), json!(args.percdamp));
-        s.insert("blocksize".into(), json!(args.blocksize));
-    }
-    if gradprobe {
-        super::gradprobe::plan_settings(&args, s);
-    }
-    let requested = args.seqlen.or(gradprobe.then_some(128));
-    let (seqlen, capped) = common::resolve_seqlen(requested, ckpt.config.max_position_embeddings)?;
-    plan.settings.insert("seqlen".into(), json!(seqlen));
-    let mut run = Run::start(plan, args.report.run_options(log_dir.clone())?)?;
-    let p = run.profiler.clone();
-    common::warn_seqlen(capped, &p);
-    let late = if gradprobe {
-        p.checkpoint("00_initial");
-        ["19_before_save_model", "20_after_save_model", "21_end"]
-    } else {
-        p.checkpoint("01_start");
-        ["07_before_save_model", "08_after_save_model", "09_end"]
-    };
-    let outcome = if gradprobe {
-        super::gradprobe::prune_and_eval(&args, seqlen, &ckpt, &tok, writer.as_mut(), &p, &mut run)
-    } else {
-        prune_and_eval(&args, seqlen, &ckpt, &tok, writer.as_mut(), &p, &mut run)
-    };
-    let outcome = match outcome {
-        Ok(o) => o,
-        Err(e) => {
-            p.message(Level::Error, e.to_string());
-            run.finish(RunStatus::Failed(e.to_string()));
-            return Err(e);
-        }
-    };
-    let saved = match writer {
-        Some(w) => {
-            p.checkpoint(late[0]);
-            let dir = w.finish(&ckpt)?;
-            p.checkpoint(late[1]);
-            Some(dir)
-        }
-        None => None,
-    };
-    p.checkpoint(late[2]);
-    let (summary, errors) = run.finish(RunStatus::Ok);
-    let final_logs = match (&args.report.log_memory, &saved) {
-        (Some(l), _) => Some(l.clone()),
-        (None, Some(dir)) => Some(dir.join("logs")),
-        _ => None,
-    };
+    let job = args.job(argv);
+    job.validate().map_err(|e| job_error(e.into()))?;
+    let outcome = jobs::prune::run(&job, args.run.run_options()?).map_err(job_error)?;
     if args.json {
-        let fp32_bytes = ckpt.config.param_count() * 4;
-        let layer_sparsity: Vec<f64> = outcome.prune.layers.iter().map(|l| l.sparsity()).collect();
+        println!("{}", jobs::prune::json_line(&job, &outcome));
+    } else {
+        print_outcome(&outcome);
+    }
+    warn_sink_errors(&outcome.sink_errors);
+    Ok(0)
+}
+
+/// The lines a finished prune prints (also the demo's).
+pub fn print_outcome(o: &jobs::prune::Outcome) {
+    print!("{}", jobs::prune::sparsity_lines(&o.prune));
+    if let Some(ppl) = &o.perplexity {
         println!(
-            "{}",
-            json!({
-                "method": args.method.to_string(), "type": args.sparsity_type.to_string(),
-                "sparsity_target": args.sparsity, "sparsity": outcome.prune.sparsity(),
-                "prune_seconds": outcome.prune.seconds, "wall_seconds": summary.wall_s,
-                "rss_peak": summary.rss_peak, "heap_peak": summary.heap_peak,
-                "perplexity": outcome.perplexity.as_ref().map(|p| p.perplexity),
-                "eval_windows": outcome.perplexity.as_ref().map(|p| p.windows),
-                "nsamples": args.nsamples, "resident": args.resident, "layer_sparsity": layer_sparsity,
-                "fp32_model_bytes": fp32_bytes,
-                "peak_over_fp32_model": summary.rss_peak.map(|p| p as f64 / fp32_bytes.max(1) as f64),
-            })
+            "perplexity {:.4} ({} windows × {} tokens)",
+            ppl.perplexity, ppl.windows, ppl.seqlen
         );
-    } else {
-        print!("{}", sparsity_lines(&outcome.prune));
-        if let Some(ppl) = &outcome.perplexity {
-            println!(
-                "perplexity {:.4} ({} windows × {} tokens)",
-                ppl.perplexity, ppl.windows, ppl.seqlen
-            );
-        }
-        if let Some(dir) = &saved {
-            println!("pruned model saved to {}", dir.display());
-        }
-        if let Some(l) = &final_logs {
-            println!("memory logs in {}", l.display());
-        }
     }
-    for e in errors {
-        eprintln!("warning: {e}");
+    if let Some(dir) = &o.saved {
+        println!("pruned model saved to {}", dir.display());
     }
-    Ok(PruneReport {
-        sparsity: outcome.prune.sparsity(),
-        perplexity: outcome.perplexity.as_ref().map(|p| p.perplexity),
-    })
-}
-
-/// Windows per forward pass: `--batch-size`, or the method's default.
-pub fn batch_size(args: &PruneArgs) -> usize {
-    args.batch_size
-        .unwrap_or(if args.method == Method::GradProbe {
-            1
-        } else {
-            8
-        })
-}
-
-pub(super) struct Outcome {
-    pub prune: PruneOutcome,
-    pub perplexity: Option<eval::Perplexity>,
-}
-
-fn prune_and_eval(
-    args: &PruneArgs,
-    seqlen: usize,
-    ckpt: &Checkpoint,
-    tok: &Tokenizer,
-    mut writer: Option<&mut PrunedWriter>,
-    p: &Profiler,
-    run: &mut Run,
-) -> CliResult<Outcome> {
-    let device = Default::default();
-    let (calib, calib_bytes) = calibration(args, tok, seqlen)?;
-    let mut text_bytes = calib_bytes;
-    // Only the windows are kept: the tokenised text is dropped here.
-    let eval_wins = match &args.eval_text {
-        Some(path) => {
-            let (tokens, bytes) = common::tokenize_counting(tok, path, args.eval_lines)?;
-            text_bytes = text_bytes.max(bytes);
-            Some(eval_windows(&tokens, seqlen, args.eval_windows)?)
-        }
-        None => None,
-    };
-    let mut model = if args.resident {
-        Some(ckpt.load_model::<Flex>(args.dtype, &device)?)
-    } else {
-        None
-    };
-    p.checkpoint("02_model_loaded");
-    let config = PruneConfig {
-        method: args.method,
-        sparsity: args.sparsity,
-        pattern: args.sparsity_type,
-        use_variant: args.use_variant,
-        seqlen,
-        batch_size: batch_size(args),
-        dtype: args.dtype,
-        percdamp: args.percdamp,
-        blocksize: args.blocksize,
-    };
-    // Streaming evaluation reads the pruned weights back from disk: from the
-    // save folder, or from a scratch copy when nothing is saved.
-    let mut scratch: Option<(tempfile::TempDir, PrunedWriter)> = None;
-    if eval_wins.is_some() && model.is_none() && writer.is_none() {
-        let dir = tempfile::Builder::new()
-            .prefix("prunemem-pruned-")
-            .tempdir()?;
-        let w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
-        p.message(
-            Level::Info,
-            format!(
-                "evaluation streams the pruned layers from {}",
-                dir.path().display()
-            ),
-        );
-        scratch = Some((dir, w));
+    if let Some(l) = &o.logs {
+        println!("memory logs in {}", l.display());
     }
-    let source = match model.as_mut() {
-        Some(m) => Source::Resident(m),
-        None => Source::Streamed,
-    };
-    let target = match (&mut writer, &mut scratch) {
-        (Some(w), _) => Some(&mut **w),
-        (None, Some((_, w))) => Some(w),
-        _ => None,
-    };
-    let prune = engine::prune::<Flex>(ckpt, source, &config, &calib, target, &device, p)?;
-    run.result("sparsity", prune.sparsity());
-    run.result("text_bytes", text_bytes);
-    run.result("prune_seconds", prune.seconds);
-    run.result(
-        "layer_seconds",
-        prune.layers.iter().map(|l| l.seconds).collect::<Vec<_>>(),
-    );
-    run.result(
-        "layer_sparsity",
-        prune
-            .layers
-            .iter()
-            .map(|l| l.sparsity())
-            .collect::<Vec<_>>(),
-    );
-    let mut perplexity = None;
-    if let Some(windows) = &eval_wins {
-        let options = EvalOptions {
-            batch_size: batch_size(args),
-            dtype: args.dtype,
-        };
-        // Streaming: the pruned layers are on disk; complete that folder.
-        let pruned = match (&model, &mut writer, &mut scratch) {
-            (Some(_), _, _) => None,
-            (None, Some(w), _) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
-            (None, None, Some((_, w))) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
-            (None, None, None) => {
-                return Err("internal: pruned weights were not kept for evaluation".into());
-            }
-        };
-        p.checkpoint("05_before_eval");
-        let result = {
-            let _scope = p.scope("eval");
-            let weights = match (&model, &pruned) {
-                (Some(m), _) => Weights::Resident(m, &ckpt.config),
-                (None, Some(c)) => Weights::Streamed(c),
-                (None, None) => return Err("internal: nothing to evaluate".into()),
-            };
-            eval::perplexity::<Flex>(weights, windows, &options, &device, Some(p))?
-        };
-        p.checkpoint("06_after_eval");
-        run.result("perplexity", result.perplexity);
-        run.result("eval_windows", result.windows);
-        run.result("eval_seconds", result.seconds);
-        perplexity = Some(result);
-    }
-    drop(model);
-    drop(scratch);
-    Ok(Outcome { prune, perplexity })
 }

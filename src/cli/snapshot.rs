@@ -3,16 +3,14 @@
 //! logged in prunemem's formats.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use clap::Args;
 use serde_json::json;
 
 use super::CliResult;
-use crate::events::{HostInfo, RunPlan, RunStatus};
+use super::common::job_error;
+use crate::jobs::{self, snapshot::SnapshotJob};
 use crate::memory::{MemorySnapshot, gpu};
-use crate::profiler::ProfilerConfig;
-use crate::run::{Run, RunOptions};
 use crate::units::{format_bytes, format_opt_bytes};
 
 #[derive(Args, Debug)]
@@ -42,44 +40,22 @@ fn positive_secs(s: &str) -> Result<f64, String> {
 }
 
 pub fn run(args: SnapshotArgs, argv: Vec<String>) -> CliResult<i32> {
-    let plan = RunPlan {
-        command: "snapshot".into(),
-        argv,
-        host: HostInfo::current(),
-        ..Default::default()
-    };
-    let options = RunOptions {
+    let job = SnapshotJob {
+        every: args.every,
+        count: args.count,
         log_dir: args.log_memory.clone(),
-        console_summary: false,
-        profiler: ProfilerConfig {
-            sampler_hz: None,
-            gpu_index: Some(args.gpu),
-            ..Default::default()
-        },
-        ..Default::default()
+        gpu: args.gpu,
+        argv,
     };
-    let run = Run::start(plan, options)?;
-    let total = if args.every.is_some() {
-        args.count
-    } else {
-        Some(1)
-    };
-    let mut taken = 0u64;
     let gpu_name = gpu::read(args.gpu).and_then(|g| g.name);
-    loop {
-        taken += 1;
-        let snap = run.profiler.checkpoint(&format!("snapshot_{taken:04}"));
+    let errors = jobs::snapshot::run(&job, &mut |snap| {
         if args.json {
-            println!("{}", to_json(&snap, gpu_name.as_deref()));
+            println!("{}", to_json(snap, gpu_name.as_deref()));
         } else {
-            print!("{}", render_text(&snap, gpu_name.as_deref()));
+            print!("{}", render_text(snap, gpu_name.as_deref()));
         }
-        if total.is_some_and(|t| taken >= t) {
-            break;
-        }
-        std::thread::sleep(Duration::from_secs_f64(args.every.unwrap_or(1.0)));
-    }
-    let (_summary, errors) = run.finish(RunStatus::Ok);
+    })
+    .map_err(job_error)?;
     if let Some(e) = errors.first() {
         return Err(e.clone().into());
     }

@@ -10,9 +10,9 @@ use std::sync::{Arc, Mutex};
 use clap::Args;
 
 use super::CliResult;
-use super::common::{UiMode, resolve_ui as ui_mode};
+use super::common::{Role, UiMode, for_ui, resolve_ui as ui_mode};
 use crate::events::{Emitter, Event};
-use crate::sinks::{self, SummarySink, progress::ProgressSink};
+use crate::sinks;
 use crate::watch::{self, WatchOptions};
 
 #[derive(Args, Debug)]
@@ -60,51 +60,19 @@ struct Outputs {
 }
 
 impl Outputs {
-    fn new(mode: UiMode, owner_abort: Option<Abort>, log_dir: Option<&PathBuf>) -> CliResult<Self> {
+    fn new(mode: UiMode, role: Role, log_dir: Option<&PathBuf>) -> CliResult<Self> {
         let emitter = Arc::new(Emitter::new());
         if let Some(dir) = log_dir {
             sinks::attach_log_dir(&emitter, dir)?;
         }
-        #[cfg(feature = "tui")]
-        let mut tui = None;
-        match mode {
-            UiMode::Tui => {
-                #[cfg(feature = "tui")]
-                {
-                    let view = match owner_abort {
-                        Some(abort) => {
-                            crate::tui::TuiSink::start(crate::tui::Mode::Owner, abort, false)?
-                        }
-                        None => crate::tui::TuiSink::start(
-                            crate::tui::Mode::Viewer,
-                            Box::new(|| {}),
-                            false,
-                        )?,
-                    };
-                    tui = Some(view.handle());
-                    emitter.add(Box::new(view));
-                }
-                #[cfg(not(feature = "tui"))]
-                {
-                    let _ = owner_abort;
-                    return Err(
-                        "this prunemem was built without the tui feature; use --ui plain".into(),
-                    );
-                }
-            }
-            UiMode::Plain => {
-                let _ = owner_abort;
-                emitter.add(Box::new(ProgressSink::new(Box::new(std::io::stderr()))));
-                emitter.add(Box::new(SummarySink::new(Box::new(std::io::stdout()))));
-            }
-            UiMode::None => {
-                let _ = owner_abort;
-            }
+        let ui = for_ui(mode, role)?;
+        for sink in ui.sinks {
+            emitter.add(sink);
         }
         Ok(Self {
             emitter,
             #[cfg(feature = "tui")]
-            tui,
+            tui: ui.tui,
         })
     }
 
@@ -144,7 +112,7 @@ fn poll_stop(out: &Outputs, flag: &AtomicBool) {
 pub fn watch(args: WatchArgs) -> CliResult<i32> {
     let mode = ui_mode(args.ui);
     if let Some(dir) = &args.log {
-        let out = Outputs::new(mode, None, None)?;
+        let out = Outputs::new(mode, Role::View, None)?;
         let stop = AtomicBool::new(false);
         let result = watch::follow(
             dir,
@@ -169,7 +137,11 @@ pub fn watch(args: WatchArgs) -> CliResult<i32> {
     let abort_flag = stop.clone();
     let abort: Abort =
         Box::new(move || abort_flag.store(true, std::sync::atomic::Ordering::SeqCst));
-    let out = Arc::new(Outputs::new(mode, Some(abort), args.log_memory.as_ref())?);
+    let out = Arc::new(Outputs::new(
+        mode,
+        Role::Watch(abort),
+        args.log_memory.as_ref(),
+    )?);
     let sink_out = out.clone();
     let emit: watch::Emit = Arc::new(Mutex::new(move |e: Event| sink_out.emit(e)));
     let options = WatchOptions {
@@ -187,7 +159,7 @@ pub fn watch(args: WatchArgs) -> CliResult<i32> {
 
 pub fn replay(args: ReplayArgs) -> CliResult<i32> {
     let events = watch::read_all(&args.dir)?;
-    let out = Outputs::new(ui_mode(args.ui), None, None)?;
+    let out = Outputs::new(ui_mode(args.ui), Role::View, None)?;
     let stop = AtomicBool::new(false);
     let result = watch::replay(
         &events,

@@ -77,6 +77,19 @@ impl std::str::FromStr for LineRange {
     }
 }
 
+impl std::fmt::Display for LineRange {
+    /// The spelling [`LineRange::from_str`] reads back.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            LineRange::All => f.write_str("all"),
+            LineRange::FirstHalf => f.write_str("first-half"),
+            LineRange::SecondHalf => f.write_str("second-half"),
+            LineRange::Span(a, usize::MAX) => write!(f, "{a}:"),
+            LineRange::Span(a, b) => write!(f, "{a}:{b}"),
+        }
+    }
+}
+
 /// Splits text into lines that keep their terminator (`\n`, so CRLF files
 /// keep `\r\n`): concatenating the lines gives back the text byte for byte.
 pub fn lines(text: &str) -> Vec<&str> {

@@ -4,88 +4,25 @@
 //! the profiler measured in that phase.
 //!
 //! A phase spans two stage snapshots (`03_before_pruning` →
-//! `04_after_pruning`). Its measured peak is the highest of: the RSS of every
-//! sample and snapshot inside it, and the run's peak RSS at its end when that
-//! rose during the phase (so the kernel's high-water mark counts even between
-//! samples).
+//! `04_after_pruning`). Its measured peak is the shared fold's peak between
+//! them ([`RunFold::peak_between`]): every snapshot inside the phase, and the
+//! kernel's high-water mark when it rose during it.
 
 use std::path::Path;
 
 use serde::Serialize;
 
 use super::{Arch, Device, Engine, Estimate, EstimateError, Task, Workload, estimate};
-use crate::events::{Event, RunPlan};
+use crate::events::fold::RunFold;
+use crate::events::{Event, RunPlan, logdir};
 use crate::model::ComputeDtype;
 
 /// Reads every event of a log folder's `events.jsonl` (a torn last line is
 /// skipped).
 pub fn read_events(dir: &Path) -> Result<Vec<Event>, EstimateError> {
-    let path = dir.join(crate::sinks::JSONL_FILE);
-    let text = std::fs::read_to_string(&path)
-        .map_err(|e| EstimateError::Invalid(format!("{}: {e}", path.display())))?;
-    crate::events::parse_log(&text)
+    logdir::read_events(dir)
         .map(|log| log.events)
-        .map_err(|e| EstimateError::Invalid(format!("{}: {e}", path.display())))
-}
-
-/// The measured peak live heap between two stages of a run (exact: the
-/// counting allocator's peak, from snapshots, samples and scope reports).
-pub fn measured_heap_peak(events: &[Event], from: &str, to: &str) -> Option<u64> {
-    let stage_at = |label: &str| {
-        events.iter().find_map(|e| match e {
-            Event::Stage { snapshot } if snapshot.label == label => Some(snapshot),
-            _ => None,
-        })
-    };
-    let (a, b) = (stage_at(from)?, stage_at(to)?);
-    let mut peak = a.heap_allocated?.max(b.heap_allocated?);
-    if let (Some(pa), Some(pb)) = (a.heap_peak, b.heap_peak)
-        && pb > pa
-    {
-        peak = peak.max(pb);
-    }
-    for e in events {
-        match e {
-            Event::Sample { snapshot }
-                if snapshot.elapsed_s > a.elapsed_s && snapshot.elapsed_s <= b.elapsed_s =>
-            {
-                peak = peak.max(snapshot.heap_allocated.unwrap_or(0));
-            }
-            Event::ScopeEnd { report }
-                if report.elapsed_s >= a.elapsed_s && report.elapsed_s <= b.elapsed_s =>
-            {
-                peak = peak.max(report.peak_heap.unwrap_or(0));
-            }
-            _ => {}
-        }
-    }
-    Some(peak)
-}
-
-/// The measured peak RSS between two stages of a run.
-pub fn measured_peak(events: &[Event], from: &str, to: &str) -> Option<u64> {
-    let stage_at = |label: &str| {
-        events.iter().find_map(|e| match e {
-            Event::Stage { snapshot } if snapshot.label == label => Some(snapshot),
-            _ => None,
-        })
-    };
-    let (a, b) = (stage_at(from)?, stage_at(to)?);
-    let mut peak = a.rss.unwrap_or(0).max(b.rss.unwrap_or(0));
-    if let (Some(pa), Some(pb)) = (a.rss_peak, b.rss_peak)
-        && pb > pa
-    {
-        peak = peak.max(pb);
-    }
-    for e in events {
-        if let Event::Sample { snapshot } = e
-            && snapshot.elapsed_s > a.elapsed_s
-            && snapshot.elapsed_s <= b.elapsed_s
-        {
-            peak = peak.max(snapshot.rss.unwrap_or(0));
-        }
-    }
-    Some(peak)
+        .map_err(|e| EstimateError::Invalid(e.to_string()))
 }
 
 /// The workload a run's plan describes.
@@ -165,19 +102,13 @@ fn check(phase: &str, predicted: u64, measured: Option<u64>) -> PhaseCheck {
 
 /// Estimates a finished run and compares.
 pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
-    let plan = events
-        .iter()
-        .find_map(|e| match e {
-            Event::RunStarted { plan } => Some(plan.clone()),
-            _ => None,
-        })
+    let run = RunFold::of(events);
+    let plan = run
+        .plan
+        .as_ref()
         .ok_or_else(|| EstimateError::Invalid("the log has no run_started event".into()))?;
-    let (arch, mut workload) = workload_of(&plan)?;
-    let summary = events.iter().find_map(|e| match e {
-        Event::RunFinished { summary } => Some(summary.clone()),
-        _ => None,
-    });
-    if let Some(s) = &summary {
+    let (arch, mut workload) = workload_of(plan)?;
+    if let Some(s) = &run.summary {
         if let Some(n) = s.results.get("eval_windows").and_then(|v| v.as_u64()) {
             workload.eval_windows = n;
         }
@@ -191,13 +122,13 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         .iter()
         .map(|p| {
             let measured = match (p.stages.first(), p.stages.last()) {
-                (Some(a), Some(b)) => measured_peak(events, a, b),
+                (Some(a), Some(b)) => run.peak_between(a, b),
                 _ => None,
             };
             check(&p.name, p.total(), measured)
         })
         .collect();
-    let measured_peak = summary.and_then(|s| s.rss_peak);
+    let measured_peak = run.summary.as_ref().and_then(|s| s.rss_peak);
     let peak = check("peak", est.peak(), measured_peak);
     Ok(Comparison {
         estimate: est,

@@ -5,16 +5,16 @@
 //! [`Workload`] (method, sizes, dtype, device, engine) go in; an [`Estimate`]
 //! comes out: phases with byte-level components, the peak and where it
 //! happens. prunemem's own engine follows formulas calibrated on measured
-//! runs (`prunemem_engine`); the reference Python scripts follow their code's
+//! runs (`prunemem`); the reference Python scripts follow their code's
 //! allocations (`reference`); inference and training use the standard
 //! accounting (`training`).
 
 pub mod against;
 pub mod catalog;
 pub mod fit;
-pub mod grid;
 pub mod presets;
-pub mod prunemem_engine;
+pub mod projection;
+pub mod prunemem;
 pub mod reference;
 pub mod training;
 
@@ -304,7 +304,7 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
     let mut notes = Vec::new();
     let phases = match (w.task, w.engine) {
         (Task::Inference | Task::Train, _) => training::phases(arch, w),
-        (_, Engine::Prunemem) => prunemem_engine::phases(arch, w, &mut notes),
+        (_, Engine::Prunemem) => prunemem::phases(arch, w, &mut notes),
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
     };
     Ok(Estimate {

@@ -4,6 +4,7 @@
 //! model resident; the lines each term models are named beside it.
 
 use super::{Arch, Device, Phase, Task, Workload};
+use crate::events::stages;
 
 /// PyTorch + transformers process footprint on CPU before the model loads
 /// (measured: `run_reference.py` on this machine, RSS after imports and
@@ -67,12 +68,12 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         _ => (0, big * (c + c + 8 + 1)),
     };
     let mut out = vec![
-        Phase::new("load", &["01_start", "02_model_loaded"])
+        Phase::new("load", &[stages::START, stages::MODEL_LOADED])
             .add(rt_name, rt)
             .add("weights", weights),
     ];
     out.push(
-        Phase::new("prune", &["03_before_pruning", "04_after_pruning"])
+        Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
             .add(rt_name, rt)
             .add("weights", weights)
             .add("calibration buffers (inps, outs)", buffers)
@@ -92,7 +93,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         // the loss's float32 log-softmax.
         let logits = w.seqlen * a.vocab * (2 * c + 4);
         out.push(
-            Phase::new("eval", &["05_before_eval", "06_after_eval"])
+            Phase::new("eval", &[stages::BEFORE_EVAL, stages::AFTER_EVAL])
                 .add(rt_name, rt)
                 .add("weights", weights)
                 .add("activations", layer_activations(a, w, 1))
@@ -121,15 +122,12 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
         + b * a.heads * w.seqlen * w.seqlen * 4;
     let activations = a.layers * per_layer + 3 * b * w.seqlen * a.vocab * 4;
     vec![
-        Phase::new("load", &["00_initial", "01_model_loaded"])
+        Phase::new("load", &[stages::GP_INITIAL, stages::GP_MODEL_LOADED])
             .add(rt_name, rt)
             .add("weights", p * 4),
         Phase::new(
             "original gradients",
-            &[
-                "04_saved_tentative_values",
-                "08_original_gradients_computed",
-            ],
+            &[stages::GP_SAVED_TENTATIVE, stages::GP_ORIGINAL_GRADIENTS],
         )
         .add(rt_name, rt)
         .add("weights", p * 4)
@@ -139,7 +137,7 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
         .add("activations", activations),
         Phase::new(
             "modified gradients",
-            &["10_weights_reduced", "14_modified_gradients_computed"],
+            &[stages::GP_WEIGHTS_REDUCED, stages::GP_MODIFIED_GRADIENTS],
         )
         .add(rt_name, rt)
         .add("weights", p * 4)
@@ -151,7 +149,7 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
         .add("activations", activations),
         Phase::new(
             "decide",
-            &["14_modified_gradients_computed", "16_final_pruning_applied"],
+            &[stages::GP_MODIFIED_GRADIENTS, stages::GP_PRUNING_APPLIED],
         )
         .add(rt_name, rt)
         .add("weights", p * 4)
@@ -205,7 +203,7 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
     vec![
         Phase::new(
             "head of the modified pass",
-            &["10_weights_reduced", "14_modified_gradients_computed"],
+            &[stages::GP_WEIGHTS_REDUCED, stages::GP_MODIFIED_GRADIENTS],
         )
         .add("runtime", rt)
         .add("head weight (f32)", head)
@@ -216,7 +214,7 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
         .add("embedding maxima (f32)", embed_max),
         Phase::new(
             "end of the modified pass",
-            &["14_modified_gradients_computed", "15_final_masks_computed"],
+            &[stages::GP_MODIFIED_GRADIENTS, stages::GP_FINAL_MASKS],
         )
         .add("runtime", rt)
         .add("weights (one layer)", layer)

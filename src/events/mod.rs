@@ -6,7 +6,10 @@
 //! sinks listen, and no sink calls into an engine — the same shape as
 //! ripgrep's `Sink`.
 
+pub mod fold;
+pub mod logdir;
 pub mod plan;
+pub mod stages;
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
@@ -53,7 +56,7 @@ pub enum Event {
     /// settings, device).
     RunStarted { plan: RunPlan },
     /// A named stage snapshot (`01_start`, `layer_07_pruned`...), taken by
-    /// `Profiler::checkpoint`.
+    /// `Profiler::stage`.
     Stage { snapshot: MemorySnapshot },
     /// A periodic reading from the background sampler; catches peaks
     /// between stages. Sinks may merge or drop samples, never stages.

@@ -513,7 +513,7 @@ impl<B: Backend> Llama<B> {
     }
 
     /// Logits `[batch, seq, vocab]`. Fine for short inputs; perplexity uses
-    /// chunked logits instead (see `crate::eval`).
+    /// chunked logits instead (see `crate::model::perplexity`).
     pub fn logits(&self, tokens: Tensor<B, 2, Int>, rope: &Rope<B>) -> Tensor<B, 3> {
         let h = self.hidden(tokens, rope);
         let [b, s, d] = h.dims();

@@ -1,5 +1,6 @@
 //! Models: configuration, the Burn Llama, checkpoints on disk (safetensors,
-//! sharded, GGUF), tokenizers, and writing models back out.
+//! sharded, GGUF), tokenizers, writing models back out, perplexity (the
+//! evaluation engine) and the demo's tiny trained model.
 
 pub mod checkpoint;
 pub mod config;
@@ -9,8 +10,10 @@ pub mod dtype;
 pub mod gguf;
 pub mod hub;
 pub mod llama;
+pub mod perplexity;
 pub mod save;
 pub mod synthetic;
+pub mod tiny;
 pub mod tokenizer;
 
 use std::path::Path;

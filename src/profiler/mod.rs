@@ -138,7 +138,7 @@ impl Profiler {
     }
 
     /// Takes a named stage snapshot and emits it.
-    pub fn checkpoint(&self, label: &str) -> MemorySnapshot {
+    pub fn stage(&self, label: &str) -> MemorySnapshot {
         let snapshot = self.snapshot(label);
         self.inner.emitter.emit(Event::Stage {
             snapshot: snapshot.clone(),

@@ -18,7 +18,7 @@ pub trait PeakSource: Send + Sync {
     fn peak(&self) -> Option<u64>;
     /// Starts a new window at the current value.
     fn reset(&self);
-    /// Feeds a reading taken elsewhere (sampler, checkpoint); sources with
+    /// Feeds a reading taken elsewhere (sampler, stage); sources with
     /// exact peaks ignore it.
     fn observe(&self, _value: Option<u64>) {}
 }

@@ -8,7 +8,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use super::Inner;
-use crate::events::Event;
+use crate::events::{Event, stages};
 
 pub(crate) struct Sampler {
     stop: Sender<()>,
@@ -22,7 +22,7 @@ impl Sampler {
             .name("prunemem-sampler".into())
             .spawn(move || {
                 while let Err(RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
-                    let snapshot = inner.read("sample", false);
+                    let snapshot = inner.read(stages::SAMPLE, false);
                     inner.emitter.emit(Event::Sample { snapshot });
                 }
             })

@@ -9,8 +9,9 @@
 //! layer's inputs (in place: no second `outs` buffer), write the pruned
 //! tensors out, and drop it. Embeddings and the LM head are never pruned.
 //!
-//! Stage snapshots: `03_before_pruning`, per layer `layer_NN_stats` and
-//! `layer_NN_pruned` inside a `layer_NN` scope, `04_after_pruning`.
+//! Stage snapshots ([`stages`]): `03_before_pruning`, per layer
+//! `layer_NN_stats` and `layer_NN_pruned` inside a `layer_NN` scope,
+//! `04_after_pruning`.
 
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -21,9 +22,10 @@ use burn::prelude::*;
 use super::methods::{apply_mask, magnitude_mask, wanda_mask, wanda_metric};
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::stats::{LayerStats, Stat, StatKind};
-use super::{Method, Pattern, PruneError};
-use crate::eval::token_tensor;
+use super::{LayerMethod, Pattern, PruneError};
+use crate::events::stages;
 use crate::model::llama::{DecoderLayer, LinearInput};
+use crate::model::perplexity::token_tensor;
 use crate::model::save::PrunedWriter;
 use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
 use crate::profiler::Profiler;
@@ -31,7 +33,7 @@ use crate::profiler::Profiler;
 /// How to prune.
 #[derive(Debug, Clone)]
 pub struct PruneConfig {
-    pub method: Method,
+    pub method: LayerMethod,
     pub sparsity: f64,
     pub pattern: Pattern,
     pub use_variant: bool,
@@ -101,12 +103,11 @@ pub enum Source<'a, B: Backend> {
     Resident(&'a mut Llama<B>),
 }
 
-fn stat_kind(method: Method) -> Option<StatKind> {
+fn stat_kind(method: LayerMethod) -> Option<StatKind> {
     match method {
-        Method::Magnitude => None,
-        Method::Wanda => Some(StatKind::ColumnNorms),
-        Method::SparseGpt => Some(StatKind::Hessian),
-        Method::GradProbe => None,
+        LayerMethod::Magnitude => None,
+        LayerMethod::Wanda => Some(StatKind::ColumnNorms),
+        LayerMethod::SparseGpt => Some(StatKind::Hessian),
     }
 }
 
@@ -145,11 +146,6 @@ pub fn prune<B: Backend>(
     device: &B::Device,
     profiler: &Profiler,
 ) -> Result<PruneOutcome, PruneError> {
-    if config.method == Method::GradProbe {
-        return Err(PruneError::Invalid(
-            "GradProbe runs through prune::gradprobe, not the sequential engine".into(),
-        ));
-    }
     let start = Instant::now();
     let c = &ckpt.config;
     let kind = stat_kind(config.method);
@@ -172,15 +168,15 @@ pub fn prune<B: Backend>(
     if let Source::Resident(_) = source {
         components.insert("weights".to_string(), c.param_count() * config.dtype.size());
     }
-    profiler.components("03_before_pruning", components.clone());
-    profiler.checkpoint("03_before_pruning");
+    profiler.components(stages::BEFORE_PRUNING, components.clone());
+    profiler.stage(stages::BEFORE_PRUNING);
 
     let streamed = matches!(source, Source::Streamed);
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         let layer_start = Instant::now();
         crate::memory::alloc::trim();
-        let _scope = profiler.scope(&format!("layer_{i:02}"));
+        let _scope = profiler.scope(&stages::layer(i));
         let mut owned;
         let layer: &mut DecoderLayer<B> = match &mut source {
             Source::Resident(m) => &mut m.model.layers[i],
@@ -206,8 +202,8 @@ pub fn prune<B: Backend>(
         if let Some(s) = &stats {
             comp.insert("statistics".to_string(), s.bytes());
         }
-        profiler.components(&format!("layer_{i:02}_stats"), comp);
-        profiler.checkpoint(&format!("layer_{i:02}_stats"));
+        profiler.components(&stages::layer_stats(i), comp);
+        profiler.stage(&stages::layer_stats(i));
 
         let mut linears = Vec::with_capacity(7);
         for input in [
@@ -234,7 +230,7 @@ pub fn prune<B: Backend>(
         }
         drop(stats);
         crate::memory::alloc::trim();
-        profiler.checkpoint(&format!("layer_{i:02}_pruned"));
+        profiler.stage(&stages::layer_pruned(i));
 
         if kind.is_some() && i + 1 < c.num_layers {
             for x in inps.iter_mut() {
@@ -252,7 +248,7 @@ pub fn prune<B: Backend>(
         profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
     }
     drop(inps);
-    profiler.checkpoint("04_after_pruning");
+    profiler.stage(stages::AFTER_PRUNING);
     Ok(PruneOutcome {
         layers,
         seconds: start.elapsed().as_secs_f64(),
@@ -304,11 +300,11 @@ fn prune_linear<B: Backend>(
     let (mut w, out, inp) = weight_out_in(layer, name);
     let (mut alpha, mut error) = (None, None);
     match (config.method, stat) {
-        (Method::Magnitude, _) => {
+        (LayerMethod::Magnitude, _) => {
             let mask = magnitude_mask(&w, inp, config.sparsity, config.pattern);
             apply_mask(&mut w, &mask);
         }
-        (Method::Wanda, Some(Stat::Norms(scaler_row))) => {
+        (LayerMethod::Wanda, Some(Stat::Norms(scaler_row))) => {
             let metric = wanda_metric(&w, inp, scaler_row);
             let (mask, a) = wanda_mask(
                 &metric,
@@ -320,7 +316,7 @@ fn prune_linear<B: Backend>(
             apply_mask(&mut w, &mask);
             alpha = a;
         }
-        (Method::SparseGpt, Some(Stat::Hessian(h))) => {
+        (LayerMethod::SparseGpt, Some(Stat::Hessian(h))) => {
             let options = SparseGptOptions {
                 sparsity: config.sparsity,
                 pattern: config.pattern,

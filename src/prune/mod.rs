@@ -53,6 +53,30 @@ impl fmt::Display for Method {
     }
 }
 
+/// The methods the layer-by-layer engine ([`engine`]) runs: everything but
+/// GradProbe, which has its own gradient pass ([`gradprobe`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerMethod {
+    Magnitude,
+    Wanda,
+    SparseGpt,
+}
+
+impl TryFrom<Method> for LayerMethod {
+    type Error = PruneError;
+    fn try_from(m: Method) -> Result<Self, PruneError> {
+        match m {
+            Method::Magnitude => Ok(LayerMethod::Magnitude),
+            Method::Wanda => Ok(LayerMethod::Wanda),
+            Method::SparseGpt => Ok(LayerMethod::SparseGpt),
+            Method::GradProbe => Err(PruneError::Invalid(
+                "GradProbe runs through prune::gradprobe, not the layer-by-layer engine".into(),
+            )),
+        }
+    }
+}
+
 /// Unstructured, or N zeros in every group of M consecutive inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 pub enum Pattern {
@@ -95,7 +119,7 @@ pub enum PruneError {
     Data(#[from] DataError),
     #[error(
         "SparseGPT: the Hessian of {name} is not positive definite (pivot {index} is {value:.3e}); \
-         raise --percdamp or use more calibration samples"
+         raise the dampening (percdamp) or use more calibration samples"
     )]
     NotPositiveDefinite {
         name: String,
@@ -104,58 +128,18 @@ pub enum PruneError {
     },
 }
 
-/// Checks a sparsity and pattern the way users expect.
-pub fn validate(
-    method: Method,
-    sparsity: f64,
-    pattern: Pattern,
-    nsamples: usize,
-) -> Result<(), PruneError> {
-    if !(0.0..1.0).contains(&sparsity) || sparsity.is_nan() {
-        return Err(PruneError::Invalid(format!(
-            "--sparsity must be in [0, 1), got {sparsity}"
-        )));
-    }
-    if method == Method::GradProbe && pattern != Pattern::Unstructured {
-        return Err(PruneError::Invalid(
-            "GradProbe prunes unstructured sparsity only (--sparsity-type unstructured)".into(),
-        ));
-    }
-    if let Pattern::NM { n, m } = pattern {
-        if n == 0 || m == 0 || n >= m {
-            return Err(PruneError::Invalid(format!(
-                "N:M sparsity needs 0 < N < M, got {n}:{m}"
-            )));
-        }
-        let want = n as f64 / m as f64;
-        if (sparsity - want).abs() > 1e-9 {
-            return Err(PruneError::Invalid(format!(
-                "{n}:{m} sparsity prunes exactly {want} of the weights; --sparsity must be {want}, got {sparsity}"
-            )));
-        }
-    }
-    if matches!(method, Method::Wanda | Method::SparseGpt) && nsamples == 0 {
-        return Err(PruneError::Invalid("--nsamples must be at least 1".into()));
-    }
-    Ok(())
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[test]
-    fn validation() {
-        let u = Pattern::Unstructured;
-        assert!(validate(Method::Wanda, 0.5, u, 128).is_ok());
-        assert!(validate(Method::Wanda, 1.0, u, 128).is_err());
-        assert!(validate(Method::Wanda, -0.1, u, 128).is_err());
-        assert!(validate(Method::Wanda, 0.5, u, 0).is_err());
-        assert!(validate(Method::Magnitude, 0.5, u, 0).is_ok());
-        assert!(validate(Method::Wanda, 0.5, "2:4".parse().unwrap(), 8).is_ok());
-        assert!(validate(Method::Wanda, 0.6, "2:4".parse().unwrap(), 8).is_err());
-        assert!(validate(Method::Wanda, 0.5, "4:4".parse().unwrap(), 8).is_err());
+    fn patterns_and_methods_parse() {
         assert!("2-4".parse::<Pattern>().is_err());
         assert_eq!("4:8".parse::<Pattern>().unwrap().to_string(), "4:8");
+        assert_eq!(
+            LayerMethod::try_from(Method::Wanda).unwrap(),
+            LayerMethod::Wanda
+        );
+        assert!(LayerMethod::try_from(Method::GradProbe).is_err());
     }
 }

@@ -3,6 +3,7 @@
 //! uses the DejaVu Sans font shipped in `assets/fonts` (no system fonts).
 //! Axes are in binary units (MiB or GiB, picked from the data).
 
+use crate::events::stages;
 use std::path::Path;
 use std::sync::Once;
 
@@ -110,11 +111,7 @@ where
         .draw()
         .map_err(err)?;
     if let Some(first) = runs.first() {
-        for s in first
-            .stages
-            .iter()
-            .filter(|s| !s.label.starts_with("layer_"))
-        {
+        for s in first.stages.iter().filter(|s| !stages::is_layer(s.label())) {
             let x = s.point.t;
             chart
                 .draw_series(LineSeries::new(
@@ -202,7 +199,7 @@ where
     let mut folded: Option<u64> = None;
     for s in &run.stages {
         folded = folded.max(s.peak);
-        if !s.label.starts_with("layer_") {
+        if !stages::is_layer(s.label()) {
             let mut shown = s.clone();
             shown.peak = folded;
             stages.push(shown);
@@ -224,7 +221,7 @@ where
         .y_label_area_size(70)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..max as f64 / div * 1.2)
         .map_err(err)?;
-    let labels: Vec<String> = stages.iter().map(|s| s.label.clone()).collect();
+    let labels: Vec<String> = stages.iter().map(|s| s.label().to_string()).collect();
     chart
         .configure_mesh()
         .disable_x_mesh()

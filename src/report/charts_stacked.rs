@@ -3,6 +3,7 @@
 //! the peak (measured accounting beside the estimator's prediction) and the
 //! stage-aligned overlay of several runs.
 
+use crate::events::stages;
 use plotters::prelude::*;
 
 use super::ReportError;
@@ -122,11 +123,11 @@ pub fn aligned_stages(runs: &[&RunData]) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for r in runs {
         let mut at = 0;
-        for s in r.stages.iter().filter(|s| !s.label.starts_with("layer_")) {
-            match out.iter().position(|l| *l == s.label) {
+        for s in r.stages.iter().filter(|s| !stages::is_layer(s.label())) {
+            match out.iter().position(|l| *l == s.label()) {
                 Some(p) => at = p + 1,
                 None => {
-                    out.insert(at, s.label.clone());
+                    out.insert(at, s.label().to_string());
                     at += 1;
                 }
             }
@@ -151,7 +152,7 @@ where
     let value = |r: &RunData, label: &str| {
         r.stages
             .iter()
-            .find(|s| s.label == label)
+            .find(|s| s.label() == label)
             .and_then(|s| s.point.rss.or(s.point.allocated))
     };
     let max = runs

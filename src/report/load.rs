@@ -6,31 +6,14 @@
 //! prunemem run are reported the same way. Sizes in that CSV are read as
 //! GiB (the scripts divide by 1024³).
 
-use std::collections::BTreeMap;
+use std::ops::{Deref, DerefMut};
 use std::path::Path;
 
 use super::ReportError;
-use crate::events::{Event, RunPlan, RunSummary};
-use crate::sinks::{CSV_FILE, JSONL_FILE};
-
-/// One reading in time.
-#[derive(Debug, Clone, Copy, Default, PartialEq)]
-pub struct Point {
-    pub t: f64,
-    pub rss: Option<u64>,
-    pub allocated: Option<u64>,
-    pub reserved: Option<u64>,
-    pub gpu_used: Option<u64>,
-}
-
-/// A named stage and its reading.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Stage {
-    pub label: String,
-    pub point: Point,
-    /// Highest RSS (or allocated, for a CSV) since the previous stage.
-    pub peak: Option<u64>,
-}
+use crate::events::fold::RunFold;
+pub use crate::events::fold::{Point, StageRow as Stage};
+use crate::events::logdir::{self, CSV_HEADER, LogError, LogFile};
+use crate::memory::MemorySnapshot;
 
 /// How the run was measured, for comparisons.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,47 +24,33 @@ pub enum Scope {
     Checkpoints,
 }
 
+/// A loaded run: the events folded the way every reader folds them, plus
+/// where it came from and what was missing. Reads as its [`RunFold`].
 #[derive(Debug, Clone)]
 pub struct RunData {
     pub name: String,
-    pub plan: Option<RunPlan>,
-    pub summary: Option<RunSummary>,
-    pub points: Vec<Point>,
-    pub stages: Vec<Stage>,
-    /// The last component accounting the engine reported, by stage.
-    pub components: Vec<(String, BTreeMap<String, u64>)>,
+    pub fold: RunFold,
     pub scope: Scope,
     /// What was missing or skipped (a torn line, unknown columns...).
     pub notes: Vec<String>,
 }
 
-impl RunData {
-    /// The highest RSS of the run (the kernel's mark when known).
-    pub fn peak_rss(&self) -> Option<u64> {
-        let sampled = self.points.iter().filter_map(|p| p.rss).max();
-        [self.summary.as_ref().and_then(|s| s.rss_peak), sampled]
-            .into_iter()
-            .flatten()
-            .max()
+impl Deref for RunData {
+    type Target = RunFold;
+    fn deref(&self) -> &RunFold {
+        &self.fold
     }
+}
 
-    /// The highest allocated bytes of the run.
-    pub fn peak_allocated(&self) -> Option<u64> {
-        let sampled = self.points.iter().filter_map(|p| p.allocated).max();
-        [self.summary.as_ref().and_then(|s| s.heap_peak), sampled]
-            .into_iter()
-            .flatten()
-            .max()
+impl DerefMut for RunData {
+    fn deref_mut(&mut self) -> &mut RunFold {
+        &mut self.fold
     }
+}
 
-    /// The stage window (index of the stage that closes it) with the highest peak.
-    pub fn peak_stage(&self) -> Option<usize> {
-        self.stages
-            .iter()
-            .enumerate()
-            .filter_map(|(i, s)| s.peak.map(|p| (i, p)))
-            .max_by_key(|(_, p)| *p)
-            .map(|(i, _)| i)
+impl From<LogError> for ReportError {
+    fn from(e: LogError) -> Self {
+        ReportError::Invalid(e.to_string())
     }
 }
 
@@ -91,117 +60,43 @@ pub fn load(path: &Path) -> Result<RunData, ReportError> {
         .file_name()
         .map(|n| n.to_string_lossy().into_owned())
         .unwrap_or_else(|| path.display().to_string());
-    if path.is_file() {
-        return match path.extension().and_then(|e| e.to_str()) {
-            Some("csv") => from_csv(path, name),
-            _ => from_jsonl(path, name),
-        };
-    }
-    if !path.is_dir() {
-        return Err(ReportError::Invalid(format!(
-            "{}: no such run folder",
-            path.display()
-        )));
-    }
-    if path.join(JSONL_FILE).is_file() {
-        from_jsonl(&path.join(JSONL_FILE), name)
-    } else if path.join(CSV_FILE).is_file() {
-        from_csv(&path.join(CSV_FILE), name)
-    } else {
-        Err(ReportError::Invalid(format!(
-            "{}: no {JSONL_FILE} or {CSV_FILE} in this folder",
-            path.display()
-        )))
-    }
-}
-
-fn read(path: &Path) -> Result<String, ReportError> {
-    std::fs::read_to_string(path)
-        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))
-}
-
-fn point(s: &crate::memory::MemorySnapshot) -> Point {
-    Point {
-        t: s.elapsed_s,
-        rss: s.rss,
-        allocated: s.device_allocated.or(s.heap_allocated),
-        reserved: s.device_reserved,
-        gpu_used: s.gpu_used,
+    match logdir::locate(path)? {
+        LogFile::Events(file) => from_jsonl(&file, name),
+        LogFile::Csv(file) => from_csv(&file, name),
     }
 }
 
 fn from_jsonl(path: &Path, name: String) -> Result<RunData, ReportError> {
-    let text = read(path)?;
-    if text.trim().is_empty() {
-        return Err(ReportError::Invalid(format!(
-            "{}: empty log",
-            path.display()
-        )));
-    }
-    let log = crate::events::parse_log(&text)
-        .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?;
-    let mut run = RunData {
-        name,
-        plan: None,
-        summary: None,
-        points: Vec::new(),
-        stages: Vec::new(),
-        components: Vec::new(),
-        scope: Scope::Continuous,
-        notes: Vec::new(),
-    };
+    let log = logdir::read_events(path)?;
+    let mut notes = Vec::new();
     if log.torn_last_line {
-        run.notes.push(format!(
+        notes.push(format!(
             "the last line of {} is torn and was skipped",
             path.display()
         ));
     }
-    let mut window_peak: Option<u64> = None;
-    let mut last_kernel_peak: Option<u64> = None;
-    for event in log.events {
-        match event {
-            Event::RunStarted { plan } => run.plan = Some(plan),
-            Event::Sample { snapshot } | Event::Stage { snapshot } => {
-                let is_stage = snapshot.label != "sample";
-                let p = point(&snapshot);
-                // The kernel's high-water mark counts when it rose in this window.
-                let rose = snapshot
-                    .rss_peak
-                    .filter(|k| last_kernel_peak.is_some_and(|l| *k > l));
-                last_kernel_peak = last_kernel_peak.max(snapshot.rss_peak);
-                window_peak = [window_peak, p.rss, rose].into_iter().flatten().max();
-                run.points.push(p);
-                if is_stage {
-                    run.stages.push(Stage {
-                        label: snapshot.label,
-                        point: p,
-                        peak: window_peak,
-                    });
-                    window_peak = p.rss;
-                }
-            }
-            Event::Components { stage, bytes, .. } => run.components.push((stage, bytes)),
-            Event::RunFinished { summary } => run.summary = Some(summary),
-            _ => {}
-        }
+    let fold = RunFold::of(&log.events);
+    if fold.summary.is_none() {
+        notes.push("the run has no final event (still running, or killed): partial report".into());
     }
-    if run.summary.is_none() {
-        run.notes
-            .push("the run has no final event (still running, or killed): partial report".into());
-    }
-    if run.stages.is_empty() {
+    if fold.stages.is_empty() {
         return Err(ReportError::Invalid(format!(
             "{}: no stage snapshots",
             path.display()
         )));
     }
-    Ok(run)
+    Ok(RunData {
+        name,
+        fold,
+        scope: Scope::Continuous,
+        notes,
+    })
 }
 
 const GIB: f64 = (1u64 << 30) as f64;
 
 fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
-    let text = read(path)?;
+    let text = logdir::read_text(path)?;
     let mut reader = csv::ReaderBuilder::new()
         .flexible(true)
         .from_reader(text.as_bytes());
@@ -225,7 +120,7 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
             "{}: unknown columns ({}); expected {}",
             path.display(),
             headers.iter().collect::<Vec<_>>().join(", "),
-            crate::sinks::CSV_HEADER
+            CSV_HEADER
         )));
     };
     let known = [
@@ -245,11 +140,7 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
         .collect();
     let mut run = RunData {
         name,
-        plan: None,
-        summary: None,
-        points: Vec::new(),
-        stages: Vec::new(),
-        components: Vec::new(),
+        fold: RunFold::new(),
         scope: Scope::Checkpoints,
         notes: vec![
             "read from memory_log.csv: checkpoint snapshots only, no samples between them".into(),
@@ -272,20 +163,20 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
             .and_then(parse_time)
             .map(|t| t - *t0.get_or_insert(t))
             .unwrap_or(i as f64);
-        let p = Point {
-            t,
-            rss: gib(&rec, cpu),
-            allocated: gib(&rec, allocated),
-            reserved: gib(&rec, reserved),
-            gpu_used: None,
-        };
-        let peak = gib(&rec, gpu_peak).or(p.rss);
-        run.points.push(p);
-        run.stages.push(Stage {
+        let snapshot = MemorySnapshot {
             label: rec.get(label).unwrap_or("?").to_string(),
-            point: p,
-            peak,
-        });
+            elapsed_s: t,
+            rss: gib(&rec, cpu),
+            device_allocated: gib(&rec, allocated),
+            device_reserved: gib(&rec, reserved),
+            device_peak: gib(&rec, gpu_peak),
+            ..Default::default()
+        };
+        run.fold.apply(&crate::events::Event::Stage { snapshot });
+        // Checkpoints only: a row's peak is its own GPU_Peak column.
+        if let Some(row) = run.fold.stages.last_mut() {
+            row.peak = row.snapshot.device_peak.or(row.point.rss);
+        }
     }
     if run.stages.is_empty() {
         return Err(ReportError::Invalid(format!("{}: no rows", path.display())));

@@ -6,7 +6,7 @@ use std::fmt::Write;
 
 use super::breakdown::Bar;
 use super::load::RunData;
-use crate::estimate::{self, against, catalog};
+use crate::estimate::{catalog, projection};
 use crate::units::format_bytes;
 
 /// "What the peak is made of": one table row per component, one column per
@@ -51,13 +51,10 @@ pub fn gpu(s: &mut String, run: &RunData, gpu: &catalog::Gpu) {
         );
         return;
     };
-    let Ok((arch, mut w)) = against::workload_of(plan) else {
+    let usable = gpu.usable();
+    let Ok(rows) = projection::rows(plan, Some(usable)) else {
         return;
     };
-    w.device = estimate::Device::Cuda;
-    w.dtype = crate::model::ComputeDtype::F16;
-    w.stored_bytes = 2;
-    let usable = gpu.usable();
     let _ = writeln!(
         s,
         "\n## Projection to {}\n\n{} has {} usable ({} total, less {} for the CUDA context). The same method and settings in f16 with CUDA (prunemem's engine):\n",
@@ -67,31 +64,24 @@ pub fn gpu(s: &mut String, run: &RunData, gpu: &catalog::Gpu) {
         format_bytes(gpu.total()),
         format_bytes(gpu.context_mib << 20)
     );
-    let mut models = vec![(arch.name.clone(), arch)];
-    if let Ok(llama) = estimate::presets::load("llama-7b") {
-        models.push(("LLaMA 7B".into(), llama));
-    }
     let _ = writeln!(
         s,
         "| model | estimated peak | fits | longest seqlen that fits | largest batch that fits |\n|---|---|---|---|---|"
     );
-    for (name, a) in &models {
-        let Ok(e) = estimate::estimate(a, &w) else {
-            continue;
-        };
-        let fits = if e.peak() <= usable {
-            format!("yes, {} to spare", format_bytes(usable - e.peak()))
+    for row in rows {
+        let fits = if row.peak <= usable {
+            format!("yes, {} to spare", format_bytes(usable - row.peak))
         } else {
-            format!("no, {} short", format_bytes(e.peak() - usable))
+            format!("no, {} short", format_bytes(row.peak - usable))
         };
-        let limits = estimate::fit::limits(a, &w, usable).ok();
         let show = |v: Option<u64>| v.map_or("none".into(), |v| v.to_string());
         let _ = writeln!(
             s,
-            "| {name} | {} | {fits} | {} | {} |",
-            format_bytes(e.peak()),
-            show(limits.as_ref().and_then(|l| l.max_seqlen)),
-            show(limits.as_ref().and_then(|l| l.max_batch_size)),
+            "| {} | {} | {fits} | {} | {} |",
+            row.model,
+            format_bytes(row.peak),
+            show(row.limits.as_ref().and_then(|l| l.max_seqlen)),
+            show(row.limits.as_ref().and_then(|l| l.max_batch_size)),
         );
     }
 }

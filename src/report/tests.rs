@@ -8,7 +8,7 @@ fn fixture() -> std::path::PathBuf {
 fn a_recorded_run_gives_a_full_report() {
     let run = load(&fixture()).unwrap();
     assert!(run.notes.is_empty(), "{:?}", run.notes);
-    assert!(run.stages.iter().any(|s| s.label == "04_after_pruning"));
+    assert!(run.stages.iter().any(|s| s.label() == "04_after_pruning"));
     let out = tempfile::tempdir().unwrap();
     let w = write_report(&run, &fixture(), out.path(), None).unwrap();
     let md = std::fs::read_to_string(out.path().join("report.md")).unwrap();
@@ -175,14 +175,10 @@ fn stacked_and_aligned_charts_name_their_parts() {
     }
     let mut other = run.clone();
     other.name = "second".into();
-    other.stages.retain(|s| s.label != "05_before_eval");
-    other.stages.insert(
-        1,
-        load::Stage {
-            label: "01b_extra".into(),
-            ..other.stages[0].clone()
-        },
-    );
+    other.stages.retain(|s| s.label() != "05_before_eval");
+    let mut extra = other.stages[0].clone();
+    extra.snapshot.label = "01b_extra".into();
+    other.stages.insert(1, extra);
     let stages = charts_stacked::aligned_stages(&[&run, &other]);
     let pos = |l: &str| stages.iter().position(|s| s == l).unwrap();
     assert!(pos("01_start") < pos("01b_extra") && pos("01b_extra") < pos("02_model_loaded"));

@@ -4,6 +4,7 @@
 //! configuration differences and an explanation. Markdown first; the HTML
 //! page wraps it with the charts inline.
 
+use crate::events::stages;
 use std::fmt::Write;
 use std::path::Path;
 
@@ -108,11 +109,11 @@ pub fn markdown(
     let peak = run.peak_rss();
     let at = run.peak_stage().map(|i| {
         let prev = if i > 0 {
-            run.stages[i - 1].label.as_str()
+            run.stages[i - 1].label()
         } else {
             "start"
         };
-        format!("between {prev} and {}", run.stages[i].label)
+        format!("between {prev} and {}", run.stages[i].label())
     });
     let _ = writeln!(s, "## Summary\n");
     let _ = writeln!(
@@ -171,7 +172,7 @@ pub fn markdown(
         let _ = writeln!(
             s,
             "| {}{mark} | {:.1} | {} | {} | {} | {} | {} |",
-            st.label,
+            st.label(),
             st.point.t,
             format_opt_bytes(st.point.rss),
             delta(prev.and_then(|p| p.rss), st.point.rss),
@@ -186,7 +187,7 @@ pub fn markdown(
         .windows(2)
         .filter_map(|w| {
             Some((
-                format!("{} → {}", w[0].label, w[1].label),
+                format!("{} → {}", w[0].label(), w[1].label()),
                 w[1].peak? as i64 - w[0].point.rss? as i64,
             ))
         })
@@ -238,25 +239,18 @@ pub fn markdown(
 /// The same workload on LLaMA 7B in f16 on a GPU.
 fn projection(s: &mut String, run: &RunData) {
     let Some(plan) = &run.plan else { return };
-    let Ok((_, mut w)) = against::workload_of(plan) else {
+    let Ok(rows) = estimate::projection::rows(plan, None) else {
         return;
     };
-    let Ok(arch) = estimate::presets::load("llama-7b") else {
+    let Some(row) = rows.iter().find(|r| r.model == "LLaMA 7B") else {
         return;
     };
-    w.device = estimate::Device::Cuda;
-    w.dtype = crate::model::ComputeDtype::F16;
-    w.stored_bytes = 2;
-    w.resident = false;
-    let Ok(e) = estimate::estimate(&arch, &w) else {
-        return;
-    };
-    let gpu = estimate::catalog::smallest_fitting(e.peak(), 0.0)
+    let gpu = estimate::catalog::smallest_fitting(row.peak, 0.0)
         .map_or("none in the catalog".into(), |g| g.name);
     let _ = writeln!(
         s,
         "\n## Projection to LLaMA 7B\n\nThe same method and settings on LLaMA 7B in f16 with CUDA: estimated peak {} (prunemem's engine); smallest GPU that fits: {gpu}.",
-        format_bytes(e.peak())
+        format_bytes(row.peak)
     );
 }
 
@@ -339,14 +333,14 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     for st in runs[0]
         .stages
         .iter()
-        .filter(|s| !s.label.starts_with("layer_"))
+        .filter(|s| !stages::is_layer(s.label()))
     {
         let vals: Vec<Option<u64>> = runs
             .iter()
             .map(|r| {
                 r.stages
                     .iter()
-                    .find(|x| x.label == st.label)
+                    .find(|x| x.label() == st.label())
                     .and_then(|x| x.point.rss)
             })
             .collect();
@@ -354,7 +348,7 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
         let _ = writeln!(
             s,
             "| {} | {} | {diff} |",
-            st.label,
+            st.label(),
             vals.iter()
                 .map(|v| format_opt_bytes(*v))
                 .collect::<Vec<_>>()

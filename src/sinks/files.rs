@@ -10,14 +10,7 @@ use crate::memory::MemorySnapshot;
 use crate::sinks::worker::LineFile;
 use crate::units::to_gib;
 
-/// Header of `memory_log.csv`, exactly.
-pub const CSV_HEADER: &str =
-    "Timestamp,Checkpoint,GPU_Allocated_GB,GPU_Reserved_GB,GPU_Peak_GB,CPU_Used_GB,CPU_Percent";
-
-/// File names inside a log folder.
-pub const CSV_FILE: &str = "memory_log.csv";
-pub const JSONL_FILE: &str = "events.jsonl";
-pub const SUMMARY_FILE: &str = "summary.txt";
+pub use crate::events::logdir::{CSV_FILE, CSV_HEADER, JSONL_FILE, SUMMARY_FILE};
 
 /// Writes stage snapshots to `memory_log.csv`.
 ///

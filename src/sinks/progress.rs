@@ -3,37 +3,22 @@
 
 use std::io::Write;
 
+use crate::events::fold::{RunFold, format_duration};
 use crate::events::{Event, EventSink, Level, SinkError};
 use crate::units::format_opt_bytes;
-
-/// Estimated seconds left after `done` of `total` units took `spent` seconds.
-pub fn eta_s(done: usize, total: usize, spent: f64) -> Option<f64> {
-    (done > 0 && total >= done).then(|| spent / done as f64 * (total - done) as f64)
-}
-
-/// `1h02m`, `3m05s`, `42s`.
-pub fn format_duration(s: f64) -> String {
-    let s = s.max(0.0).round() as u64;
-    if s >= 3600 {
-        format!("{}h{:02}m", s / 3600, (s / 60) % 60)
-    } else if s >= 60 {
-        format!("{}m{:02}s", s / 60, s % 60)
-    } else {
-        format!("{s}s")
-    }
-}
 
 /// Writes progress as plain lines.
 pub struct ProgressSink {
     out: Box<dyn Write + Send>,
-    progress_started: Option<f64>,
+    /// The run so far, for the ETA (no time series kept).
+    fold: RunFold,
 }
 
 impl ProgressSink {
     pub fn new(out: Box<dyn Write + Send>) -> Self {
         Self {
             out,
-            progress_started: None,
+            fold: RunFold::with_point_limit(2),
         }
     }
 
@@ -47,6 +32,7 @@ impl ProgressSink {
 
 impl EventSink for ProgressSink {
     fn on_event(&mut self, event: &Event) -> Result<(), SinkError> {
+        self.fold.apply(event);
         match event {
             Event::Stage { snapshot: s } => self.line(format!(
                 "[{:>7.1}s] {:<24} RSS {:>11}  allocated {:>11}  peak {:>11}",
@@ -57,12 +43,8 @@ impl EventSink for ProgressSink {
                 format_opt_bytes(s.device_peak),
             )),
             Event::Progress {
-                index,
-                total,
-                name,
-                elapsed_s,
+                index, total, name, ..
             } => {
-                let start = *self.progress_started.get_or_insert(*elapsed_s);
                 let done = index + 1;
                 let width = 30usize;
                 let filled = (done * width) / (*total).max(1);
@@ -71,7 +53,7 @@ impl EventSink for ProgressSink {
                     "#".repeat(filled),
                     "-".repeat(width - filled.min(width))
                 );
-                let eta = eta_s(done, *total, elapsed_s - start)
+                let eta = (self.fold.eta_s())
                     .map(|e| format!("ETA {}", format_duration(e)))
                     .unwrap_or_default();
                 self.line(format!("[{bar}] {done}/{total} {name} {eta}"))
@@ -98,13 +80,37 @@ impl EventSink for ProgressSink {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::{Arc, Mutex};
+
+    struct Shared(Arc<Mutex<Vec<u8>>>);
+    impl Write for Shared {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
 
     #[test]
-    fn eta_and_durations() {
-        assert_eq!(eta_s(0, 10, 5.0), None);
-        assert_eq!(eta_s(5, 10, 50.0), Some(50.0));
-        assert_eq!(format_duration(42.4), "42s");
-        assert_eq!(format_duration(185.0), "3m05s");
-        assert_eq!(format_duration(3720.0), "1h02m");
+    fn progress_lines_carry_the_fold_eta() {
+        let buf = Arc::new(Mutex::new(Vec::new()));
+        let mut sink = ProgressSink::new(Box::new(Shared(buf.clone())));
+        let progress = |index, elapsed_s| Event::Progress {
+            index,
+            total: 4,
+            name: format!("layer {index}"),
+            elapsed_s,
+        };
+        sink.on_event(&progress(0, 10.0)).unwrap();
+        sink.on_event(&progress(1, 20.0)).unwrap();
+        let text = String::from_utf8(buf.lock().unwrap().clone()).unwrap();
+        let last = text.lines().last().unwrap();
+        assert!(
+            last.starts_with("[###############---------------] 2/4 layer 1"),
+            "{last}"
+        );
+        assert!(last.ends_with("ETA 20s"), "{last}");
     }
 }

@@ -5,41 +5,34 @@
 
 use std::io::Write;
 
+use crate::events::fold::RunFold;
 use crate::events::{Event, EventSink, SinkError};
 use crate::memory::MemorySnapshot;
 use crate::units::{format_bytes, format_opt_bytes};
 
-/// Collects stage snapshots and renders the summary table.
-#[derive(Default, Clone)]
+/// Collects the run's stages (through the shared fold) and renders the
+/// summary table.
+#[derive(Clone)]
 pub struct StageTable {
-    pub stages: Vec<MemorySnapshot>,
-    pub samples_peak_rss: Option<(u64, f64)>,
-    pub gpu_peak: Option<u64>,
+    fold: RunFold,
+}
+
+impl Default for StageTable {
+    fn default() -> Self {
+        // The table needs stages and peaks, not the time series.
+        Self {
+            fold: RunFold::with_point_limit(2),
+        }
+    }
 }
 
 impl StageTable {
     pub fn push(&mut self, event: &Event) {
-        match event {
-            Event::Stage { snapshot } => {
-                self.note_gpu(snapshot);
-                self.stages.push(snapshot.clone());
-            }
-            Event::Sample { snapshot } => {
-                self.note_gpu(snapshot);
-                if let Some(rss) = snapshot.rss
-                    && self.samples_peak_rss.is_none_or(|(p, _)| rss > p)
-                {
-                    self.samples_peak_rss = Some((rss, snapshot.elapsed_s));
-                }
-            }
-            _ => {}
-        }
+        self.fold.apply(event);
     }
 
-    fn note_gpu(&mut self, s: &MemorySnapshot) {
-        if let Some(used) = s.gpu_used {
-            self.gpu_peak = Some(self.gpu_peak.map_or(used, |p| p.max(used)));
-        }
+    fn stages(&self) -> impl Iterator<Item = &MemorySnapshot> {
+        self.fold.stages.iter().map(|r| &r.snapshot)
     }
 
     /// The rendered table.
@@ -52,7 +45,7 @@ impl StageTable {
         );
         out += &format!("{}\n", "-".repeat(96));
         let mut prev: Option<&MemorySnapshot> = None;
-        for s in &self.stages {
+        for s in self.stages() {
             let delta = |now: Option<u64>, before: Option<u64>| match (now, before) {
                 (Some(a), Some(b)) => crate::units::format_delta(a as i128 - b as i128),
                 _ => "".to_string(),
@@ -79,7 +72,7 @@ impl StageTable {
         out += &format!("{}\n", "-".repeat(96));
         out += &self.peak_line("Peak allocated", |s| s.device_peak);
         out += &self.peak_line("Peak RSS", |s| s.rss_peak);
-        if let Some((rss, t)) = self.samples_peak_rss {
+        if let Some((rss, t)) = self.fold.sampled_rss_peak {
             out += &format!(
                 "{:<16} {} (highest sampled RSS, at {t:.1}s)\n",
                 "Sampled RSS",
@@ -89,7 +82,7 @@ impl StageTable {
         out += &format!(
             "{:<16} {}\n",
             "Peak GPU used",
-            format_opt_bytes(self.gpu_peak)
+            format_opt_bytes(self.fold.gpu.peak)
         );
         out
     }
@@ -98,21 +91,17 @@ impl StageTable {
     /// peak equals the final one, i.e. the peak happened after the stage
     /// before it.
     fn peak_line(&self, name: &str, get: impl Fn(&MemorySnapshot) -> Option<u64>) -> String {
-        let Some(final_peak) = self.stages.iter().filter_map(&get).max() else {
+        let stages: Vec<&MemorySnapshot> = self.stages().collect();
+        let Some(final_peak) = stages.iter().filter_map(|s| get(s)).max() else {
             return format!("{name:<16} n/a\n");
         };
-        let idx = self
-            .stages
+        let idx = stages
             .iter()
             .position(|s| get(s) == Some(final_peak))
             .unwrap_or(0);
         let place = match idx {
-            0 => format!("by {}", self.stages[0].label),
-            i => format!(
-                "between {} and {}",
-                self.stages[i - 1].label,
-                self.stages[i].label
-            ),
+            0 => format!("by {}", stages[0].label),
+            i => format!("between {} and {}", stages[i - 1].label, stages[i].label),
         };
         format!("{name:<16} {} ({place})\n", format_bytes(final_peak))
     }

@@ -13,7 +13,8 @@ use ratatui::widgets::{
     Axis, Block, Cell, Chart, Clear, Dataset, Gauge, GraphType, Paragraph, Row, Table, Wrap,
 };
 
-use super::state::{Focus, Mode, Reading, UiState};
+use super::state::{Focus, Mode, UiState};
+use crate::events::fold::Reading;
 use crate::events::{Level, RunStatus};
 use crate::units::format_bytes;
 
@@ -86,6 +87,7 @@ fn status_text(state: &UiState) -> (String, Color) {
 fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
     let (status, color) = status_text(state);
     let eta = state
+        .run
         .eta_s()
         .map_or(String::new(), |e| format!("   ETA {}", clock(e)));
     let lines = vec![
@@ -102,7 +104,7 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
                 or_dash(&state.model),
                 or_dash(&state.method)
             )),
-            Span::raw(format!("elapsed {}{eta}   ", clock(state.elapsed_s))),
+            Span::raw(format!("elapsed {}{eta}   ", clock(state.run.elapsed_s))),
             Span::styled(status, Style::new().fg(color)),
         ]),
     ];
@@ -159,24 +161,28 @@ fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Co
 
 fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
     // Host series share one scale (the largest peak), so bars compare.
-    let host_full = [state.rss.peak, state.heap.peak, state.reserved.peak]
-        .into_iter()
-        .flatten()
-        .max()
-        .unwrap_or(1);
+    let host_full = [
+        state.run.rss.peak,
+        state.run.heap.peak,
+        state.run.reserved.peak,
+    ]
+    .into_iter()
+    .flatten()
+    .max()
+    .unwrap_or(1);
     let width = (area.width as usize).saturating_sub(48).clamp(10, 60);
-    let gpu_full = state.gpu.total.or(state.gpu.peak).unwrap_or(1);
+    let gpu_full = state.run.gpu.total.or(state.run.gpu.peak).unwrap_or(1);
     let lines = vec![
-        gauge_line("RSS", &state.rss, host_full, width, Color::Green),
-        gauge_line("allocated", &state.heap, host_full, width, Color::Blue),
+        gauge_line("RSS", &state.run.rss, host_full, width, Color::Green),
+        gauge_line("allocated", &state.run.heap, host_full, width, Color::Blue),
         gauge_line(
             "reserved",
-            &state.reserved,
+            &state.run.reserved,
             host_full,
             width,
             Color::Magenta,
         ),
-        gauge_line("GPU used", &state.gpu, gpu_full, width, Color::Yellow),
+        gauge_line("GPU used", &state.run.gpu, gpu_full, width, Color::Yellow),
     ];
     let title = " memory (│ = peak) ";
     frame.render_widget(
@@ -191,10 +197,11 @@ fn scaled(bytes: u64, unit: f64) -> f64 {
 }
 
 fn draw_chart(frame: &mut Frame, area: Rect, state: &UiState) {
-    let t_end = state.history.back().map_or(1.0, |p| p.t).max(1.0);
-    let t_start = state.history.front().map_or(0.0, |p| p.t);
+    let t_end = state.run.points.last().map_or(1.0, |p| p.t).max(1.0);
+    let t_start = state.run.points.first().map_or(0.0, |p| p.t);
     let top = state
-        .history
+        .run
+        .points
         .iter()
         .flat_map(|p| [p.rss, p.heap, p.reserved, p.gpu_used])
         .flatten()
@@ -206,9 +213,10 @@ fn draw_chart(frame: &mut Frame, area: Rect, state: &UiState) {
         ((1u64 << 20) as f64, "MiB")
     };
     let y_max = scaled(top, unit) * 1.1;
-    let series = |f: fn(&super::state::Point) -> Option<u64>| -> Vec<(f64, f64)> {
+    let series = |f: fn(&crate::events::fold::Point) -> Option<u64>| -> Vec<(f64, f64)> {
         state
-            .history
+            .run
+            .points
             .iter()
             .filter_map(|p| f(p).map(|v| (p.t, scaled(v, unit))))
             .collect()
@@ -219,10 +227,9 @@ fn draw_chart(frame: &mut Frame, area: Rect, state: &UiState) {
     let gpu = series(|p| p.gpu_used);
     // Stage boundaries other than per-layer ones, as vertical lines.
     let marks: Vec<Vec<(f64, f64)>> = state
-        .stages
-        .iter()
-        .filter(|s| !s.label.starts_with("layer_"))
-        .map(|s| vec![(s.elapsed_s, 0.0), (s.elapsed_s, y_max)])
+        .run
+        .outline()
+        .map(|s| vec![(s.point.t, 0.0), (s.point.t, y_max)])
         .collect();
     let mut datasets = Vec::new();
     for m in &marks {
@@ -276,27 +283,30 @@ fn delta_text(d: Option<i64>) -> String {
 
 fn draw_stages(frame: &mut Frame, area: Rect, state: &UiState) {
     let visible = area.height.saturating_sub(3) as usize;
-    let peak_row = state.peak_stage();
+    let peak_row = state.run.peak_stage();
     // Show the rows ending at the scroll position.
-    let end = (state.stage_scroll + 1).min(state.stages.len());
+    let end = (state.stage_scroll + 1).min(state.run.stages.len());
     let start = end.saturating_sub(visible);
     let text = |v: Option<u64>| v.map_or("n/a".to_string(), format_bytes);
-    let rows = state.stages[start..end].iter().enumerate().map(|(k, r)| {
-        let style = if Some(start + k) == peak_row {
-            Style::new().fg(Color::Black).bg(Color::Yellow)
-        } else {
-            Style::new()
-        };
-        Row::new(vec![
-            Cell::from(r.label.clone()),
-            Cell::from(text(r.rss)),
-            Cell::from(text(r.heap)),
-            Cell::from(text(r.peak)),
-            Cell::from(delta_text(r.delta)),
-            Cell::from(format!("{:.1}s", r.seconds)),
-        ])
-        .style(style)
-    });
+    let rows = state.run.stages[start..end]
+        .iter()
+        .enumerate()
+        .map(|(k, r)| {
+            let style = if Some(start + k) == peak_row {
+                Style::new().fg(Color::Black).bg(Color::Yellow)
+            } else {
+                Style::new()
+            };
+            Row::new(vec![
+                Cell::from(r.label().to_string()),
+                Cell::from(text(r.point.rss)),
+                Cell::from(text(r.point.heap)),
+                Cell::from(text(r.peak)),
+                Cell::from(delta_text(r.delta)),
+                Cell::from(format!("{:.1}s", r.seconds)),
+            ])
+            .style(style)
+        });
     let focus = if state.focus == Focus::Stages {
         " ◆"
     } else {
@@ -322,11 +332,11 @@ fn draw_stages(frame: &mut Frame, area: Rect, state: &UiState) {
 }
 
 fn draw_progress(frame: &mut Frame, area: Rect, state: &UiState) {
-    let current = state.stages.last().map_or("–", |s| s.label.as_str());
-    let (ratio, label) = match &state.progress {
-        Some((done, total, name)) => (
-            *done as f64 / (*total).max(1) as f64,
-            format!("{done}/{total} {name}   stage {current}"),
+    let current = state.run.stages.last().map_or("–", |s| s.label());
+    let (ratio, label) = match &state.run.progress {
+        Some(p) => (
+            p.done as f64 / p.total.max(1) as f64,
+            format!("{}/{} {}   stage {current}", p.done, p.total, p.name),
         ),
         None => (0.0, format!("stage {current}")),
     };

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::WatchError;
-use crate::events::{Event, HostInfo, Level, RunPlan, RunStatus, RunSummary};
+use crate::events::{Event, HostInfo, Level, RunPlan, RunStatus, RunSummary, stages};
 use crate::memory::process::TreeProbe;
 use crate::memory::{MemorySnapshot, gpu, unix_ms_now};
 
@@ -197,7 +197,7 @@ pub fn watch_command(
             },
         },
     );
-    let first = lock(&probe).snapshot("watch_start");
+    let first = lock(&probe).snapshot(stages::WATCH_START);
     send(&emit, Event::Stage { snapshot: first });
     let readers = [
         child
@@ -223,7 +223,7 @@ pub fn watch_command(
             unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
             signalled = true;
         }
-        let snapshot = lock(&probe).snapshot("sample");
+        let snapshot = lock(&probe).snapshot(stages::SAMPLE);
         send(&emit, Event::Sample { snapshot });
         std::thread::sleep(period);
     };
@@ -238,7 +238,7 @@ pub fn watch_command(
         let p = lock(&probe);
         (p.start.elapsed().as_secs_f64(), p.peak, p.gpu_peak)
     };
-    let mut end = lock(&probe).snapshot("watch_end");
+    let mut end = lock(&probe).snapshot(stages::WATCH_END);
     end.rss_peak = peak;
     send(&emit, Event::Stage { snapshot: end });
     let mut results = std::collections::BTreeMap::new();

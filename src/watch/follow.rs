@@ -9,8 +9,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::WatchError;
+use crate::events::logdir::{self, JSONL_FILE, LogError};
 use crate::events::{Event, Level};
-use crate::sinks::JSONL_FILE;
 
 /// How often a followed log is polled for new lines.
 const POLL: Duration = Duration::from_millis(100);
@@ -26,10 +26,11 @@ fn io(path: &Path) -> impl Fn(std::io::Error) -> WatchError + '_ {
 /// elsewhere is an error naming it.
 pub fn read_all(dir: &Path) -> Result<Vec<Event>, WatchError> {
     let path = dir.join(JSONL_FILE);
-    let text = std::fs::read_to_string(&path).map_err(io(&path))?;
-    let events = crate::events::parse_log(&text)
-        .map_err(|e| WatchError::Invalid(format!("{}: {e}", path.display())))?
-        .events;
+    let events = match logdir::read_events(dir) {
+        Ok(log) => log.events,
+        Err(LogError::Empty(_)) => Vec::new(),
+        Err(e) => return Err(WatchError::Invalid(e.to_string())),
+    };
     if events.is_empty() {
         return Err(WatchError::Invalid(format!(
             "{}: no events",

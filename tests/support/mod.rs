@@ -1,9 +1,10 @@
 //! Shared helpers for integration tests: synthetic checkpoints and GGUF
-//! files built from them.
+//! files built from them, and the estimator's validation grid.
 
 #![allow(dead_code)]
 
 pub mod gguf;
+pub mod grid;
 
 use std::path::{Path, PathBuf};
 

@@ -18,7 +18,9 @@
 //! `16_…`), with per-layer scopes.
 
 mod head;
+pub mod iterate;
 mod pass;
+mod phases;
 pub mod select;
 mod write;
 
@@ -26,9 +28,10 @@ use std::collections::BTreeMap;
 
 use pass::{Batch, Norms, State, Which};
 pub use select::{GradPrecision, Strategy};
-pub use write::write_pruned;
+pub use write::{Scratch, scratch_model, write_pruned};
 
 use super::PruneError;
+use crate::events::stages;
 use crate::model::Checkpoint;
 use crate::model::llama::LAYER_LINEARS;
 use crate::profiler::Profiler;
@@ -146,7 +149,7 @@ impl<'a> GradProbe<'a> {
         }
         if !(config.reduction_factor.is_finite() && config.gradient_threshold.is_finite()) {
             return Err(PruneError::Invalid(
-                "--reduction-factor and --gradient-threshold must be finite".into(),
+                "the reduction factor and the gradient threshold must be finite".into(),
             ));
         }
         let batches = windows.chunks(batch_size.max(1)).map(Batch::new).collect();
@@ -194,22 +197,22 @@ impl<'a> GradProbe<'a> {
         let p = self.profiler;
         let mut components = BTreeMap::new();
         components.insert("saved_values".to_string(), 0);
-        p.components("04_saved_tentative_values", components);
-        p.checkpoint("04_saved_tentative_values");
+        p.components(stages::GP_SAVED_TENTATIVE, components);
+        p.stage(stages::GP_SAVED_TENTATIVE);
         let mut state = self.state(pruned, self.config.precision);
         let loss_original = pass::run(self.input(), &mut state, Which::Original)?;
-        p.components("08_original_gradients_computed", state.components());
-        p.checkpoint("08_original_gradients_computed");
+        p.components(stages::GP_ORIGINAL_GRADIENTS, state.components());
+        p.stage(stages::GP_ORIGINAL_GRADIENTS);
         let tentative: u64 = state.tentative.values().map(|v| v.len() as u64).sum();
-        p.checkpoint("09_tentative_masks_created");
-        p.checkpoint("10_weights_reduced");
+        p.stage(stages::GP_TENTATIVE_MASKS);
+        p.stage(stages::GP_WEIGHTS_REDUCED);
         let loss_modified = pass::run(self.input(), &mut state, Which::Modified)?;
-        p.components("14_modified_gradients_computed", state.components());
-        p.checkpoint("14_modified_gradients_computed");
+        p.components(stages::GP_MODIFIED_GRADIENTS, state.components());
+        p.stage(stages::GP_MODIFIED_GRADIENTS);
         self.norms = state.norms.take().or(self.norms.take());
         let decided = std::mem::take(&mut state.decided);
         let count: u64 = decided.values().map(|v| v.len() as u64).sum();
-        p.checkpoint("15_final_masks_computed");
+        p.stage(stages::GP_FINAL_MASKS);
         Ok(StepOutcome {
             pruned: decided,
             tentative,
@@ -246,7 +249,7 @@ pub fn sliding_windows(
 ) -> Result<Vec<Vec<u32>>, PruneError> {
     if seqlen < 1 || stride < 1 {
         return Err(PruneError::Invalid(
-            "--seqlen and --stride must be at least 1".into(),
+            "seqlen and stride must be at least 1".into(),
         ));
     }
     let windows: Vec<Vec<u32>> = (0..)

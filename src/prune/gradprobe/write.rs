@@ -54,6 +54,52 @@ pub fn write_pruned(
     Ok((layers, others))
 }
 
+/// A pruned model written to a scratch folder (removed on drop), for
+/// evaluating masks nobody asked to save.
+pub struct Scratch {
+    _dir: tempfile::TempDir,
+    /// The complete model folder.
+    pub path: std::path::PathBuf,
+    /// Per-layer reports of the decoder linears.
+    pub layers: Vec<LayerReport>,
+    /// Reports of the other targets (embeddings, head).
+    pub others: Vec<LinearReport>,
+}
+
+impl Scratch {
+    /// Zeros over every probed tensor: decoder linears and the others.
+    pub fn sparsity(&self) -> f64 {
+        crate::prune::engine::sparsity_of(
+            self.layers
+                .iter()
+                .flat_map(|l| &l.linears)
+                .chain(&self.others),
+        )
+    }
+}
+
+/// Writes `ckpt` with `masks` zeroed into a scratch folder.
+pub fn scratch_model(
+    ckpt: &Checkpoint,
+    targets: &[Target],
+    masks: &Masks,
+) -> Result<Scratch, PruneError> {
+    let io = |e: std::io::Error| crate::model::ModelError::io(&std::env::temp_dir(), e);
+    let dir = tempfile::Builder::new()
+        .prefix("prunemem-gradprobe-")
+        .tempdir()
+        .map_err(io)?;
+    let mut w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
+    let (layers, others) = write_pruned(ckpt, targets, masks, &mut w)?;
+    let path = w.complete(ckpt)?;
+    Ok(Scratch {
+        _dir: dir,
+        path,
+        layers,
+        others,
+    })
+}
+
 fn layer_index(name: &str) -> Option<usize> {
     name.strip_prefix("model.layers.")?
         .split('.')

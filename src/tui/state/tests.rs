@@ -1,5 +1,6 @@
 use super::*;
 use crate::events::{RunPlan, RunSummary};
+use crate::memory::MemorySnapshot;
 
 fn snap(label: &str, t: f64, rss: u64, heap: u64, rss_peak: u64) -> MemorySnapshot {
     MemorySnapshot {
@@ -36,18 +37,18 @@ fn stage_rows_carry_deltas_times_and_the_peak_between_stages() {
     s.apply(&stage("02_loaded", 1.0, 20 * M, 55 * M));
     s.apply(&sample(1.5, 25 * M, 55 * M));
     s.apply(&stage("03_done", 3.0, 22 * M, 55 * M));
-    assert_eq!(s.stages.len(), 3);
-    let r = &s.stages[1];
+    assert_eq!(s.run.stages.len(), 3);
+    let r = &s.run.stages[1];
     assert_eq!(r.delta, Some(10 * M as i64));
     assert_eq!(r.peak, Some(55 * M));
     assert!((r.seconds - 1.0).abs() < 1e-9);
     // The later window did not reach the old peak.
-    assert_eq!(s.stages[2].peak, Some(25 * M));
-    assert_eq!(s.stages[2].delta, Some(2 * M as i64));
-    assert_eq!(s.peak_stage(), Some(1));
-    assert_eq!(s.rss.peak, Some(55 * M));
-    assert_eq!(s.rss.now, Some(22 * M));
-    assert_eq!(s.history.len(), 6);
+    assert_eq!(s.run.stages[2].peak, Some(25 * M));
+    assert_eq!(s.run.stages[2].delta, Some(2 * M as i64));
+    assert_eq!(s.run.peak_stage(), Some(1));
+    assert_eq!(s.run.rss.peak, Some(55 * M));
+    assert_eq!(s.run.rss.now, Some(22 * M));
+    assert_eq!(s.run.points.len(), 6);
 }
 
 #[test]
@@ -60,10 +61,10 @@ fn missing_readings_stay_missing() {
             ..Default::default()
         },
     });
-    assert_eq!(s.rss.now, None);
-    assert_eq!(s.gpu.peak, None);
+    assert_eq!(s.run.rss.now, None);
+    assert_eq!(s.run.gpu.peak, None);
     s.apply(&stage("01_start", 2.0, 5 * M, 5 * M));
-    assert_eq!(s.stages[0].delta, None, "no previous row, no delta");
+    assert_eq!(s.run.stages[0].delta, None, "no previous row, no delta");
 }
 
 #[test]
@@ -79,9 +80,9 @@ fn eta_follows_layer_pace() {
         });
     }
     // 3 layers in 6 s: 7 left at 2 s each.
-    let eta = s.eta_s().unwrap();
+    let eta = s.run.eta_s().unwrap();
     assert!((eta - 14.0).abs() < 1e-9, "{eta}");
-    assert_eq!(s.progress.as_ref().unwrap().0, 3);
+    assert_eq!(s.run.progress.as_ref().unwrap().done, 3);
     s.apply(&Event::RunFinished {
         summary: RunSummary {
             status: RunStatus::Ok,
@@ -92,8 +93,8 @@ fn eta_follows_layer_pace() {
             results: Default::default(),
         },
     });
-    assert_eq!(s.eta_s(), None);
-    assert_eq!(s.rss.peak, Some(9 * M));
+    assert_eq!(s.run.eta_s(), None);
+    assert_eq!(s.run.rss.peak, Some(9 * M));
 }
 
 #[test]
@@ -176,7 +177,10 @@ fn history_is_bounded() {
     for i in 0..(HISTORY_POINTS * 3) {
         s.apply(&sample(i as f64, M, M));
     }
-    assert!(s.history.len() <= HISTORY_POINTS);
-    assert_eq!(s.history.back().unwrap().t, (HISTORY_POINTS * 3 - 1) as f64);
-    assert_eq!(s.history.front().unwrap().t, 0.0, "keeps the start");
+    assert!(s.run.points.len() <= HISTORY_POINTS);
+    assert_eq!(
+        s.run.points.last().unwrap().t,
+        (HISTORY_POINTS * 3 - 1) as f64
+    );
+    assert_eq!(s.run.points.first().unwrap().t, 0.0, "keeps the start");
 }

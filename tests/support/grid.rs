@@ -1,16 +1,15 @@
 //! The configurations the estimator of prunemem's own engine is fitted and
-//! tested on, and the runner that prunes each one through the binary and
-//! compares the estimate with the measured peaks. Shared by
-//! `examples/estimator_grid.rs` (the calibration table) and
-//! `tests/estimate.rs` (the 5% check).
+//! tested on, and the runner that prunes each one through the binary (so
+//! the counting allocator measures it as users run it) and compares the
+//! estimate with the measured peaks. Shared by `examples/estimator_grid.rs`
+//! (the calibration table) and `tests/estimate.rs` (the 5% check).
 
 use std::path::Path;
 use std::process::Command;
 
-use super::EstimateError;
-use super::against::{self, Comparison};
-use crate::events::Event;
-use crate::model::synthetic::{SyntheticSpec, write_checkpoint};
+use prunemem::estimate::against::{self, Comparison};
+use prunemem::events::Event;
+use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
 
 /// One configuration: a synthetic model and the `prune` flags to run on it.
 pub struct Case {
@@ -149,9 +148,9 @@ pub fn run_case(
     dir: &Path,
     text: &Path,
     case: &Case,
-) -> Result<(Vec<Event>, Comparison), EstimateError> {
+) -> Result<(Vec<Event>, Comparison), String> {
     let model = dir.join(case.name);
-    write_checkpoint(&model, &case.spec).map_err(|e| EstimateError::Invalid(e.to_string()))?;
+    write_checkpoint(&model, &case.spec).map_err(|e| e.to_string())?;
     let log = dir.join(format!("{}-log", case.name));
     let mut cmd = Command::new(bin);
     cmd.arg("prune").arg("--model").arg(&model).args(case.args);
@@ -163,15 +162,15 @@ pub fn run_case(
     }
     let out = cmd
         .output()
-        .map_err(|e| EstimateError::Invalid(format!("running {}: {e}", bin.display())))?;
+        .map_err(|e| format!("running {}: {e}", bin.display()))?;
     if !out.status.success() {
-        return Err(EstimateError::Invalid(format!(
+        return Err(format!(
             "{}: {}",
             case.name,
             String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        ));
     }
-    let events = against::read_events(&log)?;
-    let cmp = against::compare(&events)?;
+    let events = against::read_events(&log).map_err(|e| e.to_string())?;
+    let cmp = against::compare(&events).map_err(|e| e.to_string())?;
     Ok((events, cmp))
 }

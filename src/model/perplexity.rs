@@ -154,6 +154,26 @@ pub fn perplexity<B: Backend>(
     })
 }
 
+/// Perplexity of the model folder `dir`, streamed one layer at a time,
+/// inside an `eval` scope.
+pub fn of_folder<B: Backend>(
+    dir: &std::path::Path,
+    windows: &[Vec<u32>],
+    options: &EvalOptions,
+    device: &B::Device,
+    profiler: &Profiler,
+) -> Result<Perplexity, ModelError> {
+    let ckpt = Checkpoint::open(dir)?;
+    let _scope = profiler.scope(crate::events::stages::EVAL_SCOPE);
+    perplexity::<B>(
+        Weights::Streamed(&ckpt),
+        windows,
+        options,
+        device,
+        Some(profiler),
+    )
+}
+
 /// Sum over rows of `logsumexp(row) - row[target]`, rows of `vocab`
 /// logits, in parallel, in f64 sums. Destroys `logits`.
 fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {

@@ -1,7 +1,9 @@
-//! One run from start to finish: the emitter and its sinks, the profiler and
-//! its sampler, the first and last events, and what happens on Ctrl-C.
+//! One run from start to finish: the emitter and the sinks it was given, the
+//! profiler and its sampler, the first and last events, and what happens on
+//! Ctrl-C.
 //!
-//! Commands build a [`RunPlan`], call [`Run::start`], do their work through
+//! Jobs build a [`RunPlan`], call [`Run::start`] with the sinks their caller
+//! chose (plus the log folder's files), do their work through
 //! `run.profiler`, and end with [`Run::finish`]. On SIGINT or SIGTERM a
 //! handler thread emits `RunFinished { Interrupted }`, waits until every sink
 //! has flushed (so the logs hold every event emitted before the signal, with
@@ -26,14 +28,13 @@ pub enum RunError {
     Signal(std::io::Error),
 }
 
-/// How a run reports.
+/// How a run reports: the caller's sinks and the log folder.
 pub struct RunOptions {
     /// Folder for `memory_log.csv`, `events.jsonl` and `summary.txt`.
     pub log_dir: Option<PathBuf>,
-    /// Print the summary table to stdout at the end.
-    pub console_summary: bool,
-    /// Extra sinks: progress lines, the live UI, collectors.
-    pub extra_sinks: Vec<Box<dyn EventSink>>,
+    /// The caller's sinks: the console summary, progress lines, the live
+    /// UI, collectors.
+    pub sinks: Vec<Box<dyn EventSink>>,
     pub profiler: ProfilerConfig,
     /// Install the SIGINT/SIGTERM handler (binaries yes, tests usually no).
     pub handle_signals: bool,
@@ -43,8 +44,7 @@ impl Default for RunOptions {
     fn default() -> Self {
         Self {
             log_dir: None,
-            console_summary: true,
-            extra_sinks: Vec::new(),
+            sinks: Vec::new(),
             profiler: ProfilerConfig::default(),
             handle_signals: true,
         }
@@ -67,13 +67,8 @@ impl Run {
         if let Some(dir) = &options.log_dir {
             sinks::attach_log_dir(&emitter, dir)?;
         }
-        for sink in options.extra_sinks {
+        for sink in options.sinks {
             emitter.add(sink);
-        }
-        if options.console_summary {
-            emitter.add(Box::new(sinks::SummarySink::new(Box::new(
-                std::io::stdout(),
-            ))));
         }
         let profiler = Profiler::new(emitter.clone(), options.profiler);
         plan.device = profiler.device_name();

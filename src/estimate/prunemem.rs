@@ -24,12 +24,13 @@
 //! below are measured, see [`CALIBRATION`].
 
 use super::{Arch, Component, Device, Phase, Workload};
+use crate::events::stages;
 use crate::prune::Method;
 
 /// How the constants were measured, and how well the estimates fit.
 pub const CALIBRATION: &str = "\
 Fitted with `PRUNEMEM_BIN=target/debug/prunemem cargo run --example estimator_grid` (nine synthetic \
-models of `estimate::grid`: hidden 512-1024, intermediate 1408-2816, 2-8 layers, vocab 4096-16384; \
+models of `tests/support/grid.rs`: hidden 512-1024, intermediate 1408-2816, 2-8 layers, vocab 4096-16384; \
 magnitude, Wanda, SparseGPT; streamed and resident; seqlen 256-1024, 8-32 samples, batch 2-8, with \
 and without evaluation) on a 2-core x86-64 Linux machine, 2026-11-21. RSS minus live heap: 10 MiB at \
 `01_start` (RUNTIME_NON_HEAP), 15.7-17 MiB once the first batch has run (COMPUTE_WORKSPACE adds the \
@@ -167,7 +168,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
 
     let mut out = Vec::new();
     out.push(
-        Phase::new("load", &["01_start", "02_model_loaded"])
+        Phase::new("load", &[stages::START, stages::MODEL_LOADED])
             .add(runtime_name, runtime)
             .add("text and tokens", text)
             .add(
@@ -182,29 +183,32 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let embed_load = a.embedding_params() * w.stored_bytes;
     if calibrated {
         out.push(
-            Phase::new("calibration", &["02_model_loaded", "03_before_pruning"])
-                .add(runtime_name, runtime)
-                .add(
-                    "weights (resident)",
-                    if w.resident { a.params * c } else { 0 },
-                )
-                .add("embeddings", if w.resident { 0 } else { embed })
-                // Loading the embedding holds it twice (measured: heap peak
-                // 216 MiB for SmolLM2's 108 MiB table); the buffers are
-                // filled after that copy is gone.
-                .add(
-                    if w.resident || calibration >= embed_load {
-                        "calibration buffers"
-                    } else {
-                        "embedding load transient"
-                    },
-                    if w.resident {
-                        calibration
-                    } else {
-                        calibration.max(embed_load)
-                    },
-                )
-                .add("compute workspace", COMPUTE_WORKSPACE),
+            Phase::new(
+                "calibration",
+                &[stages::MODEL_LOADED, stages::BEFORE_PRUNING],
+            )
+            .add(runtime_name, runtime)
+            .add(
+                "weights (resident)",
+                if w.resident { a.params * c } else { 0 },
+            )
+            .add("embeddings", if w.resident { 0 } else { embed })
+            // Loading the embedding holds it twice (measured: heap peak
+            // 216 MiB for SmolLM2's 108 MiB table); the buffers are
+            // filled after that copy is gone.
+            .add(
+                if w.resident || calibration >= embed_load {
+                    "calibration buffers"
+                } else {
+                    "embedding load transient"
+                },
+                if w.resident {
+                    calibration
+                } else {
+                    calibration.max(embed_load)
+                },
+            )
+            .add("compute workspace", COMPUTE_WORKSPACE),
         );
     }
     let (transient_name, transient) = [
@@ -223,7 +227,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
     out.push(
-        Phase::new("prune", &["03_before_pruning", "04_after_pruning"])
+        Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
             .add(runtime_name, runtime)
             .add(weights_name, weights)
             .add("calibration buffers", calibration)
@@ -254,7 +258,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         .max_by_key(|(_, b)| *b)
         .unwrap_or(("activations", 0));
         out.push(
-            Phase::new("eval", &["05_before_eval", "06_after_eval"])
+            Phase::new("eval", &[stages::BEFORE_EVAL, stages::AFTER_EVAL])
                 .add(runtime_name, runtime)
                 .add(weights_name, weights)
                 .add(

@@ -1,5 +1,5 @@
-//! What `prunemem demo` needs when no real model is at hand: text and a small
-//! trained Llama, both made from a seed on the spot.
+//! The demo's tiny model, for when no real model is at hand: text and a
+//! small trained Llama, both made from a seed on the spot.
 //!
 //! A pruned random model would show nothing (its perplexity is the
 //! vocabulary size before and after). So the demo generates sentences from a
@@ -16,7 +16,7 @@ use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
 use burn::tensor::activation::log_softmax;
 
-use crate::eval::token_tensor;
+use super::perplexity::token_tensor;
 use crate::model::llama::LAYER_LINEARS;
 use crate::model::save::{OwnedTensor, write_safetensors};
 use crate::model::synthetic::{Normal, SyntheticSpec, config_json};

@@ -1,0 +1,130 @@
+use super::*;
+use crate::events::{RunStatus, ScopeReport};
+
+const M: u64 = 1 << 20;
+
+fn snap(label: &str, t: f64, rss: u64, kernel: u64) -> MemorySnapshot {
+    MemorySnapshot {
+        label: label.into(),
+        elapsed_s: t,
+        rss: Some(rss * M),
+        rss_peak: Some(kernel * M),
+        heap_allocated: Some(rss * M / 2),
+        heap_peak: Some(kernel * M / 2),
+        ..Default::default()
+    }
+}
+
+fn stage(label: &str, t: f64, rss: u64, kernel: u64) -> Event {
+    Event::Stage {
+        snapshot: snap(label, t, rss, kernel),
+    }
+}
+
+fn sample(t: f64, rss: u64, kernel: u64) -> Event {
+    Event::Sample {
+        snapshot: snap(stages::SAMPLE, t, rss, kernel),
+    }
+}
+
+fn progress(index: usize, total: usize, t: f64) -> Event {
+    Event::Progress {
+        index,
+        total,
+        name: format!("unit {index}"),
+        elapsed_s: t,
+    }
+}
+
+#[test]
+fn window_peaks_count_samples_and_a_rising_kernel_mark() {
+    let f = RunFold::of(&[
+        stage("a", 0.0, 10, 10),
+        sample(0.5, 30, 30),
+        stage("b", 1.0, 12, 30),
+        // The kernel's mark rose to 50 between samples: counted here.
+        stage("c", 2.0, 14, 50),
+        stage("d", 3.0, 11, 50),
+    ]);
+    let peaks: Vec<_> = f.stages.iter().map(|s| s.peak.map(|p| p / M)).collect();
+    assert_eq!(peaks, vec![Some(10), Some(30), Some(50), Some(14)]);
+    assert_eq!(f.stages[1].delta, Some(2 * M as i64));
+    assert_eq!(f.stages[0].delta, None);
+    assert_eq!(f.peak_stage(), Some(2));
+    assert_eq!(f.peak_between("a", "b"), Some(30 * M));
+    assert_eq!(f.peak_between("c", "d"), Some(14 * M));
+    assert_eq!(f.peak_between("a", "d"), Some(50 * M));
+    assert_eq!(f.peak_between("d", "a"), None);
+    assert_eq!(f.peak_between("a", "zz"), None);
+    assert_eq!(f.sampled_rss_peak, Some((30 * M, 0.5)));
+}
+
+#[test]
+fn heap_window_takes_scope_peaks() {
+    let mut f = RunFold::new();
+    f.apply(&stage("a", 0.0, 10, 10));
+    f.apply(&Event::ScopeEnd {
+        report: ScopeReport {
+            label: "layer_00".into(),
+            peak_heap: Some(99 * M),
+            ..Default::default()
+        },
+    });
+    f.apply(&stage("b", 1.0, 10, 10));
+    assert_eq!(f.stages[1].heap_peak, Some(99 * M));
+    assert_eq!(f.heap_peak_between("a", "b"), Some(99 * M));
+}
+
+#[test]
+fn eta_restarts_with_each_sequence_from_the_last_stage() {
+    let mut f = RunFold::new();
+    f.apply(&stage("a", 10.0, 1, 1));
+    f.apply(&progress(0, 4, 12.0));
+    f.apply(&progress(1, 4, 14.0));
+    // 2 of 4 done in 4 s since the stage: 4 s left.
+    assert_eq!(f.eta_s(), Some(4.0));
+    f.apply(&progress(3, 4, 18.0));
+    assert_eq!(f.eta_s(), None, "finished sequence");
+    f.apply(&stage("b", 20.0, 1, 1));
+    f.apply(&progress(0, 10, 21.0));
+    // A new sequence: its origin is stage b, not the first sequence's.
+    assert_eq!(f.progress.as_ref().unwrap().origin_s, 20.0);
+    assert_eq!(f.eta_s(), Some(9.0));
+    f.apply(&Event::RunFinished {
+        summary: RunSummary {
+            status: RunStatus::Ok,
+            wall_s: 30.0,
+            rss_peak: Some(77 * M),
+            heap_peak: None,
+            device_peak: None,
+            results: Default::default(),
+        },
+    });
+    assert_eq!(f.eta_s(), None);
+    assert_eq!(f.rss.peak, Some(77 * M));
+    assert_eq!(f.peak_rss(), Some(77 * M));
+}
+
+#[test]
+fn a_point_limit_thins_the_older_half() {
+    let mut f = RunFold::with_point_limit(100);
+    for i in 0..1000 {
+        f.apply(&sample(i as f64, 1, 1));
+    }
+    assert!(f.points.len() <= 100, "{}", f.points.len());
+    assert_eq!(f.points.last().unwrap().t, 999.0, "the newest point stays");
+    assert!(f.points.windows(2).all(|w| w[0].t < w[1].t));
+    let all = RunFold::of(
+        &(0..1000)
+            .map(|i| sample(i as f64, 1, 1))
+            .collect::<Vec<_>>(),
+    );
+    assert_eq!(all.points.len(), 1000, "no limit, no thinning");
+}
+
+#[test]
+fn durations() {
+    assert_eq!(format_duration(42.4), "42s");
+    assert_eq!(format_duration(185.0), "3m05s");
+    assert_eq!(format_duration(3720.0), "1h02m");
+}

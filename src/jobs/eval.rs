@@ -1,0 +1,82 @@
+//! The eval job: perplexity of a model on a text, streamed one layer at a
+//! time (or resident), with stage snapshots around it.
+
+use burn::backend::Flex;
+use serde_json::json;
+
+use super::config::EvalJob;
+use super::context::{Run, RunOptions};
+use super::{JobError, base_plan, text};
+use crate::events::{Level, RunStatus, RunSummary, stages};
+use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
+use crate::model::tokenizer::Tokenizer;
+use crate::model::{Checkpoint, hub};
+
+/// What an eval run found.
+#[derive(Debug)]
+pub struct Outcome {
+    pub perplexity: Perplexity,
+    pub seqlen: usize,
+    pub summary: RunSummary,
+    pub sink_errors: Vec<String>,
+}
+
+pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
+    job.validate()?;
+    let model_dir = hub::resolve(&job.model, &job.revision)?;
+    let ckpt = Checkpoint::open(&model_dir)?;
+    let tok = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
+    let mut plan = base_plan("eval", job.argv.clone());
+    let stored = crate::model::dtype::stored_name(ckpt.stored_dtype());
+    plan.model = Some(ckpt.config.model_info(&job.model, &stored));
+    let s = &mut plan.settings;
+    s.insert("dtype".into(), json!(job.dtype.name()));
+    s.insert("batch_size".into(), json!(job.batch_size));
+    s.insert("resident".into(), json!(job.resident));
+    let text_path = job.text.path.display().to_string();
+    s.insert("eval_text".into(), json!(text_path));
+    let (seqlen, capped) =
+        crate::data::windows::resolve_seqlen(job.seqlen, ckpt.config.max_position_embeddings)?;
+    plan.settings.insert("seqlen".into(), json!(seqlen));
+    let mut run = Run::start(plan, options)?;
+    let p = run.profiler.clone();
+    if let Some(w) = capped {
+        p.message(Level::Warn, w);
+    }
+    p.stage(stages::START);
+    let (windows, _) = text::evaluation(&tok, &job.text, seqlen, job.windows)?;
+    let device = Default::default();
+    let model = match job.resident {
+        true => Some(ckpt.load_model::<Flex>(job.dtype, &device)?),
+        false => None,
+    };
+    p.stage(stages::MODEL_LOADED);
+    let options = EvalOptions {
+        batch_size: job.batch_size,
+        dtype: job.dtype,
+    };
+    p.stage(stages::BEFORE_EVAL);
+    let weights = match &model {
+        Some(m) => Weights::Resident(m, &ckpt.config),
+        None => Weights::Streamed(&ckpt),
+    };
+    let result = {
+        let _scope = p.scope(stages::EVAL_SCOPE);
+        perplexity::perplexity::<Flex>(weights, &windows, &options, &device, Some(&p))?
+    };
+    p.stage(stages::AFTER_EVAL);
+    drop(model);
+    p.stage(stages::END);
+    run.result("perplexity", result.perplexity);
+    run.result("eval_windows", result.windows);
+    run.result("seqlen", result.seqlen);
+    run.result("eval_seconds", result.seconds);
+    run.result("tokens_per_second", result.tokens_per_second);
+    let (summary, sink_errors) = run.finish(RunStatus::Ok);
+    Ok(Outcome {
+        perplexity: result,
+        seqlen,
+        summary,
+        sink_errors,
+    })
+}

@@ -1,0 +1,209 @@
+//! The GradProbe part of the prune job: calibration windows cut the way the
+//! reference cuts them, one GradProbe step (or the engine's iteration),
+//! step 6 written from the checkpoint, evaluation streamed from what was
+//! written; stages named as GradProbe's profiling script names them.
+
+use std::collections::BTreeMap;
+
+use serde_json::{Value, json};
+
+use super::JobError;
+use super::config::PruneJob;
+use super::context::Run;
+use super::prune::{Opened, Pruned, eval_results, layer_results};
+use super::text;
+use crate::events::{Level, stages};
+use crate::model::perplexity::Perplexity;
+use crate::model::save::PrunedWriter;
+use crate::prune::engine::{LinearReport, PruneOutcome, sparsity_of};
+use crate::prune::gradprobe::iterate::{self, Schedule};
+use crate::prune::gradprobe::{
+    GradProbe, GradProbeConfig, Masks, StepOutcome, scratch_model, write_pruned,
+};
+
+/// GradProbe's settings, recorded in the run's plan.
+pub(super) fn plan_settings(job: &PruneJob, s: &mut BTreeMap<String, Value>) {
+    let g = &job.gradprobe;
+    s.insert("strategy".into(), json!(g.strategy.to_string()));
+    s.insert("reduction_factor".into(), json!(g.reduction_factor));
+    s.insert("gradient_threshold".into(), json!(g.gradient_threshold));
+    s.insert("num_batches".into(), json!(g.num_batches));
+    s.insert("include_embeddings".into(), json!(g.include_embeddings));
+    s.insert("grad_precision".into(), json!(g.grad_precision));
+    s.insert("iterative".into(), json!(g.iterative));
+    if g.iterative {
+        s.insert("initial_sparsity".into(), json!(g.initial_sparsity));
+        s.insert("sparsity_step".into(), json!(g.sparsity_step));
+        s.insert("max_ppl_increase".into(), json!(g.max_ppl_increase));
+    }
+}
+
+/// Probes, writes the pruned model and evaluates it.
+pub(super) fn prune_and_eval(
+    job: &PruneJob,
+    opened: &Opened,
+    writer: Option<&mut PrunedWriter>,
+    run: &mut Run,
+) -> Result<Pruned, JobError> {
+    let Opened { ckpt, tok, seqlen } = opened;
+    let g = &job.gradprobe;
+    let p = run.profiler.clone();
+    p.stage(stages::GP_MODEL_LOADED);
+    let src = job.calib.as_ref().ok_or_else(|| {
+        super::ConfigError::new(
+            "{} is required for {} gradprobe",
+            &[super::Field::CalibText, super::Field::Method],
+        )
+    })?;
+    let count = g.num_batches * job.batch_size();
+    let stride = g.stride.unwrap_or((seqlen / 2).max(1));
+    let calib = text::sliding(tok, src, *seqlen, stride, count)?;
+    let eval_wins = match &job.eval {
+        Some(src) => Some(text::evaluation(tok, src, *seqlen, job.eval_windows)?.0),
+        None => None,
+    };
+    p.stage(stages::GP_DATA_PREPARED);
+    let config = GradProbeConfig {
+        strategy: g.strategy,
+        sparsity: if g.iterative {
+            g.initial_sparsity
+        } else {
+            job.sparsity
+        },
+        reduction_factor: g.reduction_factor,
+        gradient_threshold: g.gradient_threshold,
+        include_embeddings: g.include_embeddings,
+        precision: g.grad_precision,
+    };
+    let mut probe = GradProbe::new(ckpt, config, &calib, job.batch_size(), &p)?;
+    drop(calib);
+    let started = std::time::Instant::now();
+    let (masks, perplexity) = if g.iterative {
+        let schedule = Schedule {
+            initial_sparsity: g.initial_sparsity,
+            sparsity_step: g.sparsity_step,
+            max_ppl_increase: g.max_ppl_increase,
+        };
+        let windows = eval_wins.as_deref().unwrap_or_default();
+        let it = iterate::run(ckpt, &mut probe, windows, schedule)?;
+        run.result("dense_perplexity", it.dense.perplexity);
+        run.result("iterations", json!(it.history));
+        (it.masks, Some(it.perplexity))
+    } else {
+        let step = probe.step(&Masks::new())?;
+        report_step(run, &step, job.sparsity);
+        (step.pruned, None)
+    };
+    let written = write_step6(
+        opened,
+        &probe,
+        &masks,
+        writer,
+        eval_wins.is_some() && perplexity.is_none(),
+    )?;
+    let outcome = PruneOutcome {
+        layers: written.layers,
+        seconds: started.elapsed().as_secs_f64(),
+    };
+    let mut components = BTreeMap::new();
+    let positions = masks.values().map(|m| m.len() as u64 * 4).sum();
+    components.insert("pruned positions (u32)".to_string(), positions);
+    p.components(stages::GP_PRUNING_APPLIED, components);
+    p.stage(stages::GP_PRUNING_APPLIED);
+    let perplexity = match (&eval_wins, &written.path, perplexity) {
+        (Some(wins), Some(path), None) => {
+            p.stage(stages::GP_BEFORE_EVAL);
+            let r = iterate::evaluate(path, wins, &p)?;
+            p.stage(stages::GP_AFTER_EVAL);
+            Some(r)
+        }
+        (_, _, known) => known,
+    };
+    step6_results(run, &outcome, &written.others, perplexity.as_ref());
+    Ok(Pruned {
+        prune: outcome,
+        perplexity,
+    })
+}
+
+/// The model written with the masks applied: into the save folder, or a
+/// scratch folder when nothing is saved.
+struct Written {
+    layers: Vec<crate::prune::engine::LayerReport>,
+    others: Vec<LinearReport>,
+    /// A complete model folder to evaluate, when one is needed.
+    path: Option<std::path::PathBuf>,
+    _scratch: Option<crate::prune::gradprobe::Scratch>,
+}
+
+fn write_step6(
+    opened: &Opened,
+    probe: &GradProbe<'_>,
+    masks: &Masks,
+    writer: Option<&mut PrunedWriter>,
+    needs_eval: bool,
+) -> Result<Written, JobError> {
+    let ckpt = &opened.ckpt;
+    Ok(match writer {
+        Some(w) => {
+            let (layers, others) = write_pruned(ckpt, probe.targets(), masks, w)?;
+            let path = match needs_eval {
+                true => Some(w.complete(ckpt)?),
+                false => None,
+            };
+            Written {
+                layers,
+                others,
+                path,
+                _scratch: None,
+            }
+        }
+        None => {
+            let mut s = scratch_model(ckpt, probe.targets(), masks)?;
+            Written {
+                layers: std::mem::take(&mut s.layers),
+                others: std::mem::take(&mut s.others),
+                path: Some(s.path.clone()),
+                _scratch: Some(s),
+            }
+        }
+    })
+}
+
+fn step6_results(
+    run: &mut Run,
+    outcome: &PruneOutcome,
+    others: &[LinearReport],
+    perplexity: Option<&Perplexity>,
+) {
+    layer_results(run, outcome);
+    let all = outcome.layers.iter().flat_map(|l| &l.linears).chain(others);
+    run.result("sparsity_all_probed", sparsity_of(all));
+    for o in others {
+        let s = o.zeros as f64 / o.params.max(1) as f64;
+        run.result(&format!("sparsity_{}", o.name), s);
+    }
+    if let Some(r) = perplexity {
+        eval_results(run, r);
+    }
+}
+
+fn report_step(run: &mut Run, step: &StepOutcome, target: f64) {
+    run.profiler.message(
+        Level::Info,
+        format!(
+            "gradprobe at {:.3}: {} candidates, {} pruned, {} restored (gradient rose); loss {:.4} → {:.4} with candidates × reduction",
+            target,
+            step.tentative,
+            step.pruned_count(),
+            step.restored,
+            step.loss_original,
+            step.loss_modified
+        ),
+    );
+    run.result("tentative", step.tentative);
+    run.result("pruned", step.pruned_count());
+    run.result("restored", step.restored);
+    run.result("calibration_loss", step.loss_original);
+    run.result("calibration_loss_reduced", step.loss_modified);
+}

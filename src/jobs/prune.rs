@@ -1,0 +1,317 @@
+//! The prune job: open the model, start the run, prune layer by layer (or
+//! GradProbe), evaluate, save — with the stage snapshots of the reference
+//! scripts around each step.
+
+use std::path::PathBuf;
+
+use burn::backend::Flex;
+use serde_json::{Value, json};
+
+use super::config::PruneJob;
+use super::context::{Run, RunOptions};
+use super::{JobError, base_plan, text};
+use crate::events::{Level, RunStatus, RunSummary, stages};
+use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
+use crate::model::save::PrunedWriter;
+use crate::model::tokenizer::Tokenizer;
+use crate::model::{Checkpoint, hub};
+use crate::profiler::Profiler;
+use crate::prune::Method;
+use crate::prune::engine::{self, PruneConfig, Source};
+
+/// What a prune run did.
+#[derive(Debug)]
+pub struct Outcome {
+    pub prune: engine::PruneOutcome,
+    pub perplexity: Option<Perplexity>,
+    pub summary: RunSummary,
+    /// Sink failures seen during the run, one line each.
+    pub sink_errors: Vec<String>,
+    /// Where the pruned model was saved.
+    pub saved: Option<PathBuf>,
+    /// Where the logs are.
+    pub logs: Option<PathBuf>,
+    /// The model's parameters × 4 bytes.
+    pub fp32_model_bytes: u64,
+}
+
+/// The model, its tokenizer and the resolved window length.
+pub(super) struct Opened {
+    pub ckpt: Checkpoint,
+    pub tok: Tokenizer,
+    pub seqlen: usize,
+}
+
+/// What the method-specific part hands back.
+pub(super) struct Pruned {
+    pub prune: engine::PruneOutcome,
+    pub perplexity: Option<Perplexity>,
+}
+
+/// Runs `job`, reporting to `options`' sinks (logs default to `SAVE/logs`).
+pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError> {
+    job.validate()?;
+    let model_dir = hub::resolve(&job.model, &job.revision)?;
+    let ckpt = Checkpoint::open(&model_dir)?;
+    let tok = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
+    let mut writer = match &job.save {
+        Some(dir) => Some(PrunedWriter::create(&ckpt, dir)?),
+        None => None,
+    };
+    // Logs default to SAVE/logs (written inside the partial folder, which is
+    // renamed into place at the end).
+    let asked_logs = options.log_dir.clone();
+    options.log_dir = asked_logs
+        .clone()
+        .or_else(|| writer.as_ref().map(|w| w.partial_dir().join("logs")));
+    let (seqlen, capped) = crate::data::windows::resolve_seqlen(
+        job.requested_seqlen(),
+        ckpt.config.max_position_embeddings,
+    )?;
+    let mut run = Run::start(plan(job, &ckpt, seqlen), options)?;
+    let p = run.profiler.clone();
+    if let Some(w) = capped {
+        p.message(Level::Warn, w);
+    }
+    let gradprobe = job.method == Method::GradProbe;
+    let closing = if gradprobe {
+        p.stage(stages::GP_INITIAL);
+        stages::GRADPROBE_CLOSING
+    } else {
+        p.stage(stages::START);
+        stages::SEQUENTIAL_CLOSING
+    };
+    let opened = Opened { ckpt, tok, seqlen };
+    let pruned = if gradprobe {
+        super::gradprobe::prune_and_eval(job, &opened, writer.as_mut(), &mut run)
+    } else {
+        prune_and_eval(job, &opened, writer.as_mut(), &mut run)
+    };
+    let pruned = match pruned {
+        Ok(o) => o,
+        Err(e) => {
+            p.message(Level::Error, e.to_string());
+            run.finish(RunStatus::Failed(e.to_string()));
+            return Err(e);
+        }
+    };
+    let saved = match writer {
+        Some(w) => {
+            p.stage(closing[0]);
+            let dir = w.finish(&opened.ckpt)?;
+            p.stage(closing[1]);
+            Some(dir)
+        }
+        None => None,
+    };
+    p.stage(closing[2]);
+    let (summary, sink_errors) = run.finish(RunStatus::Ok);
+    let logs = match (asked_logs, &saved) {
+        (Some(l), _) => Some(l),
+        (None, Some(dir)) => Some(dir.join("logs")),
+        _ => None,
+    };
+    Ok(Outcome {
+        prune: pruned.prune,
+        perplexity: pruned.perplexity,
+        summary,
+        sink_errors,
+        saved,
+        logs,
+        fp32_model_bytes: opened.ckpt.config.param_count() * 4,
+    })
+}
+
+/// The run's plan: the model and every setting that shapes memory.
+fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunPlan {
+    let mut plan = base_plan("prune", job.argv.clone());
+    let stored = crate::model::dtype::stored_name(ckpt.stored_dtype());
+    plan.model = Some(ckpt.config.model_info(&job.model, &stored));
+    plan.method = Some(job.method.to_string());
+    let s = &mut plan.settings;
+    s.insert("sparsity".into(), json!(job.sparsity));
+    s.insert("sparsity_type".into(), json!(job.pattern.to_string()));
+    s.insert("nsamples".into(), json!(job.nsamples));
+    s.insert("seed".into(), json!(job.seed));
+    s.insert("dtype".into(), json!(job.dtype.name()));
+    s.insert("batch_size".into(), json!(job.batch_size()));
+    s.insert("resident".into(), json!(job.resident));
+    s.insert("use_variant".into(), json!(job.use_variant));
+    let save = job.save.as_ref().map(|p| p.display().to_string());
+    s.insert("save".into(), json!(save));
+    s.insert("eval_windows".into(), json!(job.eval_windows));
+    if job.method == Method::SparseGpt {
+        s.insert("percdamp".into(), json!(job.percdamp));
+        s.insert("blocksize".into(), json!(job.blocksize));
+    }
+    if job.method == Method::GradProbe {
+        super::gradprobe::plan_settings(job, s);
+    }
+    s.insert("seqlen".into(), json!(seqlen));
+    plan
+}
+
+/// Records per-layer results of a prune.
+pub(super) fn layer_results(run: &mut Run, prune: &engine::PruneOutcome) {
+    run.result("sparsity", prune.sparsity());
+    run.result("prune_seconds", prune.seconds);
+    let sparsity: Vec<f64> = prune.layers.iter().map(|l| l.sparsity()).collect();
+    run.result("layer_sparsity", sparsity);
+}
+
+/// Records an evaluation's results.
+pub(super) fn eval_results(run: &mut Run, r: &Perplexity) {
+    run.result("perplexity", r.perplexity);
+    run.result("eval_windows", r.windows);
+    run.result("eval_seconds", r.seconds);
+}
+
+/// Magnitude, Wanda and SparseGPT: the layer-by-layer engine, then the
+/// evaluation streamed from what was written (or from the resident model).
+fn prune_and_eval(
+    job: &PruneJob,
+    opened: &Opened,
+    mut writer: Option<&mut PrunedWriter>,
+    run: &mut Run,
+) -> Result<Pruned, JobError> {
+    let Opened { ckpt, tok, seqlen } = opened;
+    let p = run.profiler.clone();
+    let device = Default::default();
+    let (calib, mut text_bytes) = match (&job.calib, job.method) {
+        (Some(src), m) if m != Method::Magnitude => {
+            text::calibration(tok, src, job.nsamples, *seqlen, job.seed)?
+        }
+        _ => (Vec::new(), 0),
+    };
+    // Only the windows are kept: the tokenised text is dropped here.
+    let eval_wins = match &job.eval {
+        Some(src) => {
+            let (wins, bytes) = text::evaluation(tok, src, *seqlen, job.eval_windows)?;
+            text_bytes = text_bytes.max(bytes);
+            Some(wins)
+        }
+        None => None,
+    };
+    let mut model = match job.resident {
+        true => Some(ckpt.load_model::<Flex>(job.dtype, &device)?),
+        false => None,
+    };
+    p.stage(stages::MODEL_LOADED);
+    let config = PruneConfig {
+        method: job.method.try_into()?,
+        sparsity: job.sparsity,
+        pattern: job.pattern,
+        use_variant: job.use_variant,
+        seqlen: *seqlen,
+        batch_size: job.batch_size(),
+        dtype: job.dtype,
+        percdamp: job.percdamp,
+        blocksize: job.blocksize,
+    };
+    // Streaming evaluation reads the pruned weights back from disk: from the
+    // save folder, or from a scratch copy when nothing is saved.
+    let mut scratch = match eval_wins.is_some() && model.is_none() && writer.is_none() {
+        true => Some(scratch_writer(ckpt, &p)?),
+        false => None,
+    };
+    let source = match model.as_mut() {
+        Some(m) => Source::Resident(m),
+        None => Source::Streamed,
+    };
+    let target = match (&mut writer, &mut scratch) {
+        (Some(w), _) => Some(&mut **w),
+        (None, Some((_, w))) => Some(w),
+        _ => None,
+    };
+    let prune = engine::prune::<Flex>(ckpt, source, &config, &calib, target, &device, &p)?;
+    layer_results(run, &prune);
+    run.result("text_bytes", text_bytes);
+    let seconds: Vec<f64> = prune.layers.iter().map(|l| l.seconds).collect();
+    run.result("layer_seconds", seconds);
+    let Some(windows) = &eval_wins else {
+        return Ok(Pruned {
+            prune,
+            perplexity: None,
+        });
+    };
+    // Streaming: the pruned layers are on disk; complete that folder.
+    let pruned = match (&model, writer, &mut scratch) {
+        (Some(_), _, _) => None,
+        (None, Some(w), _) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
+        (None, None, Some((_, w))) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
+        (None, None, None) => return Err(internal("pruned weights were not kept for evaluation")),
+    };
+    let weights = match (&model, &pruned) {
+        (Some(m), _) => Weights::Resident(m, &ckpt.config),
+        (None, Some(c)) => Weights::Streamed(c),
+        (None, None) => return Err(internal("nothing to evaluate")),
+    };
+    let options = EvalOptions {
+        batch_size: job.batch_size(),
+        dtype: job.dtype,
+    };
+    p.stage(stages::BEFORE_EVAL);
+    let result = {
+        let _scope = p.scope(stages::EVAL_SCOPE);
+        perplexity::perplexity::<Flex>(weights, windows, &options, &device, Some(&p))?
+    };
+    p.stage(stages::AFTER_EVAL);
+    eval_results(run, &result);
+    Ok(Pruned {
+        prune,
+        perplexity: Some(result),
+    })
+}
+
+fn internal(what: &str) -> JobError {
+    crate::prune::PruneError::Invalid(format!("internal: {what}")).into()
+}
+
+/// A writer into a scratch folder (removed on drop) for evaluating a
+/// streamed prune that is not saved.
+fn scratch_writer(
+    ckpt: &Checkpoint,
+    p: &Profiler,
+) -> Result<(tempfile::TempDir, PrunedWriter), JobError> {
+    let dir = tempfile::Builder::new()
+        .prefix("prunemem-pruned-")
+        .tempdir()
+        .map_err(|e| JobError::io(&std::env::temp_dir(), e))?;
+    let w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
+    p.message(
+        Level::Info,
+        format!(
+            "evaluation streams the pruned layers from {}",
+            dir.path().display()
+        ),
+    );
+    Ok((dir, w))
+}
+
+/// The JSON line `prune --json` prints.
+pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
+    let layer_sparsity: Vec<f64> = o.prune.layers.iter().map(|l| l.sparsity()).collect();
+    let fp32 = o.fp32_model_bytes;
+    let s = &o.summary;
+    json!({
+        "method": job.method.to_string(), "type": job.pattern.to_string(),
+        "sparsity_target": job.sparsity, "sparsity": o.prune.sparsity(),
+        "prune_seconds": o.prune.seconds, "wall_seconds": s.wall_s,
+        "rss_peak": s.rss_peak, "heap_peak": s.heap_peak,
+        "perplexity": o.perplexity.as_ref().map(|p| p.perplexity),
+        "eval_windows": o.perplexity.as_ref().map(|p| p.windows),
+        "nsamples": job.nsamples, "resident": job.resident, "layer_sparsity": layer_sparsity,
+        "fp32_model_bytes": fp32,
+        "peak_over_fp32_model": s.rss_peak.map(|p| p as f64 / fp32.max(1) as f64),
+    })
+}
+
+/// What `check_sparsity` prints: each layer's sparsity, then the total.
+pub fn sparsity_lines(outcome: &engine::PruneOutcome) -> String {
+    let mut s = String::new();
+    for l in &outcome.layers {
+        s += &format!("layer {} sparsity {:.6}\n", l.index, l.sparsity());
+    }
+    s += &format!("sparsity sanity check {:.4}\n", outcome.sparsity());
+    s
+}

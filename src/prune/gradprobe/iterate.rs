@@ -1,0 +1,157 @@
+//! GradProbe's `iterative_prune` with perplexity as the metric: raise the
+//! target sparsity step by step, each step probing the model with the
+//! earlier steps' pruning applied, and keep the best step whose perplexity
+//! stays within a budget of the dense model's.
+
+use burn::backend::Flex;
+use serde::Serialize;
+
+use super::{GradProbe, Masks, scratch_model, select};
+use crate::events::Level;
+use crate::model::Checkpoint;
+use crate::model::perplexity::{self, EvalOptions, Perplexity};
+use crate::profiler::Profiler;
+use crate::prune::PruneError;
+
+/// How to iterate (the reference's `iterative_prune` settings).
+#[derive(Debug, Clone, Copy)]
+pub struct Schedule {
+    pub initial_sparsity: f64,
+    pub sparsity_step: f64,
+    /// Stop when perplexity exceeds the dense one by more than this
+    /// (absolute, as the reference's `--max-perplexity-increase`).
+    pub max_ppl_increase: f64,
+}
+
+/// One step, as the run's results record it.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepRecord {
+    pub target: f64,
+    pub sparsity: f64,
+    pub perplexity: f64,
+    pub tentative: u64,
+    pub pruned: u64,
+    pub restored: u64,
+    pub seconds: f64,
+}
+
+/// What the iteration kept.
+#[derive(Debug, Clone)]
+pub struct Iteration {
+    /// The best valid step's masks (empty: the model stays dense).
+    pub masks: Masks,
+    /// Its perplexity (the dense one when no step was kept).
+    pub perplexity: Perplexity,
+    pub dense: Perplexity,
+    pub history: Vec<StepRecord>,
+}
+
+/// Streams the model folder `dir` through `windows`.
+pub fn evaluate(
+    dir: &std::path::Path,
+    windows: &[Vec<u32>],
+    profiler: &Profiler,
+) -> Result<Perplexity, PruneError> {
+    let options = EvalOptions {
+        batch_size: 8,
+        dtype: crate::model::ComputeDtype::F32,
+    };
+    Ok(perplexity::of_folder::<Flex>(
+        dir,
+        windows,
+        &options,
+        &Default::default(),
+        profiler,
+    )?)
+}
+
+/// Runs the schedule: stops when sparsity has not risen for two steps or
+/// perplexity exceeds the dense one by more than the budget; returns the
+/// best valid masks and their perplexity.
+pub fn run(
+    ckpt: &Checkpoint,
+    probe: &mut GradProbe<'_>,
+    windows: &[Vec<u32>],
+    schedule: Schedule,
+) -> Result<Iteration, PruneError> {
+    let p = probe.profiler;
+    let dense = evaluate(&ckpt.dir, windows, p)?;
+    p.message(
+        Level::Info,
+        format!("dense perplexity {:.4}", dense.perplexity),
+    );
+    let mut masks = Masks::new();
+    let mut best: Option<(Masks, Perplexity)> = None;
+    let (mut previous, mut flat_steps) = (0.0, 0);
+    let mut history = Vec::new();
+    let mut target = schedule.initial_sparsity;
+    while target <= 1.0 {
+        probe.set_sparsity(target);
+        let step = probe.step(&masks)?;
+        for (name, new) in &step.pruned {
+            let merged = select::union(masks.get(name).map_or(&[][..], |v| v), new);
+            masks.insert(name.clone(), merged);
+        }
+        let scratch = scratch_model(ckpt, probe.targets(), &masks)?;
+        let sparsity = scratch.sparsity();
+        let ppl = evaluate(&scratch.path, windows, p)?;
+        p.message(
+            Level::Info,
+            format!(
+                "step at {target:.3}: sparsity {sparsity:.4}, perplexity {:.4} (dense {:.4}), {} pruned, {} restored",
+                ppl.perplexity,
+                dense.perplexity,
+                step.pruned_count(),
+                step.restored
+            ),
+        );
+        history.push(StepRecord {
+            target,
+            sparsity,
+            perplexity: ppl.perplexity,
+            tentative: step.tentative,
+            pruned: step.pruned_count(),
+            restored: step.restored,
+            seconds: step.seconds,
+        });
+        flat_steps = if sparsity - previous <= 0.0 {
+            flat_steps + 1
+        } else {
+            0
+        };
+        if flat_steps >= 2 {
+            p.message(
+                Level::Info,
+                "sparsity stopped rising for two steps: stopping",
+            );
+            break;
+        }
+        if ppl.perplexity - dense.perplexity > schedule.max_ppl_increase {
+            p.message(
+                Level::Info,
+                format!(
+                    "perplexity rose {:.4} > {}: keeping the previous step",
+                    ppl.perplexity - dense.perplexity,
+                    schedule.max_ppl_increase
+                ),
+            );
+            break;
+        }
+        best = Some((masks.clone(), ppl));
+        previous = sparsity;
+        target += schedule.sparsity_step;
+    }
+    let (masks, perplexity) = best.unwrap_or_else(|| {
+        p.message(
+            Level::Warn,
+            "no step kept perplexity within the budget (max_ppl_increase): the model is left dense",
+        );
+        (Masks::new(), dense.clone())
+    });
+    Ok(Iteration {
+        masks,
+        perplexity,
+        dense,
+        history,
+    })
+}

@@ -1,0 +1,403 @@
+//! The four phases of one GradProbe gradient pass ([`super::pass::run`]):
+//! forward through the streamed layers keeping only the boundaries; the
+//! head and loss by hand; the layers again, last to first, under autodiff;
+//! the embedding gradient last.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::{AutodiffModule, Param};
+use burn::prelude::*;
+
+use super::head::{WeightGrad, head_backward};
+use super::pass::{Batch, Input, Norms, State, Which, fold_norms, input_of};
+use super::{EMBED, HEAD, select};
+use crate::events::stages;
+use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LlamaRmsNorm};
+use crate::model::{ComputeDtype, Rope};
+use crate::prune::PruneError;
+use crate::prune::engine::{set_weight, weight_out_in};
+
+type Ad = Autodiff<Flex>;
+const DTYPE: ComputeDtype = ComputeDtype::F32;
+
+/// One pass's fixed context.
+pub(super) struct Pass<'a> {
+    input: Input<'a>,
+    which: Which,
+    tag: &'static str,
+    probed: BTreeSet<&'a str>,
+    seqlen: usize,
+    device: burn::tensor::Device<Flex>,
+}
+
+/// What the head phase leaves for the later phases.
+pub(super) struct HeadOut {
+    /// Gradient w.r.t. each batch's current boundary activations.
+    pub grads: Vec<Tensor<Flex, 3>>,
+    /// Tied and probed: head gradients at candidates whose row the batch
+    /// also looks up, added to the lookup gradient before `|·|`.
+    deferred: Vec<HashMap<usize, f32>>,
+    head_name: &'static str,
+    head_positions: Vec<u32>,
+    embed_positions: Vec<u32>,
+    head_max: Vec<f32>,
+    embed_max: Vec<f32>,
+    tied_probed: bool,
+    loss: f64,
+}
+
+impl<'a> Pass<'a> {
+    pub fn new(input: Input<'a>, which: Which) -> Self {
+        let probed = input.targets.iter().map(|t| t.name.as_str()).collect();
+        let seqlen = input.batches.first().map_or(1, |b| b.inputs[0].len());
+        let tag = match which {
+            Which::Original => "original",
+            Which::Modified => "modified",
+        };
+        Self {
+            input,
+            which,
+            tag,
+            probed,
+            seqlen,
+            device: Default::default(),
+        }
+    }
+
+    fn progress(&self, index: usize, what: String) {
+        let layers = self.input.ckpt.config.num_layers;
+        let name = format!("{}: {what}", self.tag);
+        self.input.profiler.progress(index, 2 * layers + 2, &name);
+    }
+
+    /// Embeds every batch (tentative candidates of a probed embedding were
+    /// chosen in the original pass, so the modified pass reduces them here).
+    fn embed(&self, state: &State) -> Result<Vec<Tensor<Flex, 3>>, PruneError> {
+        let Input { ckpt, config, .. } = self.input;
+        let mut embed_w = ckpt.read_f32(EMBED)?;
+        state.prepare(self.which, EMBED, &mut embed_w, config.reduction_factor);
+        let d = ckpt.config.hidden_size;
+        let rows = |b: &Batch| -> Vec<f32> {
+            b.inputs
+                .iter()
+                .flatten()
+                .flat_map(|t| {
+                    embed_w[*t as usize * d..(*t as usize + 1) * d]
+                        .iter()
+                        .copied()
+                })
+                .collect()
+        };
+        Ok(self
+            .input
+            .batches
+            .iter()
+            .map(|b| {
+                let (n, s) = (b.inputs.len(), b.inputs[0].len());
+                Tensor::from_data(TensorData::new(rows(b), [n, s, d]), &self.device)
+            })
+            .collect())
+    }
+
+    /// Embedding and every layer forward; returns the boundaries `x_0 … x_L`
+    /// (and, for the Wanda strategy's first pass, the activation norms).
+    pub fn forward(&self, state: &mut State) -> Result<Vec<Vec<Tensor<Flex, 3>>>, PruneError> {
+        let Input { ckpt, config, .. } = self.input;
+        let c = &ckpt.config;
+        let rope = Rope::<Flex>::new(c, self.seqlen, DTYPE.burn(), &self.device);
+        let collect_norms = self.which == Which::Original
+            && config.strategy == select::Strategy::Wanda
+            && state.norms.is_none();
+        let mut norms = Norms::default();
+        let mut xs = vec![self.embed(state)?];
+        for i in 0..c.num_layers {
+            crate::memory::alloc::trim();
+            let mut layer = ckpt.load_layer::<Flex>(i, DTYPE, &self.device)?;
+            for name in LAYER_LINEARS {
+                let full = format!("model.layers.{i}.{name}.weight");
+                if state.pruned.contains_key(&full) || self.which == Which::Modified {
+                    let (mut w, out, inp) = weight_out_in(&layer, name);
+                    state.prepare(self.which, &full, &mut w, config.reduction_factor);
+                    set_weight(&mut layer, name, w, out, inp, DTYPE, &self.device);
+                }
+            }
+            let mut layer_norms = HashMap::new();
+            let next: Vec<Tensor<Flex, 3>> = xs[i]
+                .iter()
+                .map(|x| {
+                    if collect_norms {
+                        layer.forward_traced(x.clone(), &rope, &mut |k, t| {
+                            fold_norms(layer_norms.entry(k).or_default(), t)
+                        })
+                    } else {
+                        layer.forward(x.clone(), &rope)
+                    }
+                })
+                .collect();
+            norms.layers.push(layer_norms);
+            xs.push(next);
+            self.progress(i, format!("forward layer {i}"));
+        }
+        if collect_norms {
+            let final_norm = ckpt.load_norm::<Flex>(DTYPE, &self.device)?;
+            for x in &xs[c.num_layers] {
+                fold_norms(&mut norms.head, &final_norm.forward(x.clone()));
+            }
+            state.norms = Some(norms);
+        }
+        Ok(xs)
+    }
+
+    /// The head weight as the pass sees it; in the original pass, the
+    /// head's (and a separate probed embedding's) candidates are chosen.
+    fn head_weight(
+        &self,
+        state: &mut State,
+        head_name: &'static str,
+    ) -> Result<Vec<f32>, PruneError> {
+        let Input { ckpt, config, .. } = self.input;
+        let c = &ckpt.config;
+        let mut head_w = ckpt.read_f32(head_name)?;
+        // The original pass only zeroes earlier steps' pruning, so the
+        // prepared head is the current model's.
+        state.prepare(self.which, head_name, &mut head_w, config.reduction_factor);
+        if self.which == Which::Original && self.probed.contains(head_name) {
+            let n = (head_name == HEAD)
+                .then(|| state.norms.as_ref().map(|n| n.head.as_slice()))
+                .flatten()
+                .filter(|_| config.strategy == select::Strategy::Wanda);
+            let t = select::tentative(&head_w, c.hidden_size, n, config.sparsity);
+            state.tentative.insert(head_name.to_string(), t);
+        }
+        if self.which == Which::Original && self.probed.contains(EMBED) && head_name != EMBED {
+            let mut w = ckpt.read_f32(EMBED)?;
+            state.prepare(self.which, EMBED, &mut w, 0.0);
+            let t = select::tentative(&w, c.hidden_size, None, config.sparsity);
+            state.tentative.insert(EMBED.to_string(), t);
+        }
+        Ok(head_w)
+    }
+
+    /// Loss and head backward, by hand in vocabulary blocks, then the final
+    /// norm under autodiff: the gradient w.r.t. the last boundary.
+    pub fn head(
+        &self,
+        state: &mut State,
+        last: Vec<Tensor<Flex, 3>>,
+    ) -> Result<HeadOut, PruneError> {
+        let Input {
+            ckpt,
+            batches,
+            profiler,
+            ..
+        } = self.input;
+        let c = &ckpt.config;
+        let head_name = if c.tie_word_embeddings { EMBED } else { HEAD };
+        let head_w = self.head_weight(state, head_name)?;
+        let head = Tensor::<Flex, 2>::from_data(
+            TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
+            &self.device,
+        );
+        let mut held = state.components();
+        held.insert(
+            "head weight (f32)".into(),
+            (c.vocab_size * c.hidden_size * 4) as u64,
+        );
+        let tokens: usize = batches.iter().map(|b| b.targets.len()).sum();
+        held.insert(
+            "boundary activations".into(),
+            ((c.num_layers + 1) * tokens * c.hidden_size * 4) as u64,
+        );
+        profiler.components(&format!("{} pass, head", self.tag), held);
+        let norm_ad = LlamaRmsNorm::<Ad>::from_inner(ckpt.load_norm::<Flex>(DTYPE, &self.device)?);
+        let head_probed = self.probed.contains(head_name);
+        let head_positions = state.tentative.get(head_name).cloned().unwrap_or_default();
+        let mut out = HeadOut {
+            grads: Vec::with_capacity(batches.len()),
+            deferred: Vec::with_capacity(batches.len()),
+            head_name,
+            head_max: vec![0f32; head_positions.len()],
+            embed_positions: state.tentative.get(EMBED).cloned().unwrap_or_default(),
+            embed_max: Vec::new(),
+            head_positions,
+            tied_probed: head_probed && head_name == EMBED,
+            loss: 0.0,
+        };
+        out.embed_max = vec![0f32; out.embed_positions.len()];
+        for (b, x) in batches.iter().zip(last) {
+            let [n, s, d] = x.dims();
+            let x_ad = Tensor::<Ad, 3>::from_inner(x).require_grad();
+            let h = norm_ad.forward(x_ad.clone());
+            let rows: BTreeSet<u32> = b.inputs.iter().flatten().copied().collect();
+            let mut held = HashMap::new();
+            let (positions, maxima, tied) =
+                (&out.head_positions, &mut out.head_max, out.tied_probed);
+            let mut sink = |k: usize, g: f32| {
+                let row = positions[k] as usize / d;
+                if tied && rows.contains(&(row as u32)) {
+                    held.insert(k, g);
+                } else if g.abs() > maxima[k] {
+                    maxima[k] = g.abs();
+                }
+            };
+            let wg: WeightGrad<'_> = head_probed.then_some((positions.as_slice(), &mut sink));
+            let (dh, l) =
+                head_backward(h.clone().inner().reshape([n * s, d]), &head, &b.targets, wg);
+            out.loss += l;
+            out.deferred.push(held);
+            let g = Tensor::<Ad, 3>::from_inner(dh.reshape([n, s, d]));
+            let backward = (h * g).sum().backward();
+            out.grads.push(
+                x_ad.grad(&backward)
+                    .unwrap_or_else(|| Tensor::zeros([n, s, d], &self.device)),
+            );
+        }
+        drop(head);
+        drop(norm_ad);
+        self.progress(c.num_layers, "head".into());
+        Ok(out)
+    }
+
+    /// Every layer, last to first: recomputed from its boundary under
+    /// autodiff, the upstream gradient pushed through, weight gradients
+    /// folded into the maxima at the candidates.
+    pub fn backward(
+        &self,
+        state: &mut State,
+        mut boundaries: Vec<Vec<Tensor<Flex, 3>>>,
+        grads: &mut [Tensor<Flex, 3>],
+    ) -> Result<(), PruneError> {
+        let c = &self.input.ckpt.config;
+        let rope = Rope::<Ad>::new(c, self.seqlen, DTYPE.burn(), &self.device);
+        for i in (0..c.num_layers).rev() {
+            crate::memory::alloc::trim();
+            let _scope = self.input.profiler.scope(&stages::layer_pass(i, self.tag));
+            let inputs = boundaries.pop().unwrap_or_default();
+            self.backward_layer(state, i, inputs, grads, &rope)?;
+            self.progress(2 * c.num_layers - i, format!("backward layer {i}"));
+        }
+        Ok(())
+    }
+
+    fn backward_layer(
+        &self,
+        state: &mut State,
+        i: usize,
+        inputs: Vec<Tensor<Flex, 3>>,
+        grads: &mut [Tensor<Flex, 3>],
+        rope: &Rope<Ad>,
+    ) -> Result<(), PruneError> {
+        let Input { ckpt, config, .. } = self.input;
+        // Prepared on the plain backend, then wrapped: reading a tracked
+        // parameter would leave an unconsumed node in the autodiff graph.
+        let mut plain = ckpt.load_layer::<Flex>(i, DTYPE, &self.device)?;
+        let mut names = Vec::new();
+        for name in LAYER_LINEARS {
+            let full = format!("model.layers.{i}.{name}.weight");
+            let (mut w, out, inp) = weight_out_in(&plain, name);
+            state.prepare(self.which, &full, &mut w, config.reduction_factor);
+            if self.which == Which::Original && self.probed.contains(full.as_str()) {
+                let n = state
+                    .norms
+                    .as_ref()
+                    .filter(|_| config.strategy == select::Strategy::Wanda)
+                    .and_then(|n| n.layers.get(i))
+                    .and_then(|m| m.get(&input_of(name)))
+                    .map(Vec::as_slice);
+                let t = select::tentative(&w, inp, n, config.sparsity);
+                state.tentative.insert(full.clone(), t);
+            }
+            set_weight(&mut plain, name, w, out, inp, DTYPE, &self.device);
+            names.push((name, full));
+        }
+        let mut layer = DecoderLayer::<Ad>::from_inner(plain);
+        for name in LAYER_LINEARS {
+            if let Some(l) = layer.linear_mut(name) {
+                l.weight = Param::from_tensor(l.weight.val());
+            }
+        }
+        let mut maxima: Vec<Vec<f32>> = names
+            .iter()
+            .map(|(_, f)| vec![0f32; state.tentative.get(f).map_or(0, Vec::len)])
+            .collect();
+        for (x, g) in inputs.into_iter().zip(grads.iter_mut()) {
+            let x_ad = Tensor::<Ad, 3>::from_inner(x).require_grad();
+            let y = layer.forward(x_ad.clone(), rope);
+            let backward = (y * Tensor::<Ad, 3>::from_inner(g.clone()))
+                .sum()
+                .backward();
+            for ((name, full), acc) in names.iter().zip(maxima.iter_mut()) {
+                let Some(positions) = state.tentative.get(full) else {
+                    continue;
+                };
+                let Some(grad) = layer
+                    .linear(name)
+                    .and_then(|l| l.weight.val().grad(&backward))
+                else {
+                    continue;
+                };
+                let host: Vec<f32> = grad.transpose().into_data().into_vec().unwrap_or_default();
+                select::fold_max(acc, &host, positions);
+            }
+            if let Some(dx) = x_ad.grad(&backward) {
+                *g = dx;
+            }
+        }
+        for ((_, full), acc) in names.iter().zip(maxima) {
+            if self.probed.contains(full.as_str()) {
+                state.finish(self.which, full, acc, config.gradient_threshold);
+            }
+        }
+        Ok(())
+    }
+
+    /// Embedding: the lookup gradient (plus the held head part when tied);
+    /// a separate probed head is finished too. Returns the mean loss.
+    pub fn embeddings(&self, state: &mut State, mut head: HeadOut) -> f64 {
+        let Input {
+            ckpt,
+            config,
+            batches,
+            ..
+        } = self.input;
+        let c = &ckpt.config;
+        if self.probed.contains(EMBED) {
+            let d = c.hidden_size;
+            let (acc, positions) = if head.tied_probed {
+                (&mut head.head_max, &head.head_positions)
+            } else {
+                (&mut head.embed_max, &head.embed_positions)
+            };
+            for ((b, g), held) in batches.iter().zip(&head.grads).zip(&head.deferred) {
+                let g0: Vec<f32> = g.clone().into_data().into_vec().unwrap_or_default();
+                let mut lookup: BTreeMap<u32, Vec<f32>> = BTreeMap::new();
+                for (t, tok) in b.inputs.iter().flatten().enumerate() {
+                    let row = lookup.entry(*tok).or_insert_with(|| vec![0f32; d]);
+                    for (r, v) in row.iter_mut().zip(&g0[t * d..(t + 1) * d]) {
+                        *r += v;
+                    }
+                }
+                for (tok, row) in &lookup {
+                    let base = *tok as usize * d;
+                    let lo = positions.partition_point(|p| (*p as usize) < base);
+                    let hi = positions.partition_point(|p| (*p as usize) < base + d);
+                    for k in lo..hi {
+                        let v = held.get(&k).copied().unwrap_or(0.0)
+                            + row[positions[k] as usize - base];
+                        if v.abs() > acc[k] {
+                            acc[k] = v.abs();
+                        }
+                    }
+                }
+            }
+            let maxima = std::mem::take(acc);
+            state.finish(self.which, EMBED, maxima, config.gradient_threshold);
+        }
+        if self.probed.contains(HEAD) && head.head_name == HEAD {
+            state.finish(self.which, HEAD, head.head_max, config.gradient_threshold);
+        }
+        self.progress(2 * c.num_layers + 1, "embeddings".into());
+        head.loss / batches.len().max(1) as f64
+    }
+}
