@@ -5,8 +5,9 @@
 # (config.json, model.safetensors in f32, tokenizer.json). Idempotent: does
 # nothing when the folder is already complete.
 #
-#   scripts/fetch-smollm2.sh            # uses `cargo run --` to convert
-#   PRUNEMEM=target/release/prunemem scripts/fetch-smollm2.sh
+#   scripts/fetch-smollm2.sh            # converts with `cargo run --release`
+#                                       # (the build `cargo build --release` reuses)
+#   PRUNEMEM=target/debug/prunemem scripts/fetch-smollm2.sh   # any built binary
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +54,8 @@ fi
 if [[ -n "${PRUNEMEM:-}" ]]; then
   "$PRUNEMEM" convert --gguf "$GGUF" --out "$OUT"
 else
-  cargo run --quiet -- convert --gguf "$GGUF" --out "$OUT"
+  # A release build: the one a newcomer builds next anyway (a debug build
+  # here would compile every dependency a second time).
+  cargo run --release --quiet -- convert --gguf "$GGUF" --out "$OUT"
 fi
 echo "fetch-smollm2: ready in $OUT"

@@ -4,8 +4,6 @@
 # eval, snapshot) with the sampler off, so two binaries can be compared
 # with compare.py (stage names, event kinds and order, results, CSV rows).
 # Usage: capture.sh BIN OUTDIR MODEL_DIR TEXT
-#!/bin/bash
-# capture.sh BIN OUT MODEL TEXT: deterministic runs, logs under OUT
 BIN=$1; OUT=$2; M=$3; T=$4
 rm -rf $OUT; mkdir -p $OUT
 common="--ui none --sample-hz 0"

@@ -181,6 +181,7 @@ impl PruneArgs {
 
 pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
     let job = args.job(argv);
+    // Refused before the live UI takes the terminal (the job checks again).
     job.validate().map_err(|e| job_error(e.into()))?;
     let outcome = jobs::prune::run(&job, args.run.run_options()?).map_err(job_error)?;
     if args.json {

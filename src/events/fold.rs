@@ -246,10 +246,11 @@ impl RunFold {
         {
             // Thin the older half: keep every other point.
             let half = self.points.len() / 2;
-            let mut k = 0;
+            let mut i = 0;
             self.points.retain(|_| {
-                k += 1;
-                k - 1 >= half || (k - 1) % 2 == 0
+                let keep = i >= half || i % 2 == 0;
+                i += 1;
+                keep
             });
         }
     }

@@ -78,22 +78,8 @@ pub(super) fn prune_and_eval(
     let mut probe = GradProbe::new(ckpt, config, &calib, job.batch_size(), &p)?;
     drop(calib);
     let started = std::time::Instant::now();
-    let (masks, perplexity) = if g.iterative {
-        let schedule = Schedule {
-            initial_sparsity: g.initial_sparsity,
-            sparsity_step: g.sparsity_step,
-            max_ppl_increase: g.max_ppl_increase,
-        };
-        let windows = eval_wins.as_deref().unwrap_or_default();
-        let it = iterate::run(ckpt, &mut probe, windows, schedule)?;
-        run.result("dense_perplexity", it.dense.perplexity);
-        run.result("iterations", json!(it.history));
-        (it.masks, Some(it.perplexity))
-    } else {
-        let step = probe.step(&Masks::new())?;
-        report_step(run, &step, job.sparsity);
-        (step.pruned, None)
-    };
+    let windows = eval_wins.as_deref().unwrap_or_default();
+    let (masks, perplexity) = probe_masks(job, ckpt, &mut probe, windows, run)?;
     let written = write_step6(
         opened,
         &probe,
@@ -124,6 +110,32 @@ pub(super) fn prune_and_eval(
         prune: outcome,
         perplexity,
     })
+}
+
+/// One GradProbe step, or the engine's iteration: the masks, and the
+/// perplexity the iteration already measured.
+fn probe_masks(
+    job: &PruneJob,
+    ckpt: &crate::model::Checkpoint,
+    probe: &mut GradProbe<'_>,
+    windows: &[Vec<u32>],
+    run: &mut Run,
+) -> Result<(Masks, Option<Perplexity>), JobError> {
+    let g = &job.gradprobe;
+    if !g.iterative {
+        let step = probe.step(&Masks::new())?;
+        report_step(run, &step, job.sparsity);
+        return Ok((step.pruned, None));
+    }
+    let schedule = Schedule {
+        initial_sparsity: g.initial_sparsity,
+        sparsity_step: g.sparsity_step,
+        max_ppl_increase: g.max_ppl_increase,
+    };
+    let it = iterate::run(ckpt, probe, windows, schedule)?;
+    run.result("dense_perplexity", it.dense.perplexity);
+    run.result("iterations", json!(it.history));
+    Ok((it.masks, Some(it.perplexity)))
 }
 
 /// The model written with the masks applied: into the save folder, or a

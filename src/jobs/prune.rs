@@ -197,17 +197,7 @@ fn prune_and_eval(
         false => None,
     };
     p.stage(stages::MODEL_LOADED);
-    let config = PruneConfig {
-        method: job.method.try_into()?,
-        sparsity: job.sparsity,
-        pattern: job.pattern,
-        use_variant: job.use_variant,
-        seqlen: *seqlen,
-        batch_size: job.batch_size(),
-        dtype: job.dtype,
-        percdamp: job.percdamp,
-        blocksize: job.blocksize,
-    };
+    let config = engine_config(job, *seqlen)?;
     // Streaming evaluation reads the pruned weights back from disk: from the
     // save folder, or from a scratch copy when nothing is saved.
     let mut scratch = match eval_wins.is_some() && model.is_none() && writer.is_none() {
@@ -246,6 +236,36 @@ fn prune_and_eval(
         (None, Some(c)) => Weights::Streamed(c),
         (None, None) => return Err(internal("nothing to evaluate")),
     };
+    let result = evaluate(job, weights, windows, run)?;
+    Ok(Pruned {
+        prune,
+        perplexity: Some(result),
+    })
+}
+
+/// The engine's settings for `job`.
+fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError> {
+    Ok(PruneConfig {
+        method: job.method.try_into()?,
+        sparsity: job.sparsity,
+        pattern: job.pattern,
+        use_variant: job.use_variant,
+        seqlen,
+        batch_size: job.batch_size(),
+        dtype: job.dtype,
+        percdamp: job.percdamp,
+        blocksize: job.blocksize,
+    })
+}
+
+/// The pruned model's perplexity, between the eval stages.
+fn evaluate(
+    job: &PruneJob,
+    weights: Weights<'_, Flex>,
+    windows: &[Vec<u32>],
+    run: &mut Run,
+) -> Result<Perplexity, JobError> {
+    let p = run.profiler.clone();
     let options = EvalOptions {
         batch_size: job.batch_size(),
         dtype: job.dtype,
@@ -253,14 +273,12 @@ fn prune_and_eval(
     p.stage(stages::BEFORE_EVAL);
     let result = {
         let _scope = p.scope(stages::EVAL_SCOPE);
+        let device = Default::default();
         perplexity::perplexity::<Flex>(weights, windows, &options, &device, Some(&p))?
     };
     p.stage(stages::AFTER_EVAL);
     eval_results(run, &result);
-    Ok(Pruned {
-        prune,
-        perplexity: Some(result),
-    })
+    Ok(result)
 }
 
 fn internal(what: &str) -> JobError {

@@ -171,81 +171,20 @@ pub fn prune<B: Backend>(
     profiler.components(stages::BEFORE_PRUNING, components.clone());
     profiler.stage(stages::BEFORE_PRUNING);
 
-    let streamed = matches!(source, Source::Streamed);
+    let pass = LayerPass {
+        ckpt,
+        config,
+        device,
+        profiler,
+        rope,
+        kind,
+        nsamples,
+        components,
+        streamed: matches!(source, Source::Streamed),
+    };
     let mut layers = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
-        let layer_start = Instant::now();
-        crate::memory::alloc::trim();
-        let _scope = profiler.scope(&stages::layer(i));
-        let mut owned;
-        let layer: &mut DecoderLayer<B> = match &mut source {
-            Source::Resident(m) => &mut m.model.layers[i],
-            Source::Streamed => {
-                owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
-                &mut owned
-            }
-        };
-        let mut stats = kind.map(LayerStats::<B>::new);
-        if let Some(stats) = stats.as_mut() {
-            for x in &inps {
-                let _ =
-                    layer.forward_traced(x.clone(), &rope, &mut |input, t| stats.observe(input, t));
-            }
-        }
-        let mut comp = components.clone();
-        if streamed {
-            comp.insert(
-                "weights".to_string(),
-                c.layer_param_count() * config.dtype.size(),
-            );
-        }
-        if let Some(s) = &stats {
-            comp.insert("statistics".to_string(), s.bytes());
-        }
-        profiler.components(&stages::layer_stats(i), comp);
-        profiler.stage(&stages::layer_stats(i));
-
-        let mut linears = Vec::with_capacity(7);
-        for input in [
-            LinearInput::Qkv,
-            LinearInput::O,
-            LinearInput::GateUp,
-            LinearInput::Down,
-        ] {
-            let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
-            for name in input.linears() {
-                let full = format!("model.layers.{i}.{name}.weight");
-                let report = prune_linear(
-                    layer,
-                    name,
-                    &full,
-                    stat.as_ref(),
-                    config,
-                    device,
-                    writer.as_deref_mut(),
-                    ckpt,
-                )?;
-                linears.push(report);
-            }
-        }
-        drop(stats);
-        crate::memory::alloc::trim();
-        profiler.stage(&stages::layer_pruned(i));
-
-        if kind.is_some() && i + 1 < c.num_layers {
-            for x in inps.iter_mut() {
-                *x = layer.forward(x.clone(), &rope);
-            }
-        }
-        if let Some(w) = writer.as_deref_mut() {
-            w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
-        }
-        layers.push(LayerReport {
-            index: i,
-            seconds: layer_start.elapsed().as_secs_f64(),
-            linears,
-        });
-        profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
+        layers.push(pass.layer(i, &mut source, &mut inps, writer.as_deref_mut())?);
     }
     drop(inps);
     profiler.stage(stages::AFTER_PRUNING);
@@ -253,6 +192,130 @@ pub fn prune<B: Backend>(
         layers,
         seconds: start.elapsed().as_secs_f64(),
     })
+}
+
+/// What every layer of one pruning run shares.
+struct LayerPass<'a, B: Backend> {
+    ckpt: &'a Checkpoint,
+    config: &'a PruneConfig,
+    device: &'a B::Device,
+    profiler: &'a Profiler,
+    rope: Rope<B>,
+    kind: Option<StatKind>,
+    nsamples: usize,
+    /// The run-wide components (calibration inputs, resident weights).
+    components: BTreeMap<String, u64>,
+    streamed: bool,
+}
+
+impl<B: Backend> LayerPass<'_, B> {
+    /// Layer `i`: statistics pass, pruning, output pass (in place in
+    /// `inps`), the rest of its tensors copied to the writer.
+    fn layer(
+        &self,
+        i: usize,
+        source: &mut Source<'_, B>,
+        inps: &mut [Tensor<B, 3>],
+        mut writer: Option<&mut PrunedWriter>,
+    ) -> Result<LayerReport, PruneError> {
+        let (ckpt, config, device, profiler) = (self.ckpt, self.config, self.device, self.profiler);
+        let c = &ckpt.config;
+        let layer_start = Instant::now();
+        crate::memory::alloc::trim();
+        let _scope = profiler.scope(&stages::layer(i));
+        let mut owned;
+        let layer: &mut DecoderLayer<B> = match source {
+            Source::Resident(m) => &mut m.model.layers[i],
+            Source::Streamed => {
+                owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
+                &mut owned
+            }
+        };
+        let mut stats = self.kind.map(LayerStats::<B>::new);
+        if let Some(stats) = stats.as_mut() {
+            for x in inps.iter() {
+                let _ =
+                    layer.forward_traced(x.clone(), &self.rope, &mut |k, t| stats.observe(k, t));
+            }
+        }
+        let mut comp = self.components.clone();
+        if self.streamed {
+            let bytes = c.layer_param_count() * config.dtype.size();
+            comp.insert("weights".to_string(), bytes);
+        }
+        if let Some(s) = &stats {
+            comp.insert("statistics".to_string(), s.bytes());
+        }
+        profiler.components(&stages::layer_stats(i), comp);
+        profiler.stage(&stages::layer_stats(i));
+        let target = LayerTarget {
+            ckpt,
+            index: i,
+            config,
+            device,
+        };
+        let linears = prune_linears(layer, &target, stats, self.nsamples, writer.as_deref_mut())?;
+        crate::memory::alloc::trim();
+        profiler.stage(&stages::layer_pruned(i));
+        if self.kind.is_some() && i + 1 < c.num_layers {
+            for x in inps.iter_mut() {
+                *x = layer.forward(x.clone(), &self.rope);
+            }
+        }
+        if let Some(w) = writer {
+            w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
+        }
+        profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
+        Ok(LayerReport {
+            index: i,
+            seconds: layer_start.elapsed().as_secs_f64(),
+            linears,
+        })
+    }
+}
+
+/// Where a layer's linears come from and go.
+struct LayerTarget<'a, B: Backend> {
+    ckpt: &'a Checkpoint,
+    index: usize,
+    config: &'a PruneConfig,
+    device: &'a B::Device,
+}
+
+/// Prunes a layer's seven linears, input group by input group (each
+/// group's statistics are finished, used and dropped in turn).
+fn prune_linears<B: Backend>(
+    layer: &mut DecoderLayer<B>,
+    t: &LayerTarget<'_, B>,
+    mut stats: Option<LayerStats<B>>,
+    nsamples: usize,
+    mut writer: Option<&mut PrunedWriter>,
+) -> Result<Vec<LinearReport>, PruneError> {
+    let mut linears = Vec::with_capacity(7);
+    for input in [
+        LinearInput::Qkv,
+        LinearInput::O,
+        LinearInput::GateUp,
+        LinearInput::Down,
+    ] {
+        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
+        for name in input.linears() {
+            let full = format!("model.layers.{}.{name}.weight", t.index);
+            let w = writer.as_deref_mut();
+            let report = prune_linear(
+                layer,
+                name,
+                &full,
+                stat.as_ref(),
+                t.config,
+                t.device,
+                w,
+                t.ckpt,
+            )?;
+            linears.push(report);
+        }
+    }
+    Ok(linears)
 }
 
 /// The weight of a linear as host f32 in PyTorch orientation `[out, in]`.

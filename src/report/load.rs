@@ -95,6 +95,79 @@ fn from_jsonl(path: &Path, name: String) -> Result<RunData, ReportError> {
 
 const GIB: f64 = (1u64 << 30) as f64;
 
+/// Where the Python scripts' columns are in a CSV header.
+struct Columns {
+    label: usize,
+    allocated: Option<usize>,
+    reserved: Option<usize>,
+    gpu_peak: Option<usize>,
+    cpu: Option<usize>,
+    time: Option<usize>,
+    /// Header names nobody reads.
+    unknown: Vec<String>,
+}
+
+impl Columns {
+    fn find(headers: &csv::StringRecord, path: &Path) -> Result<Self, ReportError> {
+        let col = |names: &[&str]| {
+            headers
+                .iter()
+                .position(|h| names.iter().any(|n| h.trim().eq_ignore_ascii_case(n)))
+        };
+        let label = col(&["Checkpoint", "stage", "label"]);
+        let allocated = col(&["GPU_Allocated_GB"]);
+        let cpu = col(&["CPU_Used_GB"]);
+        let (Some(label), true) = (label, allocated.is_some() || cpu.is_some()) else {
+            return Err(ReportError::Invalid(format!(
+                "{}: unknown columns ({}); expected {}",
+                path.display(),
+                headers.iter().collect::<Vec<_>>().join(", "),
+                CSV_HEADER
+            )));
+        };
+        let mut c = Columns {
+            label,
+            allocated,
+            reserved: col(&["GPU_Reserved_GB"]),
+            gpu_peak: col(&["GPU_Peak_GB"]),
+            cpu,
+            time: col(&["Timestamp"]),
+            unknown: Vec::new(),
+        };
+        let known = [
+            Some(label),
+            c.allocated,
+            c.reserved,
+            c.gpu_peak,
+            c.cpu,
+            c.time,
+            col(&["CPU_Percent"]),
+        ];
+        c.unknown = (headers.iter().enumerate())
+            .filter(|(i, _)| !known.contains(&Some(*i)))
+            .map(|(_, h)| h.to_string())
+            .collect();
+        Ok(c)
+    }
+
+    /// A row as a stage snapshot at `t` seconds.
+    fn snapshot(&self, rec: &csv::StringRecord, t: f64) -> MemorySnapshot {
+        let gib = |c: Option<usize>| -> Option<u64> {
+            let v: f64 = rec.get(c?)?.trim().parse().ok()?;
+            (v.is_finite() && v >= 0.0).then_some((v * GIB) as u64)
+        };
+        MemorySnapshot {
+            label: rec.get(self.label).unwrap_or("?").to_string(),
+            elapsed_s: t,
+            rss: gib(self.cpu),
+            device_allocated: gib(self.allocated),
+            device_reserved: gib(self.reserved),
+            device_peak: gib(self.gpu_peak),
+            ..Default::default()
+        }
+    }
+}
+
 fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
     let text = logdir::read_text(path)?;
     let mut reader = csv::ReaderBuilder::new()
@@ -104,40 +177,7 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
         .headers()
         .map_err(|e| ReportError::Invalid(format!("{}: {e}", path.display())))?
         .clone();
-    let col = |names: &[&str]| {
-        headers
-            .iter()
-            .position(|h| names.iter().any(|n| h.trim().eq_ignore_ascii_case(n)))
-    };
-    let label = col(&["Checkpoint", "stage", "label"]);
-    let allocated = col(&["GPU_Allocated_GB"]);
-    let reserved = col(&["GPU_Reserved_GB"]);
-    let gpu_peak = col(&["GPU_Peak_GB"]);
-    let cpu = col(&["CPU_Used_GB"]);
-    let time = col(&["Timestamp"]);
-    let (Some(label), true) = (label, allocated.is_some() || cpu.is_some()) else {
-        return Err(ReportError::Invalid(format!(
-            "{}: unknown columns ({}); expected {}",
-            path.display(),
-            headers.iter().collect::<Vec<_>>().join(", "),
-            CSV_HEADER
-        )));
-    };
-    let known = [
-        Some(label),
-        allocated,
-        reserved,
-        gpu_peak,
-        cpu,
-        time,
-        col(&["CPU_Percent"]),
-    ];
-    let unknown: Vec<&str> = headers
-        .iter()
-        .enumerate()
-        .filter(|(i, _)| !known.contains(&Some(*i)))
-        .map(|(_, h)| h)
-        .collect();
+    let cols = Columns::find(&headers, path)?;
     let mut run = RunData {
         name,
         fold: RunFold::new(),
@@ -146,32 +186,22 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
             "read from memory_log.csv: checkpoint snapshots only, no samples between them".into(),
         ],
     };
-    if !unknown.is_empty() {
-        run.notes
-            .push(format!("ignored unknown columns: {}", unknown.join(", ")));
+    if !cols.unknown.is_empty() {
+        run.notes.push(format!(
+            "ignored unknown columns: {}",
+            cols.unknown.join(", ")
+        ));
     }
-    let gib = |rec: &csv::StringRecord, c: Option<usize>| -> Option<u64> {
-        let v: f64 = rec.get(c?)?.trim().parse().ok()?;
-        (v.is_finite() && v >= 0.0).then_some((v * GIB) as u64)
-    };
     let mut t0: Option<f64> = None;
     for (i, rec) in reader.records().enumerate() {
         let rec = rec
             .map_err(|e| ReportError::Invalid(format!("{}: row {}: {e}", path.display(), i + 2)))?;
-        let t = time
+        let t = (cols.time)
             .and_then(|c| rec.get(c))
             .and_then(parse_time)
             .map(|t| t - *t0.get_or_insert(t))
             .unwrap_or(i as f64);
-        let snapshot = MemorySnapshot {
-            label: rec.get(label).unwrap_or("?").to_string(),
-            elapsed_s: t,
-            rss: gib(&rec, cpu),
-            device_allocated: gib(&rec, allocated),
-            device_reserved: gib(&rec, reserved),
-            device_peak: gib(&rec, gpu_peak),
-            ..Default::default()
-        };
+        let snapshot = cols.snapshot(&rec, t);
         run.fold.apply(&crate::events::Event::Stage { snapshot });
         // Checkpoints only: a row's peak is its own GPU_Peak column.
         if let Some(row) = run.fold.stages.last_mut() {

@@ -65,6 +65,48 @@ pub fn evaluate(
     )?)
 }
 
+/// One step at `target`: probes the model with `masks` applied, adds what
+/// it prunes to `masks`, and evaluates the result.
+fn step(
+    ckpt: &Checkpoint,
+    probe: &mut GradProbe<'_>,
+    masks: &mut Masks,
+    windows: &[Vec<u32>],
+    target: f64,
+    dense: &Perplexity,
+) -> Result<(StepRecord, Perplexity), PruneError> {
+    let p = probe.profiler;
+    probe.set_sparsity(target);
+    let step = probe.step(masks)?;
+    for (name, new) in &step.pruned {
+        let merged = select::union(masks.get(name).map_or(&[][..], |v| v), new);
+        masks.insert(name.clone(), merged);
+    }
+    let scratch = scratch_model(ckpt, probe.targets(), masks)?;
+    let sparsity = scratch.sparsity();
+    let ppl = evaluate(&scratch.path, windows, p)?;
+    p.message(
+        Level::Info,
+        format!(
+            "step at {target:.3}: sparsity {sparsity:.4}, perplexity {:.4} (dense {:.4}), {} pruned, {} restored",
+            ppl.perplexity,
+            dense.perplexity,
+            step.pruned_count(),
+            step.restored
+        ),
+    );
+    let record = StepRecord {
+        target,
+        sparsity,
+        perplexity: ppl.perplexity,
+        tentative: step.tentative,
+        pruned: step.pruned_count(),
+        restored: step.restored,
+        seconds: step.seconds,
+    };
+    Ok((record, ppl))
+}
+
 /// Runs the schedule: stops when sparsity has not risen for two steps or
 /// perplexity exceeds the dense one by more than the budget; returns the
 /// best valid masks and their perplexity.
@@ -86,34 +128,9 @@ pub fn run(
     let mut history = Vec::new();
     let mut target = schedule.initial_sparsity;
     while target <= 1.0 {
-        probe.set_sparsity(target);
-        let step = probe.step(&masks)?;
-        for (name, new) in &step.pruned {
-            let merged = select::union(masks.get(name).map_or(&[][..], |v| v), new);
-            masks.insert(name.clone(), merged);
-        }
-        let scratch = scratch_model(ckpt, probe.targets(), &masks)?;
-        let sparsity = scratch.sparsity();
-        let ppl = evaluate(&scratch.path, windows, p)?;
-        p.message(
-            Level::Info,
-            format!(
-                "step at {target:.3}: sparsity {sparsity:.4}, perplexity {:.4} (dense {:.4}), {} pruned, {} restored",
-                ppl.perplexity,
-                dense.perplexity,
-                step.pruned_count(),
-                step.restored
-            ),
-        );
-        history.push(StepRecord {
-            target,
-            sparsity,
-            perplexity: ppl.perplexity,
-            tentative: step.tentative,
-            pruned: step.pruned_count(),
-            restored: step.restored,
-            seconds: step.seconds,
-        });
+        let (record, ppl) = step(ckpt, probe, &mut masks, windows, target, &dense)?;
+        let sparsity = record.sparsity;
+        history.push(record);
         flat_steps = if sparsity - previous <= 0.0 {
             flat_steps + 1
         } else {
