@@ -6,6 +6,7 @@
 
 mod support;
 
+use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
 
 use prunemem::data::LineRange;
@@ -41,6 +42,20 @@ fn options(seen: &Arc<Mutex<Vec<Event>>>) -> RunOptions {
     }
 }
 
+/// A synthetic model and a text, in a folder removed on drop.
+fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf, TextSource) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write_checkpoint(&model, &SyntheticSpec::default()).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    let src = TextSource {
+        path: text.clone(),
+        lines: LineRange::All,
+    };
+    (dir, model, text, src)
+}
+
 fn stage_labels(events: &[Event]) -> Vec<String> {
     events
         .iter()
@@ -54,15 +69,7 @@ fn stage_labels(events: &[Event]) -> Vec<String> {
 
 #[test]
 fn a_prune_job_reports_to_the_sinks_it_is_given() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    write_checkpoint(&model, &SyntheticSpec::default()).unwrap();
-    let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(6000)).unwrap();
-    let src = TextSource {
-        path: text.clone(),
-        lines: LineRange::All,
-    };
+    let (_dir, model, text, src) = fixture();
     let mut job = PruneJob::new(s(&model), Method::Wanda);
     (job.nsamples, job.seqlen) = (8, Some(64));
     job.calib = Some(src.clone());
@@ -141,15 +148,7 @@ fn a_refused_job_names_the_setting_and_starts_no_run() {
 
 #[test]
 fn gradprobe_iterates_inside_the_engine() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
-    write_checkpoint(&model, &SyntheticSpec::default()).unwrap();
-    let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(6000)).unwrap();
-    let src = TextSource {
-        path: text,
-        lines: LineRange::All,
-    };
+    let (_dir, model, _, src) = fixture();
     let mut job = PruneJob::new(s(&model), Method::GradProbe);
     job.seqlen = Some(32);
     job.calib = Some(src.clone());
@@ -175,11 +174,16 @@ fn gradprobe_iterates_inside_the_engine() {
         .take_while(|st| field(st, "perplexity") - dense <= job.gradprobe.max_ppl_increase)
         .last()
         .expect("the first step is within a budget of 1e9");
-    let kept = prunemem::prune::engine::sparsity_of(
-        outcome.prune.layers.iter().flat_map(|l| &l.linears),
-    );
+    let kept =
+        prunemem::prune::engine::sparsity_of(outcome.prune.layers.iter().flat_map(|l| &l.linears));
     assert_eq!(kept, field(within, "sparsity"), "{steps:?}");
-    assert!(kept > field(&steps[0], "sparsity"), "sparsity rose over the steps");
-    assert_eq!(outcome.perplexity.unwrap().perplexity, field(within, "perplexity"));
+    assert!(
+        kept > field(&steps[0], "sparsity"),
+        "sparsity rose over the steps"
+    );
+    assert_eq!(
+        outcome.perplexity.unwrap().perplexity,
+        field(within, "perplexity")
+    );
     assert!(summary.results.contains_key("dense_perplexity"));
 }
