@@ -25,6 +25,7 @@ pub mod model;
 pub mod profiler;
 pub mod prune;
 pub mod report;
+pub mod scratch;
 pub mod sinks;
 #[cfg(feature = "tui")]
 pub mod tui;

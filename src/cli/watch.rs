@@ -4,7 +4,7 @@
 //! events are also written as a prunemem log, so reports work on it).
 
 use std::path::PathBuf;
-use std::sync::atomic::AtomicBool;
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use clap::Args;
@@ -102,6 +102,21 @@ impl Outputs {
     }
 }
 
+/// Stores each SIGINT/SIGTERM this process receives in `forward` (instead
+/// of dying of it).
+fn forward_signals(forward: Arc<AtomicI32>) -> CliResult<()> {
+    use signal_hook::consts::{SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    std::thread::Builder::new()
+        .name("prunemem-watch-signals".into())
+        .spawn(move || {
+            for sig in signals.forever() {
+                forward.store(sig, Ordering::SeqCst);
+            }
+        })?;
+    Ok(())
+}
+
 /// A stop flag that mirrors the UI's quit.
 fn poll_stop(out: &Outputs, flag: &AtomicBool) {
     if out.stopped() {
@@ -133,10 +148,12 @@ pub fn watch(args: WatchArgs) -> CliResult<i32> {
                 .into(),
         );
     }
-    let stop = Arc::new(AtomicBool::new(false));
-    let abort_flag = stop.clone();
-    let abort: Abort =
-        Box::new(move || abort_flag.store(true, std::sync::atomic::Ordering::SeqCst));
+    // Our own SIGINT/SIGTERM, and the UI's quit, go on to the command; the
+    // watch lasts until it exits, so its logs are whole.
+    let forward = Arc::new(AtomicI32::new(0));
+    forward_signals(forward.clone())?;
+    let abort_flag = forward.clone();
+    let abort: Abort = Box::new(move || abort_flag.store(libc::SIGINT, Ordering::SeqCst));
     let out = Arc::new(Outputs::new(
         mode,
         Role::Watch(abort),
@@ -148,7 +165,7 @@ pub fn watch(args: WatchArgs) -> CliResult<i32> {
         hz: args.sample_hz,
         echo: mode != UiMode::Tui,
     };
-    let code = watch::watch_command(&args.command, &options, emit, stop);
+    let code = watch::watch_command(&args.command, &options, emit, forward);
     // Release the emitter's other owner (the closure) before finishing.
     match Arc::try_unwrap(out) {
         Ok(out) => out.finish(),

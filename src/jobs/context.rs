@@ -166,6 +166,7 @@ fn install_signal_handler(profiler: Profiler) -> std::io::Result<()> {
         .spawn(move || {
             if signals.forever().next().is_some() {
                 profiler.stop_sampler();
+                crate::scratch::remove_all();
                 let summary = summary_of(&profiler, RunStatus::Interrupted, BTreeMap::new());
                 profiler
                     .emitter()

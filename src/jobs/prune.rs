@@ -285,16 +285,13 @@ fn internal(what: &str) -> JobError {
     crate::prune::PruneError::Invalid(format!("internal: {what}")).into()
 }
 
-/// A writer into a scratch folder (removed on drop) for evaluating a
-/// streamed prune that is not saved.
+/// A writer into a scratch folder (removed on every exit path) for
+/// evaluating a streamed prune that is not saved.
 fn scratch_writer(
     ckpt: &Checkpoint,
     p: &Profiler,
-) -> Result<(tempfile::TempDir, PrunedWriter), JobError> {
-    let dir = tempfile::Builder::new()
-        .prefix("prunemem-pruned-")
-        .tempdir()
-        .map_err(|e| JobError::io(&std::env::temp_dir(), e))?;
+) -> Result<(crate::scratch::Guard, PrunedWriter), JobError> {
+    let dir = crate::scratch::dir("pruned").map_err(|e| JobError::io(&std::env::temp_dir(), e))?;
     let w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
     p.message(
         Level::Info,

@@ -10,6 +10,7 @@ pub mod dtype;
 pub mod gguf;
 pub mod hub;
 pub mod llama;
+pub mod lock;
 pub mod perplexity;
 pub mod save;
 pub mod synthetic;

@@ -9,6 +9,7 @@ use std::path::Path;
 use safetensors::{Dtype, View};
 
 use super::ModelError;
+use super::lock::DestLock;
 
 /// A tensor held in memory, ready to write.
 pub struct OwnedTensor {
@@ -49,12 +50,19 @@ pub fn write_safetensors(path: &Path, tensors: Vec<OwnedTensor>) -> Result<(), M
 /// written into place as soon as they exist, the rest copied from the input.
 /// Everything goes to `OUT.partial/` and [`PrunedWriter::finish`] renames it
 /// to `OUT/`: an interrupted run leaves no half-written model at `OUT`.
+/// The writer holds `OUT.lock` ([`DestLock`]) for its lifetime, so a second
+/// run saving to `OUT` is refused instead of sharing the partial folder; a
+/// writer dropped unfinished (an error, a signal) removes its shard files
+/// and leaves only what else is in the partial folder (the run's logs).
 pub struct PrunedWriter {
     out: std::path::PathBuf,
     tmp: std::path::PathBuf,
     files: Vec<std::fs::File>,
+    /// The shard files, removed unless the folder is renamed into place.
+    shards: Vec<crate::scratch::Guard>,
     written: std::collections::HashSet<String>,
     bytes_written: u64,
+    _lock: DestLock,
 }
 
 impl PrunedWriter {
@@ -69,20 +77,24 @@ impl PrunedWriter {
         let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
         if same(out, &ckpt.dir) {
             return Err(ModelError::Checkpoint(format!(
-                "--save {} is the input model's folder; choose another folder",
+                "{} is the input model's folder; save the pruned model elsewhere",
                 out.display()
             )));
         }
+        let lock = DestLock::acquire(out)?;
+        // Ours alone now: a partial folder left by a killed run goes.
         let tmp = super::convert::tmp_sibling(out);
         if tmp.exists() {
             std::fs::remove_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
         }
         std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
         let mut files = Vec::new();
+        let mut shards = Vec::new();
         for shard in &ckpt.shards {
             let name = shard.path.file_name().unwrap_or_default();
             let path = tmp.join(name);
             let f = std::fs::File::create(&path).map_err(|e| ModelError::io(&path, e))?;
+            shards.push(crate::scratch::Guard::new(path.clone()));
             let header = &shard.mmap[..8 + shard.header_len];
             std::os::unix::fs::FileExt::write_all_at(&f, header, 0)
                 .map_err(|e| ModelError::io(&path, e))?;
@@ -94,8 +106,10 @@ impl PrunedWriter {
             out: out.to_path_buf(),
             tmp,
             files,
+            shards,
             written: Default::default(),
             bytes_written: 0,
+            _lock: lock,
         })
     }
 
@@ -215,6 +229,9 @@ impl PrunedWriter {
             std::fs::remove_dir_all(&self.out).map_err(|e| ModelError::io(&self.out, e))?;
         }
         std::fs::rename(&self.tmp, &self.out).map_err(|e| ModelError::io(&self.out, e))?;
+        for g in std::mem::take(&mut self.shards) {
+            g.keep();
+        }
         Ok(self.out.clone())
     }
 }

@@ -63,7 +63,11 @@ pub fn csv_row(s: &MemorySnapshot) -> String {
 impl EventSink for CsvSink {
     fn on_event(&mut self, event: &Event) -> Result<(), SinkError> {
         match event {
-            Event::Stage { snapshot } => self.file.write_line(csv_row(snapshot)),
+            // Durable before the engine moves on (see `worker`).
+            Event::Stage { snapshot } => {
+                self.file.write_line(csv_row(snapshot))?;
+                self.file.flush()
+            }
             Event::RunFinished { .. } => self.file.flush(),
             _ => Ok(()),
         }
@@ -91,7 +95,9 @@ impl EventSink for JsonlSink {
         // Serialising our own plain data types cannot fail.
         let line = serde_json::to_string(event).unwrap_or_default();
         self.file.write_line(line)?;
-        if matches!(event, Event::RunFinished { .. }) {
+        // Everything but samples is durable before the engine moves on;
+        // samples reach the file within `worker::BATCH`.
+        if !event.is_droppable() {
             self.file.flush()?;
         }
         Ok(())

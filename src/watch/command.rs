@@ -8,7 +8,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -146,12 +146,14 @@ fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 
 /// Runs `argv`, emitting `RunStarted`, samples, stages, messages and
 /// `RunFinished`; returns the command's exit code (128 + signal when it was
-/// killed). `stop` set from outside sends the command SIGINT.
+/// killed). A signal number stored in `forward` from outside (the UI's
+/// quit: SIGINT; our own SIGINT or SIGTERM) is sent on to the command, and
+/// the watch goes on until the command has exited, so the logs are whole.
 pub fn watch_command(
     argv: &[String],
     options: &WatchOptions,
     emit: Emit,
-    stop: Arc<AtomicBool>,
+    forward: Arc<AtomicI32>,
 ) -> Result<i32, WatchError> {
     let Some((program, args)) = argv.split_first() else {
         return Err(WatchError::Invalid("watch needs a command after --".into()));
@@ -218,9 +220,10 @@ pub fn watch_command(
         })? {
             break status;
         }
-        if stop.load(Ordering::SeqCst) && !signalled {
+        let sig = forward.swap(0, Ordering::SeqCst);
+        if sig != 0 {
             // SAFETY: kill sends a signal to the child we spawned.
-            unsafe { libc::kill(child.id() as libc::pid_t, libc::SIGINT) };
+            unsafe { libc::kill(child.id() as libc::pid_t, sig) };
             signalled = true;
         }
         let snapshot = lock(&probe).snapshot(stages::SAMPLE);
@@ -307,7 +310,7 @@ mod tests {
             hz: 20.0,
             echo: false,
         };
-        let code = watch_command(&argv, &options, emit, Arc::new(AtomicBool::new(false))).unwrap();
+        let code = watch_command(&argv, &options, emit, Arc::new(AtomicI32::new(0))).unwrap();
         assert_eq!(code, 3);
         let events = lock(&events);
         let stages: Vec<&str> = events
@@ -345,7 +348,7 @@ mod tests {
                 echo: false,
             },
             emit,
-            Arc::new(AtomicBool::new(false)),
+            Arc::new(AtomicI32::new(0)),
         );
         assert!(r.is_err());
     }

@@ -54,10 +54,10 @@ pub fn write_pruned(
     Ok((layers, others))
 }
 
-/// A pruned model written to a scratch folder (removed on drop), for
+/// A pruned model written to a scratch folder (removed on every exit path), for
 /// evaluating masks nobody asked to save.
 pub struct Scratch {
-    _dir: tempfile::TempDir,
+    _dir: crate::scratch::Guard,
     /// The complete model folder.
     pub path: std::path::PathBuf,
     /// Per-layer reports of the decoder linears.
@@ -85,10 +85,7 @@ pub fn scratch_model(
     masks: &Masks,
 ) -> Result<Scratch, PruneError> {
     let io = |e: std::io::Error| crate::model::ModelError::io(&std::env::temp_dir(), e);
-    let dir = tempfile::Builder::new()
-        .prefix("prunemem-gradprobe-")
-        .tempdir()
-        .map_err(io)?;
+    let dir = crate::scratch::dir("gradprobe").map_err(io)?;
     let mut w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
     let (layers, others) = write_pruned(ckpt, targets, masks, &mut w)?;
     let path = w.complete(ckpt)?;
