@@ -165,6 +165,7 @@ pub fn flag(f: Field) -> String {
 pub fn job_error(e: JobError) -> CliError {
     match e {
         JobError::Config(c) => c.render(flag).into(),
+        JobError::WontFit(w) => format!("{w}; --force runs it anyway").into(),
         other => Box::new(other),
     }
 }

@@ -44,6 +44,9 @@ pub struct EvalArgs {
     /// Print the result as JSON
     #[arg(long)]
     json: bool,
+    /// Run even when the memory estimate exceeds the memory available
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     run: RunFlags,
 }
@@ -61,6 +64,7 @@ pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
         batch_size: args.batch_size,
         dtype: args.dtype,
         resident: args.resident,
+        force: args.force,
         argv,
     };
     job.validate().map_err(|e| job_error(e.into()))?;

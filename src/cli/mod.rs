@@ -67,10 +67,24 @@ pub fn run_from(argv: Vec<String>) -> i32 {
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
-            let _ = e.print();
+            use clap::error::ErrorKind::{DisplayHelp, DisplayHelpOnMissingArgumentOrSubcommand, DisplayVersion};
             return match e.kind() {
-                clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion => 0,
-                _ => EXIT_USAGE,
+                DisplayHelp | DisplayVersion => {
+                    let _ = e.print();
+                    0
+                }
+                DisplayHelpOnMissingArgumentOrSubcommand => {
+                    let _ = e.print();
+                    EXIT_USAGE
+                }
+                _ => {
+                    // One line, like every other error: the usage text
+                    // clap appends is what `--help` prints.
+                    let text = e.render().to_string();
+                    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("error");
+                    eprintln!("{} (see --help)", line.trim_end());
+                    EXIT_USAGE
+                }
             };
         }
     };

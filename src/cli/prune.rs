@@ -75,7 +75,7 @@ pub struct PruneArgs {
     #[arg(long)]
     pub batch_size: Option<usize>,
     /// SparseGPT dampening, as a fraction of the mean Hessian diagonal
-    #[arg(long, default_value_t = 0.01)]
+    #[arg(long, default_value_t = 0.01, allow_negative_numbers = true)]
     pub percdamp: f64,
     /// SparseGPT column block size
     #[arg(long, default_value_t = 128)]
@@ -83,6 +83,9 @@ pub struct PruneArgs {
     /// Print the result as one JSON line
     #[arg(long)]
     pub json: bool,
+    /// Run even when the memory estimate exceeds the memory available
+    #[arg(long)]
+    pub force: bool,
     #[command(flatten)]
     pub gradprobe: GradProbeArgs,
     #[command(flatten)]
@@ -96,7 +99,12 @@ pub struct GradProbeArgs {
     #[arg(long, default_value = "magnitude", help_heading = "GradProbe")]
     pub strategy: Strategy,
     /// GradProbe: tentative weights are multiplied by this for the second pass
-    #[arg(long, default_value_t = 0.1, help_heading = "GradProbe")]
+    #[arg(
+        long,
+        default_value_t = 0.1,
+        help_heading = "GradProbe",
+        allow_negative_numbers = true
+    )]
     pub reduction_factor: f64,
     /// GradProbe: prune iff modified |grad| <= original |grad| x (1 + this)
     #[arg(
@@ -174,6 +182,7 @@ impl PruneArgs {
                 sparsity_step: g.sparsity_step,
                 max_ppl_increase: g.max_ppl_increase,
             },
+            force: self.force,
             argv,
         }
     }

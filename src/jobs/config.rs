@@ -24,6 +24,7 @@ pub enum Field {
     Nsamples,
     BatchSize,
     Blocksize,
+    Percdamp,
     EvalWindows,
     UseVariant,
     CalibText,
@@ -54,6 +55,7 @@ impl Field {
             Field::Nsamples => "nsamples",
             Field::BatchSize => "batch_size",
             Field::Blocksize => "blocksize",
+            Field::Percdamp => "percdamp",
             Field::EvalWindows => "eval_windows",
             Field::UseVariant => "use_variant",
             Field::CalibText => "calib_text",
@@ -186,6 +188,8 @@ pub struct PruneJob {
     pub percdamp: f64,
     pub blocksize: usize,
     pub gradprobe: GradProbeSettings,
+    /// Run even when the estimate says it will not fit in memory.
+    pub force: bool,
     /// The command line that asked for it, for the run's plan.
     pub argv: Vec<String>,
 }
@@ -213,6 +217,7 @@ impl PruneJob {
             percdamp: 0.01,
             blocksize: 128,
             gradprobe: GradProbeSettings::default(),
+            force: false,
             argv: Vec::new(),
         }
     }
@@ -274,6 +279,10 @@ impl PruneJob {
         }
         if self.eval_windows == Some(0) {
             bad("{} must be at least 1", &[EvalWindows])?;
+        }
+        if !(self.percdamp.is_finite() && self.percdamp >= 0.0) {
+            let p = self.percdamp;
+            bad(format!("{{}} must be 0 or more, got {p}"), &[Field::Percdamp])?;
         }
         if self.use_variant
             && (self.method != Method::Wanda || self.pattern != Pattern::Unstructured)
@@ -361,6 +370,8 @@ pub struct EvalJob {
     pub batch_size: usize,
     pub dtype: ComputeDtype,
     pub resident: bool,
+    /// Run even when the estimate says it will not fit in memory.
+    pub force: bool,
     pub argv: Vec<String>,
 }
 

@@ -83,8 +83,7 @@ fn create_dir(dir: &Path) -> Result<(), JobError> {
 }
 
 fn dense_perplexity(s: &Setup) -> Result<f64, JobError> {
-    let ckpt = Checkpoint::open(&s.model)?;
-    let tok = Tokenizer::from_file(&s.model.join("tokenizer.json"))?;
+    let (ckpt, tok) = super::open_model(&s.model.display().to_string(), "main")?;
     let (wins, _) = text::evaluation(&tok, &s.eval, s.seqlen, Some(s.eval_windows))?;
     let options = EvalOptions {
         batch_size: 8,

@@ -9,8 +9,7 @@ use super::context::{Run, RunOptions};
 use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
-use crate::model::tokenizer::Tokenizer;
-use crate::model::{Checkpoint, hub};
+
 
 /// What an eval run found.
 #[derive(Debug)]
@@ -23,9 +22,7 @@ pub struct Outcome {
 
 pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     job.validate()?;
-    let model_dir = hub::resolve(&job.model, &job.revision)?;
-    let ckpt = Checkpoint::open(&model_dir)?;
-    let tok = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
+    let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;
     let mut plan = base_plan("eval", job.argv.clone());
     let stored = crate::model::dtype::stored_name(ckpt.stored_dtype());
     plan.model = Some(ckpt.config.model_info(&job.model, &stored));
@@ -38,6 +35,9 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     let (seqlen, capped) =
         crate::data::windows::resolve_seqlen(job.seqlen, ckpt.config.max_position_embeddings)?;
     plan.settings.insert("seqlen".into(), json!(seqlen));
+    let bytes = std::fs::metadata(&job.text.path).map_or(0, |m| m.len());
+    let windows = super::approx_windows(bytes, seqlen, job.windows);
+    super::preflight(&plan, &[&job.text.path], windows, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {

@@ -16,6 +16,7 @@ pub mod context;
 pub mod demo;
 pub mod eval;
 mod gradprobe;
+pub mod preflight;
 pub mod prune;
 pub mod snapshot;
 pub mod text;
@@ -43,6 +44,8 @@ pub enum JobError {
     Data(#[from] DataError),
     #[error(transparent)]
     Prune(#[from] PruneError),
+    #[error(transparent)]
+    WontFit(#[from] preflight::WontFit),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -58,6 +61,51 @@ impl JobError {
             source,
         }
     }
+}
+
+/// Opens a model folder (or Hub id) and its tokenizer, checked against
+/// each other.
+pub fn open_model(
+    model: &str,
+    revision: &str,
+) -> Result<(crate::model::Checkpoint, crate::model::tokenizer::Tokenizer), JobError> {
+    let dir = crate::model::hub::resolve(model, revision)?;
+    let ckpt = crate::model::Checkpoint::open(&dir)?;
+    let tok = crate::model::tokenizer::Tokenizer::from_file(&dir.join("tokenizer.json"))?;
+    tok.check_vocab(ckpt.config.vocab_size)?;
+    Ok((ckpt, tok))
+}
+
+/// Refuses `plan` when it will not fit in the memory available now (unless
+/// `force`); `texts` are the files it will read (their sizes bound the text
+/// tokenised at once) and `eval_windows` the windows it will evaluate.
+pub fn preflight(
+    plan: &RunPlan,
+    texts: &[&std::path::Path],
+    eval_windows: u64,
+    force: bool,
+) -> Result<(), JobError> {
+    if force {
+        return Ok(());
+    }
+    let text_bytes = texts
+        .iter()
+        .filter_map(|p| std::fs::metadata(p).ok().map(|m| m.len()))
+        .max()
+        .unwrap_or(0);
+    let extra = preflight::Extra {
+        text_bytes,
+        eval_windows,
+    };
+    let available = crate::memory::process::available_memory();
+    Ok(preflight::check(plan, extra, available)?)
+}
+
+/// Windows of `seqlen` tokens in a text file of `bytes` bytes, roughly
+/// (English BPE averages about 4 bytes a token), capped at `limit`.
+pub fn approx_windows(bytes: u64, seqlen: usize, limit: Option<usize>) -> u64 {
+    let n = bytes / 4 / seqlen.max(1) as u64;
+    limit.map_or(n, |l| n.min(l as u64))
 }
 
 /// A plan with the fields every job fills.

@@ -14,7 +14,7 @@ use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 use crate::model::save::PrunedWriter;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::{Checkpoint, hub};
+use crate::model::Checkpoint;
 use crate::profiler::Profiler;
 use crate::prune::Method;
 use crate::prune::engine::{self, PruneConfig, Source};
@@ -51,9 +51,7 @@ pub(super) struct Pruned {
 /// Runs `job`, reporting to `options`' sinks (logs default to `SAVE/logs`).
 pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError> {
     job.validate()?;
-    let model_dir = hub::resolve(&job.model, &job.revision)?;
-    let ckpt = Checkpoint::open(&model_dir)?;
-    let tok = Tokenizer::from_file(&model_dir.join("tokenizer.json"))?;
+    let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;
     let mut writer = match &job.save {
         Some(dir) => Some(PrunedWriter::create(&ckpt, dir)?),
         None => None,
@@ -68,7 +66,16 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         job.requested_seqlen(),
         ckpt.config.max_position_embeddings,
     )?;
-    let mut run = Run::start(plan(job, &ckpt, seqlen), options)?;
+    let plan = plan(job, &ckpt, seqlen);
+    let texts: Vec<&std::path::Path> = [&job.calib, &job.eval]
+        .into_iter()
+        .flatten()
+        .map(|t| t.path.as_path())
+        .collect();
+    let eval_bytes = job.eval.as_ref().and_then(|t| std::fs::metadata(&t.path).ok());
+    let windows = eval_bytes.map_or(0, |m| super::approx_windows(m.len(), seqlen, job.eval_windows));
+    super::preflight(&plan, &texts, windows, job.force)?;
+    let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {
         p.message(Level::Warn, w);

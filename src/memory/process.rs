@@ -74,19 +74,31 @@ impl ProcessProbe {
             }
             let now = std::time::Instant::now();
             if let Some(ticks) = cpu_ticks(pid.as_u32()) {
-                if let Some((then, before)) = state.last_cpu {
-                    let wall = now.duration_since(then).as_secs_f64();
-                    if wall > 0.0 && ticks >= before {
-                        let cpu = (ticks - before) as f64 / clock_ticks_per_second();
-                        reading.cpu_percent = Some((100.0 * cpu / wall) as f32);
+                // Clock ticks are 10 ms: over a shorter span the share is
+                // noise (often 0.0), so it is unknown, and the span keeps
+                // growing until the next reading.
+                let span = state.last_cpu.map(|(then, before)| {
+                    (now.duration_since(then).as_secs_f64(), before)
+                });
+                match span {
+                    Some((wall, _)) if wall < MIN_CPU_SPAN_S => {}
+                    Some((wall, before)) => {
+                        if ticks >= before {
+                            let cpu = (ticks - before) as f64 / clock_ticks_per_second();
+                            reading.cpu_percent = Some((100.0 * cpu / wall) as f32);
+                        }
+                        state.last_cpu = Some((now, ticks));
                     }
+                    None => state.last_cpu = Some((now, ticks)),
                 }
-                state.last_cpu = Some((now, ticks));
             }
         }
         reading
     }
 }
+
+/// The shortest span a CPU share is computed over.
+const MIN_CPU_SPAN_S: f64 = 0.05;
 
 /// User + system CPU time of a process in clock ticks (`/proc/<pid>/stat`).
 fn cpu_ticks(pid: u32) -> Option<u64> {
@@ -108,6 +120,16 @@ fn clock_ticks_per_second() -> f64 {
     // SAFETY: sysconf only reads a system constant.
     let t = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
     if t > 0 { t as f64 } else { 100.0 }
+}
+
+/// Memory a new allocation can still get: the system's available memory,
+/// or what is left under this process's cgroup limit when that is lower.
+pub fn available_memory() -> Option<u64> {
+    let mut sys = System::new_with_specifics(RefreshKind::nothing());
+    sys.refresh_memory();
+    let available = Some(sys.available_memory()).filter(|a| *a > 0);
+    let cgroup = sys.cgroup_limits().map(|c| c.free_memory);
+    [available, cgroup].into_iter().flatten().min()
 }
 
 /// Resident set size of this process from `/proc/self/status` (`VmRSS`).

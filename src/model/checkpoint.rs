@@ -252,6 +252,10 @@ impl Checkpoint {
         let mut a = e.start;
         while a < e.end {
             let b = (a + CHUNK / width * width).min(e.end);
+            if let Some(i) = dtype::first_non_finite(&mmap[a..b], e.dtype) {
+                let at = (a - e.start) / width + i;
+                return Err(ModelError::Checkpoint(non_finite(name, at)));
+            }
             out.extend(dtype::decode_f32(&mmap[a..b], e.dtype));
             release_range(mmap, a, b);
             a = b;
@@ -309,8 +313,12 @@ impl Checkpoint {
         let mmap = self.shards[e.shard].mmap.clone();
         let counter = self.bytes_read.clone();
         let shape = e.shape.clone();
+        let tensor = name.to_string();
         let data_fn = Rc::new(move || -> Result<TensorData, TensorSnapshotError> {
             let bytes = copy_releasing(&mmap, e.start, e.end);
+            if let Some(i) = dtype::first_non_finite(&bytes, e.dtype) {
+                return Err(TensorSnapshotError::DataError(non_finite(&tensor, i)));
+            }
             counter.fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
             Ok(dtype::to_tensor_data(
                 bytes,
@@ -348,8 +356,12 @@ impl Checkpoint {
         }
         let result = module.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), false);
         if let Some(err) = result.errors.first() {
+            let why = match err {
+                burn_store::ApplyError::LoadError { message, .. } => message.clone(),
+                other => other.to_string(),
+            };
             return Err(ModelError::Checkpoint(format!(
-                "{}: loading {prefix}: {err:?}",
+                "{}: loading {prefix}: {why}",
                 self.dir.display()
             )));
         }
@@ -466,6 +478,10 @@ fn read_index(index: &Path) -> Result<(Vec<String>, HashMap<String, String>), Mo
     }
     files.sort();
     Ok((files, weight_map))
+}
+
+fn non_finite(tensor: &str, index: usize) -> String {
+    format!("tensor '{tensor}' holds NaN or infinity (element {index}); the checkpoint is damaged")
 }
 
 /// Maps a safetensors file and validates its header against its size.

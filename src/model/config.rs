@@ -197,6 +197,37 @@ impl LlamaConfig {
         if self.hidden_size == 0 || self.num_layers == 0 || self.vocab_size == 0 {
             return bad("hidden_size, num_hidden_layers and vocab_size must be positive".into());
         }
+        // Beyond any model that exists by orders of magnitude: a typo or a
+        // hostile file, refused before anything is sized from it.
+        let limits = [
+            ("num_hidden_layers", self.num_layers, 4096),
+            ("hidden_size", self.hidden_size, 1 << 17),
+            ("intermediate_size", self.intermediate_size, 1 << 20),
+            ("num_attention_heads", self.num_heads, 4096),
+            ("head_dim", self.head_dim, 4096),
+            ("vocab_size", self.vocab_size, 1 << 24),
+            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+        ];
+        for (name, value, max) in limits {
+            if value > max {
+                return bad(format!("{name} {value} is beyond any real model (at most {max})"));
+            }
+        }
+        if self.intermediate_size == 0 || self.max_position_embeddings == 0 {
+            return bad("intermediate_size and max_position_embeddings must be positive".into());
+        }
+        if !(self.rms_norm_eps > 0.0 && self.rms_norm_eps < 1.0) {
+            return bad(format!(
+                "rms_norm_eps must be in (0, 1), got {}",
+                self.rms_norm_eps
+            ));
+        }
+        if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {
+            return bad(format!(
+                "rope_theta must be a positive number, got {}",
+                self.rope_theta
+            ));
+        }
         if self.num_heads == 0
             || self.num_kv_heads == 0
             || !self.num_heads.is_multiple_of(self.num_kv_heads)

@@ -192,6 +192,15 @@ pub fn convert_gguf(
     out: &Path,
     dtype: Dtype,
 ) -> Result<ConvertReport, ModelError> {
+    // Refused before any work: a file in the way, a folder that is not a
+    // model, another run writing the same folder.
+    if out.exists() && !(out.is_dir() && out.join("config.json").is_file()) {
+        return Err(ModelError::Checkpoint(format!(
+            "{} exists and is not a model folder; refusing to replace it",
+            out.display()
+        )));
+    }
+    let _lock = super::lock::DestLock::acquire(out)?;
     let g = GgufFile::open(gguf_path)?;
     let path_str = gguf_path.display().to_string();
     let err = |reason: String| ModelError::Gguf {
@@ -258,6 +267,8 @@ pub fn convert_gguf(
         std::fs::remove_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
     }
     std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    // Removed on every exit path until it is renamed into place.
+    let tmp_guard = crate::scratch::Guard::new(tmp.clone());
     let write_json = |name: &str, v: &Value| -> Result<(), ModelError> {
         let p = tmp.join(name);
         let text = serde_json::to_string_pretty(v).unwrap_or_default();
@@ -299,6 +310,7 @@ pub fn convert_gguf(
         std::fs::remove_dir_all(out).map_err(|e| ModelError::io(out, e))?;
     }
     std::fs::rename(&tmp, out).map_err(|e| ModelError::io(out, e))?;
+    tmp_guard.keep();
     let mut source_types: Vec<(String, usize)> = source_types.into_iter().collect();
     source_types.sort();
     Ok(ConvertReport {

@@ -91,6 +91,23 @@ pub fn decode_f32(bytes: &[u8], d: Dtype) -> Vec<f32> {
     }
 }
 
+/// Index of the first NaN or infinity among little-endian stored elements,
+/// read from the exponent bits alone (no decoding).
+pub fn first_non_finite(bytes: &[u8], d: Dtype) -> Option<usize> {
+    match d {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7f80 == 0x7f80),
+        _ => None,
+    }
+}
+
 /// Encodes f32 values in a stored dtype (round to nearest even).
 pub fn encode_f32(values: &[f32], d: Dtype) -> Vec<u8> {
     match d {
@@ -143,6 +160,18 @@ pub fn to_tensor_data(
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn non_finite_values_are_found_in_every_stored_dtype() {
+        for d in [Dtype::F32, Dtype::F16, Dtype::BF16] {
+            for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+                let bytes = encode_f32(&[1.0, -2.5, 0.0, bad, 3.0], d);
+                assert_eq!(first_non_finite(&bytes, d), Some(3), "{d:?} {bad}");
+            }
+            let fine = encode_f32(&[1.0, -65504.0, 0.0, 1e-8], d);
+            assert_eq!(first_non_finite(&fine, d), None, "{d:?}");
+        }
+    }
+
     use super::*;
 
     #[test]

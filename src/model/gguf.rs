@@ -184,8 +184,10 @@ pub struct GgufTensor {
 }
 
 impl GgufTensor {
+    /// Element count (dimensions are checked when the file is opened, so
+    /// this cannot overflow for a tensor of an opened file).
     pub fn elements(&self) -> u64 {
-        self.dims.iter().product()
+        self.dims.iter().fold(1u64, |a, d| a.saturating_mul(*d))
     }
     /// Shape in PyTorch order (outermost first).
     pub fn torch_shape(&self) -> Vec<usize> {
@@ -314,7 +316,8 @@ impl GgufFile {
                 .map_err(|e| err(format!("metadata '{key}': {e}")))?;
             metadata.insert(key, value);
         }
-        let mut tensors = Vec::with_capacity(n_tensors);
+        // The count is bounded by the file size, not by memory: grow as read.
+        let mut tensors = Vec::with_capacity(n_tensors.min(4096));
         for _ in 0..n_tensors {
             let name = c.string().map_err(&err)?;
             let n_dims = c.u32().map_err(&err)? as usize;
@@ -325,6 +328,13 @@ impl GgufFile {
                 .map(|_| c.u64())
                 .collect::<Result<Vec<_>, _>>()
                 .map_err(&err)?;
+            let elements = dims.iter().try_fold(1u64, |a, d| a.checked_mul(*d));
+            if dims.contains(&0) || elements.is_none_or(|n| n > mmap.len() as u64 * 2) {
+                return Err(err(format!(
+                    "tensor '{name}' has impossible dimensions {dims:?} for a file of {} bytes",
+                    mmap.len()
+                )));
+            }
             let type_id = c.u32().map_err(&err)?;
             let offset = c.u64().map_err(&err)?;
             tensors.push(GgufTensor {
@@ -337,8 +347,13 @@ impl GgufFile {
         let alignment = metadata
             .get("general.alignment")
             .and_then(Value::as_u64)
-            .unwrap_or(32)
-            .max(1) as usize;
+            .unwrap_or(32);
+        if !alignment.is_power_of_two() || alignment > 1 << 20 {
+            return Err(err(format!(
+                "general.alignment {alignment} is not a power of two up to 1 MiB"
+            )));
+        }
+        let alignment = alignment as usize;
         let data_start = c.pos.div_ceil(alignment) * alignment;
         let gguf = Self {
             path: path.to_path_buf(),
@@ -377,10 +392,12 @@ impl GgufFile {
                 t.name
             )));
         }
-        let len = n / per_block * block_bytes;
-        let start = self.data_start + t.offset as usize;
-        match start.checked_add(len) {
-            Some(end) if end <= self.mmap.len() => Ok(&self.mmap[start..end]),
+        let len = (n / per_block).checked_mul(block_bytes);
+        let start = usize::try_from(t.offset)
+            .ok()
+            .and_then(|o| self.data_start.checked_add(o));
+        match start.zip(len).and_then(|(s, l)| Some(s..s.checked_add(l)?)) {
+            Some(r) if r.end <= self.mmap.len() => Ok(&self.mmap[r]),
             _ => Err(bad(format!(
                 "tensor '{}' extends past the end of the file (truncated?)",
                 t.name

@@ -34,6 +34,18 @@ impl Tokenizer {
         Ok(Self { inner })
     }
 
+    /// Refuses a tokenizer that can produce ids the model has no embedding
+    /// row for (a tokenizer.json from another model, say).
+    pub fn check_vocab(&self, vocab_size: usize) -> Result<(), ModelError> {
+        let max = self.inner.get_vocab(true).into_values().max();
+        match max {
+            Some(id) if id as usize >= vocab_size => Err(ModelError::Tokenizer(format!(
+                "tokenizer.json has token id {id}, beyond the model's vocabulary of {vocab_size} (a tokenizer from another model?)"
+            ))),
+            _ => Ok(()),
+        }
+    }
+
     pub fn from_json(text: &str) -> Result<Self, ModelError> {
         let inner: tokenizers::Tokenizer = text
             .parse()

@@ -58,12 +58,13 @@ impl EventSink for ProgressSink {
                     .unwrap_or_default();
                 self.line(format!("[{bar}] {done}/{total} {name} {eta}"))
             }
+            // The error that ends a run is printed once, by the command.
+            Event::Message {
+                level: Level::Error,
+                ..
+            } => Ok(()),
             Event::Message { level, text, .. } => {
-                let tag = match level {
-                    Level::Info => "info",
-                    Level::Warn => "warning",
-                    Level::Error => "error",
-                };
+                let tag = if *level == Level::Warn { "warning" } else { "info" };
                 self.line(format!("{tag}: {text}"))
             }
             _ => Ok(()),

@@ -88,7 +88,8 @@ pub fn scratch_model(
     let dir = crate::scratch::dir("gradprobe").map_err(io)?;
     let mut w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
     let (layers, others) = write_pruned(ckpt, targets, masks, &mut w)?;
-    let path = w.complete(ckpt)?;
+    // Renamed into place: a writer dropped unfinished removes its shards.
+    let path = w.finish(ckpt)?;
     Ok(Scratch {
         _dir: dir,
         path,
