@@ -67,7 +67,9 @@ pub fn run_from(argv: Vec<String>) -> i32 {
     let cli = match Cli::try_parse_from(&argv) {
         Ok(cli) => cli,
         Err(e) => {
-            use clap::error::ErrorKind::{DisplayHelp, DisplayHelpOnMissingArgumentOrSubcommand, DisplayVersion};
+            use clap::error::ErrorKind::{
+                DisplayHelp, DisplayHelpOnMissingArgumentOrSubcommand, DisplayVersion,
+            };
             return match e.kind() {
                 DisplayHelp | DisplayVersion => {
                     let _ = e.print();
@@ -81,7 +83,10 @@ pub fn run_from(argv: Vec<String>) -> i32 {
                     // One line, like every other error: the usage text
                     // clap appends is what `--help` prints.
                     let text = e.render().to_string();
-                    let line = text.lines().find(|l| !l.trim().is_empty()).unwrap_or("error");
+                    let line = text
+                        .lines()
+                        .find(|l| !l.trim().is_empty())
+                        .unwrap_or("error");
                     eprintln!("{} (see --help)", line.trim_end());
                     EXIT_USAGE
                 }

@@ -282,7 +282,10 @@ impl PruneJob {
         }
         if !(self.percdamp.is_finite() && self.percdamp >= 0.0) {
             let p = self.percdamp;
-            bad(format!("{{}} must be 0 or more, got {p}"), &[Field::Percdamp])?;
+            bad(
+                format!("{{}} must be 0 or more, got {p}"),
+                &[Field::Percdamp],
+            )?;
         }
         if self.use_variant
             && (self.method != Method::Wanda || self.pattern != Pattern::Unstructured)

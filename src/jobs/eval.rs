@@ -10,7 +10,6 @@ use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 
-
 /// What an eval run found.
 #[derive(Debug)]
 pub struct Outcome {

@@ -11,10 +11,10 @@ use super::config::PruneJob;
 use super::context::{Run, RunOptions};
 use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
+use crate::model::Checkpoint;
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 use crate::model::save::PrunedWriter;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::Checkpoint;
 use crate::profiler::Profiler;
 use crate::prune::Method;
 use crate::prune::engine::{self, PruneConfig, Source};
@@ -72,8 +72,13 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         .flatten()
         .map(|t| t.path.as_path())
         .collect();
-    let eval_bytes = job.eval.as_ref().and_then(|t| std::fs::metadata(&t.path).ok());
-    let windows = eval_bytes.map_or(0, |m| super::approx_windows(m.len(), seqlen, job.eval_windows));
+    let eval_bytes = job
+        .eval
+        .as_ref()
+        .and_then(|t| std::fs::metadata(&t.path).ok());
+    let windows = eval_bytes.map_or(0, |m| {
+        super::approx_windows(m.len(), seqlen, job.eval_windows)
+    });
     super::preflight(&plan, &texts, windows, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();

@@ -77,9 +77,9 @@ impl ProcessProbe {
                 // Clock ticks are 10 ms: over a shorter span the share is
                 // noise (often 0.0), so it is unknown, and the span keeps
                 // growing until the next reading.
-                let span = state.last_cpu.map(|(then, before)| {
-                    (now.duration_since(then).as_secs_f64(), before)
-                });
+                let span = state
+                    .last_cpu
+                    .map(|(then, before)| (now.duration_since(then).as_secs_f64(), before));
                 match span {
                     Some((wall, _)) if wall < MIN_CPU_SPAN_S => {}
                     Some((wall, before)) => {

@@ -357,7 +357,11 @@ impl Checkpoint {
         let result = module.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), false);
         if let Some(err) = result.errors.first() {
             let why = match err {
-                burn_store::ApplyError::LoadError { message, .. } => message.clone(),
+                // Our own reason (a damaged tensor), without burn's wrapping.
+                burn_store::ApplyError::LoadError { message, .. } => message
+                    .find("tensor '")
+                    .map(|i| message[i..].trim_end_matches([')', '"']).to_string())
+                    .unwrap_or_else(|| message.clone()),
                 other => other.to_string(),
             };
             return Err(ModelError::Checkpoint(format!(

@@ -206,11 +206,17 @@ impl LlamaConfig {
             ("num_attention_heads", self.num_heads, 4096),
             ("head_dim", self.head_dim, 4096),
             ("vocab_size", self.vocab_size, 1 << 24),
-            ("max_position_embeddings", self.max_position_embeddings, 1 << 24),
+            (
+                "max_position_embeddings",
+                self.max_position_embeddings,
+                1 << 24,
+            ),
         ];
         for (name, value, max) in limits {
             if value > max {
-                return bad(format!("{name} {value} is beyond any real model (at most {max})"));
+                return bad(format!(
+                    "{name} {value} is beyond any real model (at most {max})"
+                ));
             }
         }
         if self.intermediate_size == 0 || self.max_position_embeddings == 0 {

@@ -95,9 +95,9 @@ pub fn decode_f32(bytes: &[u8], d: Dtype) -> Vec<f32> {
 /// read from the exponent bits alone (no decoding).
 pub fn first_non_finite(bytes: &[u8], d: Dtype) -> Option<usize> {
     match d {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .position(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000),
+        Dtype::F32 => bytes.chunks_exact(4).position(|c| {
+            u32::from_le_bytes([c[0], c[1], c[2], c[3]]) & 0x7f80_0000 == 0x7f80_0000
+        }),
         Dtype::F16 => bytes
             .chunks_exact(2)
             .position(|c| u16::from_le_bytes([c[0], c[1]]) & 0x7c00 == 0x7c00),

@@ -64,7 +64,11 @@ impl EventSink for ProgressSink {
                 ..
             } => Ok(()),
             Event::Message { level, text, .. } => {
-                let tag = if *level == Level::Warn { "warning" } else { "info" };
+                let tag = if *level == Level::Warn {
+                    "warning"
+                } else {
+                    "info"
+                };
                 self.line(format!("{tag}: {text}"))
             }
             _ => Ok(()),
