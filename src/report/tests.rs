@@ -123,6 +123,9 @@ fn bad_inputs_are_errors_or_marked_partial() {
     assert!(run.notes.iter().any(|n| n.contains("partial")));
     let md = text::markdown(&run, None, false, None);
     assert!(md.contains("partial report"));
+    let whole = load(&fixture()).unwrap();
+    let cmp = text::compare_markdown(&[whole, run], false);
+    assert!(cmp.contains("partial report"), "compare marks the torn log");
     let csvdir = tempfile::tempdir().unwrap();
     std::fs::write(csvdir.path().join("memory_log.csv"), "a,b,c\n1,2,3\n").unwrap();
     let e = load(csvdir.path()).unwrap_err().to_string();

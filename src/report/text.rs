@@ -279,6 +279,12 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     let mut s = String::new();
     let names: Vec<&str> = runs.iter().map(|r| r.name.as_str()).collect();
     let _ = writeln!(s, "# Comparison: {}\n", names.join(" vs "));
+    // A torn or unfinished log says so here too, not only in its own report.
+    for r in runs {
+        for n in r.notes.iter().filter(|n| !n.starts_with("read from memory_log.csv")) {
+            let _ = writeln!(s, "> note ({}): {n}\n", r.name);
+        }
+    }
     if charts {
         let _ = writeln!(
             s,
