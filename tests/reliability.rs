@@ -294,3 +294,33 @@ fn watch_passes_sigterm_on_and_writes_whole_logs() {
         Some(Event::RunFinished { summary }) if summary.status == RunStatus::Interrupted
     ));
 }
+
+#[test]
+fn a_log_that_cannot_be_written_fails_the_run() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    write_checkpoint(&model, &SyntheticSpec::default()).unwrap();
+    let logs = dir.path().join("logs");
+    std::fs::create_dir_all(&logs).unwrap();
+    // Every write to events.jsonl fails as on a full disk.
+    std::os::unix::fs::symlink("/dev/full", logs.join("events.jsonl")).unwrap();
+    let (code, out, err) = run_prunemem(&[
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "magnitude",
+        "--ui",
+        "none",
+        "--log-memory",
+        s(&logs),
+    ]);
+    assert_eq!(code, Some(2), "{out}{err}");
+    assert!(
+        out.contains("sparsity sanity check"),
+        "results are still printed: {out}"
+    );
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("logs are incomplete"), "{}", lines[0]);
+}

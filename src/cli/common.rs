@@ -170,9 +170,16 @@ pub fn job_error(e: JobError) -> CliError {
     }
 }
 
-/// Prints the sink failures of a finished run.
-pub fn warn_sink_errors(errors: &[String]) {
-    for e in errors {
-        eprintln!("warning: {e}");
+/// A run whose logs could not be written did not succeed, whatever it
+/// computed: its results are printed, then this is its one-line error.
+pub fn logs_written(errors: &[String]) -> CliResult<i32> {
+    match errors {
+        [] => Ok(0),
+        [one] => Err(format!("the run finished but its logs are incomplete: {one}").into()),
+        [first, rest @ ..] => Err(format!(
+            "the run finished but its logs are incomplete: {first} (and {} more)",
+            rest.len()
+        )
+        .into()),
     }
 }

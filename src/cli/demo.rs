@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::CliResult;
-use super::common::{Role, UiMode, for_ui, job_error, warn_sink_errors};
+use super::common::{Role, UiMode, for_ui, job_error, logs_written};
 use crate::jobs::demo::DemoJob;
 use crate::jobs::{self, RunOptions};
 
@@ -41,7 +41,6 @@ pub fn run(args: DemoArgs) -> CliResult<i32> {
     let mut say = |line: &str| println!("{line}");
     let o = jobs::demo::run(&job, options, args.ui.name(), &mut say).map_err(job_error)?;
     super::prune::print_outcome(&o.prune);
-    warn_sink_errors(&o.prune.sink_errors);
     let pruned = o
         .prune
         .perplexity
@@ -61,5 +60,5 @@ pub fn run(args: DemoArgs) -> CliResult<i32> {
         "  pruned model: {}/ (Hugging Face layout; loads in transformers)",
         job.out.join("model-wanda-0.5").display()
     );
-    Ok(0)
+    logs_written(&o.prune.sink_errors)
 }

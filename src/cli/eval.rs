@@ -7,7 +7,7 @@ use clap::Args;
 use serde_json::json;
 
 use super::CliResult;
-use super::common::{RunFlags, job_error, warn_sink_errors};
+use super::common::{RunFlags, job_error, logs_written};
 use crate::data::LineRange;
 use crate::jobs::{self, EvalJob, TextSource};
 use crate::model::ComputeDtype;
@@ -88,6 +88,5 @@ pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
             r.tokens_per_second
         );
     }
-    warn_sink_errors(&o.sink_errors);
-    Ok(0)
+    logs_written(&o.sink_errors)
 }

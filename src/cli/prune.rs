@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use clap::Args;
 
 use super::CliResult;
-use super::common::{RunFlags, job_error, warn_sink_errors};
+use super::common::{RunFlags, job_error, logs_written};
 use crate::data::LineRange;
 use crate::jobs::{self, GradProbeSettings, PruneJob, TextSource};
 use crate::model::ComputeDtype;
@@ -198,8 +198,7 @@ pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
     } else {
         print_outcome(&outcome);
     }
-    warn_sink_errors(&outcome.sink_errors);
-    Ok(0)
+    logs_written(&outcome.sink_errors)
 }
 
 /// The lines a finished prune prints (also the demo's).

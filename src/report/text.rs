@@ -281,7 +281,11 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     let _ = writeln!(s, "# Comparison: {}\n", names.join(" vs "));
     // A torn or unfinished log says so here too, not only in its own report.
     for r in runs {
-        for n in r.notes.iter().filter(|n| !n.starts_with("read from memory_log.csv")) {
+        for n in r
+            .notes
+            .iter()
+            .filter(|n| !n.starts_with("read from memory_log.csv"))
+        {
             let _ = writeln!(s, "> note ({}): {n}\n", r.name);
         }
     }
