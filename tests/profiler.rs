@@ -268,3 +268,28 @@ fn interrupt_loses_nothing_and_tears_nothing() {
         "header + one row per stage"
     );
 }
+
+/// A run started after a big allocation reports its own peak, not the
+/// process's earlier high-water mark.
+#[test]
+fn a_run_reports_its_own_peak_not_the_processes_history() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    {
+        let mut big = vec![0u8; (256 * MIB) as usize];
+        touch(&mut big);
+        drop(big);
+    }
+    let before = prunemem::memory::process::rss_peak_since_reset().unwrap();
+    assert!(before >= 256 * MIB, "the kernel saw the earlier peak");
+    let p = quiet_profiler(Arc::new(Emitter::new()));
+    let s = p.stage("01_start");
+    let heap_peak = s.heap_peak.unwrap();
+    let rss_peak = s.rss_peak.unwrap();
+    assert!(heap_peak < 64 * MIB, "heap peak {heap_peak}");
+    assert!(
+        rss_peak < before - 128 * MIB,
+        "rss peak {rss_peak} vs {before}"
+    );
+    let (heap, rss, _) = p.run_peaks();
+    assert!(heap.unwrap() < 64 * MIB && rss.unwrap() < before - 128 * MIB);
+}

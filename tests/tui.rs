@@ -125,7 +125,7 @@ fn replay_shows_the_recorded_run_and_q_quits() {
     );
     let text = s.wait_for("finished", Duration::from_secs(30));
     for want in [
-        "prunemem prunemem prune",
+        "prunemem prune --model",
         "wanda 0.5",
         "RSS",
         "allocated",

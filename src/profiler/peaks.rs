@@ -107,7 +107,11 @@ fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
 }
 
 impl PeakStack {
+    /// A stack whose first window starts now: a run's peaks are its own,
+    /// not the process's high-water mark from before it (a dense
+    /// evaluation the same process ran first, say).
     pub fn new(source: Box<dyn PeakSource>) -> Self {
+        source.reset();
         Self {
             source,
             saved: Vec::new(),

@@ -101,10 +101,19 @@ impl UiState {
         self.run.apply(event);
         match event {
             Event::RunStarted { plan } => {
-                self.command = if plan.argv.is_empty() {
-                    plan.command.clone()
-                } else {
-                    plan.argv.join(" ")
+                // The program by its name, not its path: the header shows
+                // the command once (`prunemem prune …`).
+                self.command = match plan.argv.split_first() {
+                    None => format!("prunemem {}", plan.command),
+                    Some((program, rest)) => {
+                        let name = std::path::Path::new(program)
+                            .file_name()
+                            .map_or(program.clone(), |n| n.to_string_lossy().into_owned());
+                        std::iter::once(name)
+                            .chain(rest.iter().cloned())
+                            .collect::<Vec<_>>()
+                            .join(" ")
+                    }
                 };
                 if let Some(m) = &plan.model {
                     self.model = format!(

@@ -91,13 +91,10 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
         .eta_s()
         .map_or(String::new(), |e| format!("   ETA {}", clock(e)));
     let lines = vec![
-        Line::from(vec![
-            Span::styled("prunemem ", Style::new().add_modifier(Modifier::BOLD)),
-            Span::raw(truncate(
-                &state.command,
-                area.width.saturating_sub(12) as usize,
-            )),
-        ]),
+        Line::from(Span::styled(
+            truncate(&state.command, area.width.saturating_sub(3) as usize),
+            Style::new().add_modifier(Modifier::BOLD),
+        )),
         Line::from(vec![
             Span::raw(format!(
                 "model {}   method {}   ",
