@@ -293,3 +293,44 @@ fn a_run_reports_its_own_peak_not_the_processes_history() {
     let (heap, rss, _) = p.run_peaks();
     assert!(heap.unwrap() < 64 * MIB && rss.unwrap() < before - 128 * MIB);
 }
+
+fn category(name: &str) -> u64 {
+    let heap = prunemem::memory::alloc::heap_allocated().unwrap();
+    prunemem::memory::tag::breakdown(heap)
+        .into_iter()
+        .find(|(n, _)| *n == name)
+        .map_or(0, |(_, v)| v)
+}
+
+/// Categories are exact: bytes allocated under a tag, on this thread or on
+/// a worker thread, are charged to it until freed; the categories always
+/// sum to the counted heap.
+#[test]
+fn tags_charge_exactly_and_sum_to_the_heap() {
+    use prunemem::memory::tag::{Category, tag};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let (w0, s0) = (category("weights"), category("statistics"));
+    let weights = {
+        let _t = tag(Category::Weights);
+        vec![1u8; (10 * MIB) as usize]
+    };
+    assert_eq!(category("weights") - w0, 10 * MIB);
+    let stats = {
+        let _t = tag(Category::Statistics);
+        // Work handed to another thread inherits the tag.
+        std::thread::scope(|s| s.spawn(|| vec![2u8; (3 * MIB) as usize]).join().unwrap())
+    };
+    assert_eq!(category("statistics") - s0, 3 * MIB);
+    let mut grown = weights;
+    grown.reserve_exact((5 * MIB) as usize); // a realloc stays with its owner
+    assert_eq!(category("weights") - w0, grown.capacity() as u64);
+    let heap = prunemem::memory::alloc::heap_allocated().unwrap();
+    let sum: u64 = prunemem::memory::tag::breakdown(heap)
+        .iter()
+        .map(|(_, v)| v)
+        .sum();
+    assert_eq!(sum, heap, "the categories sum to the counted heap");
+    drop((grown, stats));
+    assert_eq!(category("weights"), w0);
+    assert_eq!(category("statistics"), s0);
+}

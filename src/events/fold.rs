@@ -116,6 +116,10 @@ pub struct RunFold {
     pub gpu: Reading,
     /// Highest RSS among background samples, and when.
     pub sampled_rss_peak: Option<(u64, f64)>,
+    /// The latest heap breakdown by category (`memory::tag`).
+    pub categories: BTreeMap<String, u64>,
+    /// The heap's breakdown at its peak, once the run has finished.
+    pub peak_categories: BTreeMap<String, u64>,
     point_limit: Option<usize>,
     window_rss: Option<u64>,
     window_heap: Option<u64>,
@@ -188,6 +192,14 @@ impl RunFold {
                 self.elapsed_s = self.elapsed_s.max(summary.wall_s);
                 self.rss.update(None, summary.rss_peak);
                 self.heap.update(None, summary.heap_peak);
+                if let Some(serde_json::Value::Object(m)) =
+                    summary.results.get("heap_peak_by_category")
+                {
+                    self.peak_categories = m
+                        .iter()
+                        .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                        .collect();
+                }
                 self.summary = Some(summary.clone());
             }
             Event::ScopeBegin { .. } | Event::Message { .. } => {}
@@ -233,6 +245,9 @@ impl RunFold {
             .into_iter()
             .flatten()
             .max();
+        if !s.categories.is_empty() {
+            self.categories = s.categories.clone();
+        }
         self.rss.update(s.rss, s.rss_peak);
         self.heap.update(s.heap_allocated, s.heap_peak);
         self.reserved.update(s.device_reserved, None);

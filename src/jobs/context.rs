@@ -136,9 +136,18 @@ impl Drop for Run {
 fn summary_of(
     profiler: &Profiler,
     status: RunStatus,
-    results: BTreeMap<String, Value>,
+    mut results: BTreeMap<String, Value>,
 ) -> RunSummary {
     let (heap_peak, rss_peak, device_peak) = profiler.run_peaks();
+    // What the heap was made of at its peak, by category (memory::tag).
+    let (total, parts) = crate::memory::tag::breakdown_at_peak();
+    if crate::memory::alloc::is_installed() && total > 0 {
+        let parts: serde_json::Map<String, Value> = parts
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.into()))
+            .collect();
+        results.insert("heap_peak_by_category".into(), Value::Object(parts));
+    }
     RunSummary {
         status,
         wall_s: profiler.elapsed_s(),

@@ -20,6 +20,8 @@
 //! `fix_malloc_thresholds`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
+
+use super::tag;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static ALLOCATED: AtomicU64 = AtomicU64::new(0);
@@ -34,11 +36,26 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// ```
 pub struct CountingAllocator;
 
+/// Counts `bytes` more; returns the new total when it is a new peak.
 #[inline]
-fn grow(bytes: u64) {
+fn grow(bytes: u64) -> Option<u64> {
     let now = ALLOCATED.fetch_add(bytes, Ordering::Relaxed) + bytes;
     if now > PEAK.load(Ordering::Relaxed) {
         PEAK.fetch_max(now, Ordering::Relaxed);
+        return Some(now);
+    }
+    None
+}
+
+/// Counts a new block and charges it to the current tag; a large block
+/// that makes a new peak records the peak's composition.
+#[inline]
+fn counted(ptr: *mut u8, size: usize) {
+    tag::on_alloc(ptr, size);
+    if let Some(peak) = grow(size as u64)
+        && size >= tag::TRACKED
+    {
+        tag::on_peak(peak);
     }
 }
 
@@ -156,7 +173,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         };
         if !ptr.is_null() {
             mark_installed();
-            grow(layout.size() as u64);
+            counted(ptr, layout.size());
         }
         ptr
     }
@@ -169,7 +186,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         };
         if !ptr.is_null() {
             mark_installed();
-            grow(layout.size() as u64);
+            counted(ptr, layout.size());
         }
         ptr
     }
@@ -180,6 +197,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
         } else {
             unsafe { System.dealloc(ptr, layout) };
         }
+        tag::on_free(ptr, layout.size());
         shrink(layout.size() as u64);
     }
 
@@ -213,10 +231,15 @@ unsafe impl GlobalAlloc for CountingAllocator {
             }
         };
         if !new_ptr.is_null() {
+            tag::on_realloc(ptr, layout.size(), new_ptr, new_size);
             let old = layout.size() as u64;
             let new = new_size as u64;
             if new >= old {
-                grow(new - old);
+                if let Some(peak) = grow(new - old)
+                    && new_size >= tag::TRACKED
+                {
+                    tag::on_peak(peak);
+                }
             } else {
                 shrink(old - new);
             }

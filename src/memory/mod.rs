@@ -11,6 +11,7 @@ pub mod alloc;
 pub mod device;
 pub mod gpu;
 pub mod process;
+pub mod tag;
 
 use serde::{Deserialize, Serialize};
 
@@ -50,6 +51,10 @@ pub struct MemorySnapshot {
     /// Host memory total and used.
     pub system_total: Option<u64>,
     pub system_used: Option<u64>,
+    /// Live heap bytes by category ([`tag`]), summing to `heap_allocated`;
+    /// empty when the counting allocator is not installed.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub categories: std::collections::BTreeMap<String, u64>,
 }
 
 impl MemorySnapshot {

@@ -248,6 +248,7 @@ impl Checkpoint {
         let e = self.entry(name)?;
         let mmap = &self.shards[e.shard].mmap;
         let width = (e.dtype.bitsize() / 8).max(1);
+        let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
         let mut out = Vec::with_capacity((e.end - e.start) / width);
         let mut a = e.start;
         while a < e.end {
@@ -354,6 +355,7 @@ impl Checkpoint {
         {
             snapshots.push(self.snapshot(name, &name[prefix.len()..], target)?);
         }
+        let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
         let result = module.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), false);
         if let Some(err) = result.errors.first() {
             let why = match err {

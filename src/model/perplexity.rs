@@ -13,6 +13,7 @@ use std::time::Instant;
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 
+use crate::memory::tag::{self, Category};
 use crate::model::llama::Head;
 use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rope};
 use crate::profiler::Profiler;
@@ -70,6 +71,7 @@ pub fn window_nll<B: Backend>(
         let mut row = 0;
         while row < s - 1 {
             let end = (row + chunk).min(s - 1);
+            let _tag = tag::tag(Category::Logits);
             let logits = head.logits(hj.clone().slice([row..end, 0..d]));
             let logits = if logits.dtype() == DType::F32 {
                 logits
@@ -107,7 +109,10 @@ pub fn perplexity<B: Backend>(
         Weights::Resident(model, config) => {
             let rope = Rope::new(config, seqlen, options.dtype.burn(), device);
             for (k, batch) in batches.iter().enumerate() {
-                let h = model.hidden(token_tensor(batch, device), &rope);
+                let h = {
+                    let _tag = tag::tag(Category::Activations);
+                    model.hidden(token_tensor(batch, device), &rope)
+                };
                 nll.extend(window_nll(h, batch, &model.head(), config.vocab_size));
                 if let Some(p) = profiler {
                     p.progress(k, batches.len(), &format!("eval batch {}", k + 1));
@@ -119,14 +124,17 @@ pub fn perplexity<B: Backend>(
             let dtype = options.dtype;
             let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
             let embed = ckpt.load_embedding::<B>(dtype, device)?;
+            let activations = tag::tag(Category::Activations);
             let mut xs: Vec<Tensor<B, 3>> = batches
                 .iter()
                 .map(|batch| embed.forward(token_tensor(batch, device)))
                 .collect();
+            drop(activations);
             let head_linear = ckpt.load_lm_head::<B>(dtype, device)?;
             for i in 0..c.num_layers {
                 crate::memory::alloc::trim();
                 let layer = ckpt.load_layer::<B>(i, dtype, device)?;
+                let _tag = tag::tag(Category::Activations);
                 xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
                 if let Some(p) = profiler {
                     p.progress(i, c.num_layers, &format!("eval model.layers.{i}"));

@@ -59,6 +59,7 @@ impl Tokenizer {
     /// call and a fraction of its memory (the tokenizers crate holds tens of
     /// bytes per input byte while encoding).
     pub fn encode(&self, text: &str) -> Result<Vec<u32>, ModelError> {
+        let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Tokenizer);
         let err = |e: tokenizers::Error| ModelError::Tokenizer(e.to_string());
         if text.len() <= CHUNK_BYTES {
             return Ok(self

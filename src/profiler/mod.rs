@@ -75,6 +75,8 @@ impl Profiler {
     /// A profiler emitting to `emitter`. The sampler starts with
     /// [`Profiler::start_sampler`].
     pub fn new(emitter: Arc<Emitter>, config: ProfilerConfig) -> Self {
+        // The run's composition at its peak starts now, like its peaks.
+        memory::tag::reset_peak(memory::alloc::heap_allocated().unwrap_or(0));
         let device_peak: Box<dyn PeakSource> = if config.device.is_host_heap() {
             Box::new(HeapPeak)
         } else {
@@ -289,6 +291,12 @@ impl Inner {
             cpu_percent: proc_reading.cpu_percent,
             system_total: proc_reading.system_total,
             system_used: proc_reading.system_used,
+            categories: heap
+                .map(|h| memory::tag::breakdown(h).into_iter())
+                .into_iter()
+                .flatten()
+                .map(|(k, v)| (k.to_string(), v))
+                .collect(),
         }
     }
 

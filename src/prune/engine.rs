@@ -24,6 +24,7 @@ use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::stats::{LayerStats, Stat, StatKind};
 use super::{LayerMethod, Pattern, PruneError};
 use crate::events::stages;
+use crate::memory::tag::{self, Category, tagged};
 use crate::model::llama::{DecoderLayer, LinearInput};
 use crate::model::perplexity::token_tensor;
 use crate::model::save::PrunedWriter;
@@ -151,14 +152,17 @@ pub fn prune<B: Backend>(
     let kind = stat_kind(config.method);
     let nsamples = calibration.len();
     let mut inps = match kind {
-        Some(_) => embed_windows(
-            ckpt,
-            &source,
-            calibration,
-            config.batch_size,
-            config.dtype,
-            device,
-        )?,
+        Some(_) => {
+            let _tag = tag::tag(Category::Activations);
+            embed_windows(
+                ckpt,
+                &source,
+                calibration,
+                config.batch_size,
+                config.dtype,
+                device,
+            )?
+        }
         None => Vec::new(),
     };
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
@@ -233,9 +237,12 @@ impl<B: Backend> LayerPass<'_, B> {
         };
         let mut stats = self.kind.map(LayerStats::<B>::new);
         if let Some(stats) = stats.as_mut() {
+            let _tag = tag::tag(Category::Activations);
             for x in inps.iter() {
-                let _ =
-                    layer.forward_traced(x.clone(), &self.rope, &mut |k, t| stats.observe(k, t));
+                let _ = layer.forward_traced(x.clone(), &self.rope, &mut |k, t| {
+                    let _tag = tag::tag(Category::Statistics);
+                    stats.observe(k, t)
+                });
             }
         }
         let mut comp = self.components.clone();
@@ -258,6 +265,7 @@ impl<B: Backend> LayerPass<'_, B> {
         crate::memory::alloc::trim();
         profiler.stage(&stages::layer_pruned(i));
         if self.kind.is_some() && i + 1 < c.num_layers {
+            let _tag = tag::tag(Category::Activations);
             for x in inps.iter_mut() {
                 *x = layer.forward(x.clone(), &self.rope);
             }
@@ -360,7 +368,8 @@ fn prune_linear<B: Backend>(
     writer: Option<&mut PrunedWriter>,
     ckpt: &Checkpoint,
 ) -> Result<LinearReport, PruneError> {
-    let (mut w, out, inp) = weight_out_in(layer, name);
+    let (mut w, out, inp) = tagged(Category::Weights, || weight_out_in(layer, name));
+    let _tag = tag::tag(Category::Masks);
     let (mut alpha, mut error) = (None, None);
     match (config.method, stat) {
         (LayerMethod::Magnitude, _) => {
@@ -368,7 +377,7 @@ fn prune_linear<B: Backend>(
             apply_mask(&mut w, &mask);
         }
         (LayerMethod::Wanda, Some(Stat::Norms(scaler_row))) => {
-            let metric = wanda_metric(&w, inp, scaler_row);
+            let metric = tagged(Category::Statistics, || wanda_metric(&w, inp, scaler_row));
             let (mask, a) = wanda_mask(
                 &metric,
                 inp,
@@ -386,6 +395,7 @@ fn prune_linear<B: Backend>(
                 percdamp: config.percdamp,
                 blocksize: config.blocksize,
             };
+            let _stats = tag::tag(Category::Statistics);
             let r = fasterprune(&w, out, inp, h.clone(), options).map_err(|e| {
                 PruneError::NotPositiveDefinite {
                     name: full_name.to_string(),

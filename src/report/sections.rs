@@ -39,6 +39,29 @@ pub fn breakdown(s: &mut String, bars: &[Bar], chart: bool) {
     let _ = writeln!(s, "| **total** | {} |", totals.join(" | "));
 }
 
+/// "The heap at its peak, by category": what the counting allocator charged
+/// to each category (`memory::tag`) at the instant of the run's heap peak —
+/// measured, not estimated; "untagged" and "small allocations" are the
+/// honest remainder.
+pub fn categories(s: &mut String, run: &RunData) {
+    let cats = &run.peak_categories;
+    let total: u64 = cats.values().sum();
+    if total == 0 {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n## The heap at its peak, by category (measured)\n\n| category | bytes | share |\n|---|---|---|"
+    );
+    let mut parts: Vec<(&String, &u64)> = cats.iter().collect();
+    parts.sort_by_key(|(_, v)| std::cmp::Reverse(**v));
+    for (name, bytes) in parts {
+        let share = 100.0 * *bytes as f64 / total as f64;
+        let _ = writeln!(s, "| {name} | {} | {share:.1}% |", format_bytes(*bytes));
+    }
+    let _ = writeln!(s, "| **heap peak** | {} | 100% |", format_bytes(total));
+}
+
 /// "Projection to GPU": this run's method and settings, on its own model and
 /// on LLaMA 7B, in f16 with CUDA, against `gpu`'s usable memory; when it
 /// does not fit, the longest seqlen and largest batch that do.

@@ -209,3 +209,19 @@ fn projection_to_a_named_gpu() {
     assert!(md.contains("| LLaMA 7B |"), "{md}");
     assert!(md.contains("usable"));
 }
+
+#[test]
+fn the_peak_by_category_is_a_measured_table() {
+    let mut run = load(&fixture()).unwrap();
+    let md = text::markdown(&run, None, false, None);
+    assert!(
+        !md.contains("by category"),
+        "no section without measurements"
+    );
+    run.fold.peak_categories.insert("weights".into(), 3 << 20);
+    run.fold.peak_categories.insert("untagged".into(), 1 << 20);
+    let md = text::markdown(&run, None, false, None);
+    assert!(md.contains("## The heap at its peak, by category (measured)"));
+    assert!(md.contains("| weights | 3.000 MiB | 75.0% |"), "{md}");
+    assert!(md.contains("| untagged | 1.000 MiB | 25.0% |"), "{md}");
+}

@@ -39,7 +39,7 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
     let message_rows = if area.height >= 32 { 6 } else { 3 };
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
-        Constraint::Length(6),
+        Constraint::Length(7),
         Constraint::Min(7),
         Constraint::Length(3),
         Constraint::Length(message_rows),
@@ -156,6 +156,64 @@ fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Co
     ])
 }
 
+/// A colour per heap category, the same wherever categories are drawn.
+pub fn category_color(name: &str) -> Color {
+    match name {
+        "weights" => Color::Blue,
+        "activations" => Color::Green,
+        "statistics" => Color::Magenta,
+        "gradients" => Color::Red,
+        "masks" => Color::Yellow,
+        "logits" => Color::Cyan,
+        "tokenizer" => Color::LightMagenta,
+        "runtime" => Color::LightBlue,
+        _ => Color::DarkGray,
+    }
+}
+
+/// The heap split by category as one stacked bar: now while the run goes,
+/// at the heap's peak once it has finished.
+fn category_line(state: &UiState, width: usize) -> Line<'static> {
+    let (cats, what) = if state.run.peak_categories.is_empty() {
+        (&state.run.categories, "heap now")
+    } else {
+        (&state.run.peak_categories, "at peak")
+    };
+    let total: u64 = cats.values().sum();
+    if total == 0 {
+        return Line::from(format!("{:<10}{}", "by kind", "n/a"));
+    }
+    let mut parts: Vec<(&String, &u64)> = cats.iter().collect();
+    parts.sort_by_key(|(_, v)| std::cmp::Reverse(**v));
+    let mut spans = vec![Span::raw(format!("{:<10}", "by kind"))];
+    let mut used = 0;
+    for (name, bytes) in &parts {
+        let n = ((**bytes as u128 * width as u128) / total as u128) as usize;
+        let n = n.min(width - used);
+        used += n;
+        spans.push(Span::styled(
+            "█".repeat(n),
+            Style::new().fg(category_color(name)),
+        ));
+    }
+    spans.push(Span::raw(" ".repeat(width - used)));
+    let legend: Vec<String> = parts
+        .iter()
+        .take(4)
+        .map(|(n, v)| format!("{n} {}", format_bytes(**v)))
+        .collect();
+    spans.push(Span::raw(format!(" {what}: ")));
+    for (k, (name, _)) in parts.iter().take(4).enumerate() {
+        let sep = if k == 0 { "" } else { " · " };
+        spans.push(Span::raw(sep.to_string()));
+        spans.push(Span::styled(
+            legend[k].clone(),
+            Style::new().fg(category_color(name)),
+        ));
+    }
+    Line::from(spans)
+}
+
 fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
     // Host series share one scale (the largest peak), so bars compare.
     let host_full = [
@@ -180,6 +238,7 @@ fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
             Color::Magenta,
         ),
         gauge_line("GPU used", &state.run.gpu, gpu_full, width, Color::Yellow),
+        category_line(state, width),
     ];
     let title = " memory (│ = peak) ";
     frame.render_widget(

@@ -13,6 +13,7 @@ use super::head::{WeightGrad, head_backward};
 use super::pass::{Batch, Input, Norms, State, Which, fold_norms, input_of};
 use super::{EMBED, HEAD, select};
 use crate::events::stages;
+use crate::memory::tag::{self, Category};
 use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LlamaRmsNorm};
 use crate::model::{ComputeDtype, Rope};
 use crate::prune::PruneError;
@@ -110,6 +111,7 @@ impl<'a> Pass<'a> {
             && config.strategy == select::Strategy::Wanda
             && state.norms.is_none();
         let mut norms = Norms::default();
+        let _tag = tag::tag(Category::Activations);
         let mut xs = vec![self.embed(state)?];
         for i in 0..c.num_layers {
             crate::memory::alloc::trim();
@@ -211,6 +213,7 @@ impl<'a> Pass<'a> {
         );
         profiler.components(&format!("{} pass, head", self.tag), held);
         let norm_ad = LlamaRmsNorm::<Ad>::from_inner(ckpt.load_norm::<Flex>(DTYPE, &self.device)?);
+        let _tag = tag::tag(Category::Logits);
         let head_probed = self.probed.contains(head_name);
         let head_positions = state.tentative.get(head_name).cloned().unwrap_or_default();
         let mut out = HeadOut {
@@ -305,12 +308,15 @@ impl<'a> Pass<'a> {
                     .and_then(|n| n.layers.get(i))
                     .and_then(|m| m.get(&input_of(name)))
                     .map(Vec::as_slice);
-                let t = select::tentative(&w, inp, n, config.sparsity);
+                let t = tag::tagged(Category::Masks, || {
+                    select::tentative(&w, inp, n, config.sparsity)
+                });
                 state.tentative.insert(full.clone(), t);
             }
             set_weight(&mut plain, name, w, out, inp, DTYPE, &self.device);
             names.push((name, full));
         }
+        let _tag = tag::tag(Category::Gradients);
         let mut layer = DecoderLayer::<Ad>::from_inner(plain);
         for name in LAYER_LINEARS {
             if let Some(l) = layer.linear_mut(name) {

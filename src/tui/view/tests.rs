@@ -149,3 +149,37 @@ fn an_80_column_terminal_keeps_the_stage_table() {
     assert!(text.contains("02_model_loaded"), "{text}");
     assert!(!text.contains("history"), "{text}");
 }
+
+#[test]
+fn the_heap_split_by_category_is_drawn_now_and_at_the_peak() {
+    let mut s = state();
+    let blank = screen(&s, 140, 40);
+    assert!(
+        blank.contains("by kind   n/a"),
+        "no categories yet: n/a, not 0"
+    );
+    let mut cats = std::collections::BTreeMap::new();
+    cats.insert("weights".to_string(), 300 * M);
+    cats.insert("activations".to_string(), 100 * M);
+    s.apply(&Event::Sample {
+        snapshot: MemorySnapshot {
+            label: "sample".into(),
+            elapsed_s: 9.0,
+            categories: cats,
+            ..Default::default()
+        },
+    });
+    let text = screen(&s, 140, 40);
+    let line = text.lines().find(|l| l.contains("by kind")).unwrap();
+    assert!(
+        line.contains("heap now: weights 300.0 MiB · activations 100.0 MiB"),
+        "{line}"
+    );
+    // Three quarters of the bar are weights.
+    let bar: String = line
+        .chars()
+        .skip_while(|c| *c != '█')
+        .take_while(|c| *c == '█')
+        .collect();
+    assert!(bar.chars().count() >= 10, "{line}");
+}
