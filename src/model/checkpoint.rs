@@ -316,17 +316,24 @@ impl Checkpoint {
         let shape = e.shape.clone();
         let tensor = name.to_string();
         let data_fn = Rc::new(move || -> Result<TensorData, TensorSnapshotError> {
-            let bytes = copy_releasing(&mmap, e.start, e.end);
-            if let Some(i) = dtype::first_non_finite(&bytes, e.dtype) {
-                return Err(TensorSnapshotError::DataError(non_finite(&tensor, i)));
+            // Decoded 8 MiB at a time from the mapping into the typed result,
+            // each piece checked and released: the tensor is held once.
+            const CHUNK: usize = 8 << 20;
+            let width = (e.dtype.bitsize() / 8).max(1);
+            let mut out = dtype::Converted::with_capacity(target, (e.end - e.start) / width);
+            let mut a = e.start;
+            while a < e.end {
+                let b = (a + CHUNK / width * width).min(e.end);
+                if let Some(i) = dtype::first_non_finite(&mmap[a..b], e.dtype) {
+                    let at = (a - e.start) / width + i;
+                    return Err(TensorSnapshotError::DataError(non_finite(&tensor, at)));
+                }
+                out.extend(&mmap[a..b], e.dtype);
+                release_range(&mmap, a, b);
+                a = b;
             }
             counter.fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
-            Ok(dtype::to_tensor_data(
-                bytes,
-                e.dtype,
-                e.shape.clone(),
-                target,
-            ))
+            Ok(out.into_data(e.shape.clone()))
         });
         Ok(TensorSnapshot::from_closure(
             data_fn,

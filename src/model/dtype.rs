@@ -123,38 +123,55 @@ pub fn encode_f32(values: &[f32], d: Dtype) -> Vec<u8> {
     }
 }
 
-/// Turns stored bytes into tensor data in the compute dtype, without an f32
-/// detour when the two already agree.
-pub fn to_tensor_data(
-    bytes: Vec<u8>,
-    stored: Dtype,
-    shape: Vec<usize>,
-    target: ComputeDtype,
-) -> TensorData {
-    let same = matches!(
-        (stored, target),
-        (Dtype::F32, ComputeDtype::F32)
-            | (Dtype::F16, ComputeDtype::F16)
-            | (Dtype::BF16, ComputeDtype::Bf16)
-    );
-    if same {
-        return TensorData::from_bytes_vec(bytes, shape, target.burn());
+/// Tensor values being built in the compute dtype, piece by piece, so a
+/// tensor read from a mapping is held once: typed and aligned from the
+/// start (a byte vector handed to Burn is copied into aligned storage,
+/// which held every loaded tensor twice for a moment).
+pub enum Converted {
+    F32(Vec<f32>),
+    F16(Vec<f16>),
+    Bf16(Vec<bf16>),
+}
+
+impl Converted {
+    /// Room for `n` elements of `target`.
+    pub fn with_capacity(target: ComputeDtype, n: usize) -> Self {
+        match target {
+            ComputeDtype::F32 => Converted::F32(Vec::with_capacity(n)),
+            ComputeDtype::F16 => Converted::F16(Vec::with_capacity(n)),
+            ComputeDtype::Bf16 => Converted::Bf16(Vec::with_capacity(n)),
+        }
     }
-    let values = decode_f32(&bytes, stored);
-    drop(bytes);
-    match target {
-        ComputeDtype::F32 => TensorData::new(values, shape),
-        ComputeDtype::F16 => TensorData::new(
-            values.iter().map(|v| f16::from_f32(*v)).collect::<Vec<_>>(),
-            shape,
-        ),
-        ComputeDtype::Bf16 => TensorData::new(
-            values
-                .iter()
-                .map(|v| bf16::from_f32(*v))
-                .collect::<Vec<_>>(),
-            shape,
-        ),
+
+    /// Appends `bytes`, little-endian elements stored as `stored`.
+    pub fn extend(&mut self, bytes: &[u8], stored: Dtype) {
+        let two = |c: &[u8]| [c[0], c[1]];
+        match (self, stored) {
+            (Converted::F16(v), Dtype::F16) => {
+                v.extend(bytes.chunks_exact(2).map(|c| f16::from_le_bytes(two(c))))
+            }
+            (Converted::Bf16(v), Dtype::BF16) => {
+                v.extend(bytes.chunks_exact(2).map(|c| bf16::from_le_bytes(two(c))))
+            }
+            (Converted::F32(v), Dtype::F32) => v.extend(
+                bytes
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+            ),
+            (Converted::F32(v), d) => v.extend(decode_f32(bytes, d)),
+            (Converted::F16(v), d) => v.extend(decode_f32(bytes, d).into_iter().map(f16::from_f32)),
+            (Converted::Bf16(v), d) => {
+                v.extend(decode_f32(bytes, d).into_iter().map(bf16::from_f32))
+            }
+        }
+    }
+
+    pub fn into_data(self, shape: Vec<usize>) -> TensorData {
+        match self {
+            Converted::F32(v) => TensorData::new(v, shape),
+            Converted::F16(v) => TensorData::new(v, shape),
+            Converted::Bf16(v) => TensorData::new(v, shape),
+        }
     }
 }
 
@@ -184,13 +201,13 @@ mod tests {
             }
         }
         assert_eq!(decode_f32(&encode_f32(&v, Dtype::F32), Dtype::F32), v);
-        let data = to_tensor_data(
-            encode_f32(&v, Dtype::BF16),
-            Dtype::BF16,
-            vec![4],
-            ComputeDtype::F32,
-        );
+        let mut c = Converted::with_capacity(ComputeDtype::F32, 4);
+        c.extend(&encode_f32(&v, Dtype::BF16), Dtype::BF16);
+        let data = c.into_data(vec![4]);
         assert_eq!(data.dtype, DType::F32);
+        let mut same = Converted::with_capacity(ComputeDtype::Bf16, 4);
+        same.extend(&encode_f32(&v, Dtype::BF16), Dtype::BF16);
+        assert_eq!(same.into_data(vec![4]).dtype, DType::BF16);
         assert_eq!("bfloat16".parse::<ComputeDtype>(), Ok(ComputeDtype::Bf16));
         assert!("int8".parse::<ComputeDtype>().is_err());
     }
