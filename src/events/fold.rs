@@ -120,6 +120,8 @@ pub struct RunFold {
     pub categories: BTreeMap<String, u64>,
     /// The heap's breakdown at its peak, once the run has finished.
     pub peak_categories: BTreeMap<String, u64>,
+    /// The breakdown over time (kept only without a point limit: reports).
+    pub category_points: Vec<(f64, BTreeMap<String, u64>)>,
     point_limit: Option<usize>,
     window_rss: Option<u64>,
     window_heap: Option<u64>,
@@ -247,6 +249,10 @@ impl RunFold {
             .max();
         if !s.categories.is_empty() {
             self.categories = s.categories.clone();
+            if self.point_limit.is_none() {
+                self.category_points
+                    .push((s.elapsed_s, s.categories.clone()));
+            }
         }
         self.rss.update(s.rss, s.rss_peak);
         self.heap.update(s.heap_allocated, s.heap_peak);

@@ -47,6 +47,31 @@ pub const CATEGORIES: [Category; 9] = [
     Category::Untagged,
 ];
 
+/// The display colour of a category (by name), the same in every view: the
+/// live UI's bar, report tables and charts.
+pub fn color(name: &str) -> (u8, u8, u8) {
+    match name {
+        "weights" => (31, 119, 180),
+        "activations" => (44, 160, 44),
+        "statistics" => (148, 103, 189),
+        "gradients" => (214, 39, 40),
+        "masks" => (255, 127, 14),
+        "logits" => (23, 190, 207),
+        "tokenizer" => (227, 119, 194),
+        "runtime" => (188, 189, 34),
+        "untagged" => (127, 127, 127),
+        _ => (199, 199, 199), // small allocations
+    }
+}
+
+/// Display order of category names: the tags, then the small allocations.
+pub fn order(name: &str) -> usize {
+    CATEGORIES
+        .iter()
+        .position(|c| c.name() == name)
+        .unwrap_or(CATEGORIES.len())
+}
+
 /// The name of the derived category of small allocations.
 pub const SMALL: &str = "small allocations";
 

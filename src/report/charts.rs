@@ -111,7 +111,10 @@ where
         .draw()
         .map_err(err)?;
     if let Some(first) = runs.first() {
-        for s in first.stages.iter().filter(|s| !stages::is_layer(s.label())) {
+        // At most about 30 stage lines: more make a grey wall.
+        let outline: Vec<_> = first.outline().collect();
+        let step = outline.len().div_ceil(30).max(1);
+        for s in outline.into_iter().step_by(step) {
             let x = s.point.t;
             chart
                 .draw_series(LineSeries::new(
@@ -149,8 +152,17 @@ where
             } else {
                 color.mix(0.55).stroke_width(width)
             };
+            // Per pixel column: the min–max band, and the line of means.
+            let cols = super::charts_area::envelope(&data, t_max, super::charts_area::COLUMNS);
+            let band: Vec<(f64, f64)> = (cols.iter().map(|c| (c.t, c.max)))
+                .chain(cols.iter().rev().map(|c| (c.t, c.min)))
+                .collect();
             chart
-                .draw_series(LineSeries::new(data, style))
+                .draw_series([Polygon::new(band, color.mix(0.18).filled())])
+                .map_err(err)?;
+            let means: Vec<(f64, f64)> = cols.iter().map(|c| (c.t, c.mean)).collect();
+            chart
+                .draw_series(LineSeries::new(means, style))
                 .map_err(err)?
                 .label(label(what))
                 .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
@@ -161,11 +173,21 @@ where
             chart
                 .draw_series([Circle::new((x, y), 4, color.filled())])
                 .map_err(err)?;
+            // Right of the point, or left of it near the right edge: never
+            // clipped by the plot's border.
+            let side = if x > 0.7 * t_max {
+                HPos::Right
+            } else {
+                HPos::Left
+            };
+            let style = TextStyle::from(("sans-serif", 14).into_font())
+                .color(&color)
+                .pos(Pos::new(side, VPos::Bottom));
             chart
                 .draw_series([Text::new(
                     format!("peak {}", crate::units::format_bytes(peak)),
                     (x, y * 1.03),
-                    ("sans-serif", 14).into_font().color(&color),
+                    style,
                 )])
                 .map_err(err)?;
         }

@@ -7,6 +7,8 @@ pub mod breakdown;
 #[cfg(feature = "charts")]
 pub mod charts;
 #[cfg(feature = "charts")]
+pub mod charts_area;
+#[cfg(feature = "charts")]
 pub mod charts_stacked;
 pub mod load;
 mod sections;
@@ -76,6 +78,17 @@ pub fn write_report(
         let p = out.join("stages.png");
         charts::png(&p, |a| charts::stage_bars(a, run, &bars_title))?;
         written.files.push(p);
+        if !run.category_points.is_empty() {
+            let title = format!("Heap by category: {}", run.name);
+            let svg = charts::svg(|a| charts_area::categories(a, run, &title))?;
+            let p = out.join("categories.svg");
+            write(&p, &svg)?;
+            written.files.push(p);
+            let p = out.join("categories.png");
+            charts::png(&p, |a| charts_area::categories(a, run, &title))?;
+            written.files.push(p);
+            charts.push(("categories".into(), svg));
+        }
         charts.push(("timeline".into(), tl));
         charts.push(("stages".into(), bars));
         let stacked = breakdown::bars(run, comparison.as_ref());

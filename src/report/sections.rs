@@ -43,16 +43,17 @@ pub fn breakdown(s: &mut String, bars: &[Bar], chart: bool) {
 /// to each category (`memory::tag`) at the instant of the run's heap peak —
 /// measured, not estimated; "untagged" and "small allocations" are the
 /// honest remainder.
-pub fn categories(s: &mut String, run: &RunData) {
+pub fn categories(s: &mut String, run: &RunData, chart: bool) {
     let cats = &run.peak_categories;
     let total: u64 = cats.values().sum();
     if total == 0 {
         return;
     }
-    let _ = writeln!(
-        s,
-        "\n## The heap at its peak, by category (measured)\n\n| category | bytes | share |\n|---|---|---|"
-    );
+    let _ = writeln!(s, "\n## The heap at its peak, by category (measured)\n");
+    if chart && !run.category_points.is_empty() {
+        let _ = writeln!(s, "![by category](categories.svg)\n");
+    }
+    let _ = writeln!(s, "| category | bytes | share |\n|---|---|---|");
     let mut parts: Vec<(&String, &u64)> = cats.iter().collect();
     parts.sort_by_key(|(_, v)| std::cmp::Reverse(**v));
     for (name, bytes) in parts {

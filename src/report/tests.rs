@@ -225,3 +225,24 @@ fn the_peak_by_category_is_a_measured_table() {
     assert!(md.contains("| weights | 3.000 MiB | 75.0% |"), "{md}");
     assert!(md.contains("| untagged | 1.000 MiB | 25.0% |"), "{md}");
 }
+
+#[test]
+fn the_category_chart_names_every_category() {
+    let mut run = load(&fixture()).unwrap();
+    for (k, t) in [0.0, 1.0, 2.0].into_iter().enumerate() {
+        let mut c = std::collections::BTreeMap::new();
+        c.insert("weights".to_string(), (10 + k as u64) << 20);
+        c.insert("activations".to_string(), 5 << 20);
+        c.insert("small allocations".to_string(), 1 << 20);
+        run.fold.category_points.push((t, c));
+    }
+    let svg = charts::svg(|a| charts_area::categories(a, &run, "By category")).unwrap();
+    for name in [
+        "weights",
+        "activations",
+        "small allocations",
+        "live heap by category (MiB)",
+    ] {
+        assert!(svg.contains(name), "missing {name}");
+    }
+}

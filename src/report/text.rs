@@ -201,7 +201,7 @@ pub fn markdown(
         let _ = writeln!(s, "- {name}: +{}", format_bytes((*d).max(0) as u64));
     }
     let bars = super::breakdown::bars(run, check);
-    super::sections::categories(&mut s, run);
+    super::sections::categories(&mut s, run, charts);
     super::sections::breakdown(&mut s, &bars, charts);
     if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), peak) {
         let _ = writeln!(

@@ -156,19 +156,10 @@ fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Co
     ])
 }
 
-/// A colour per heap category, the same wherever categories are drawn.
+/// A heap category's colour, the same as in the report's charts.
 pub fn category_color(name: &str) -> Color {
-    match name {
-        "weights" => Color::Blue,
-        "activations" => Color::Green,
-        "statistics" => Color::Magenta,
-        "gradients" => Color::Red,
-        "masks" => Color::Yellow,
-        "logits" => Color::Cyan,
-        "tokenizer" => Color::LightMagenta,
-        "runtime" => Color::LightBlue,
-        _ => Color::DarkGray,
-    }
+    let (r, g, b) = crate::memory::tag::color(name);
+    Color::Rgb(r, g, b)
 }
 
 /// The heap split by category as one stacked bar: now while the run goes,
