@@ -61,8 +61,8 @@ pub fn envelope(points: &[(f64, f64)], t_max: f64, columns: usize) -> Vec<Column
         .collect()
 }
 
-/// The heap by category over time, stacked, in MiB or GiB; `None` when the
-/// log has no categories (a Python CSV, an older log).
+/// The heap by category over time, stacked, in MiB or GiB (reports draw it
+/// only when the log has categories: not a Python CSV or an older log).
 pub fn categories<DB: DrawingBackend>(
     area: DrawingArea<DB, plotters::coord::Shift>,
     run: &RunData,
