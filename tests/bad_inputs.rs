@@ -337,6 +337,10 @@ fn cases(f: &Fixture) -> Vec<(&'static str, Vec<String>)> {
         ),
         ("watch without a command", argv(&["watch", "--ui", "none"])),
         (
+            "watch a process that does not exist",
+            argv(&["watch", "--ui", "none", "--pid", "999999999"]),
+        ),
+        (
             "replay of a missing folder",
             argv(&["replay", &f.p("missing"), "--ui", "none"]),
         ),

@@ -18,8 +18,14 @@ use crate::watch::{self, WatchOptions};
 #[derive(Args, Debug)]
 pub struct WatchArgs {
     /// Follow a run's log folder (events.jsonl) as it grows
-    #[arg(long, value_name = "DIR", conflicts_with = "command")]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["command", "pid"])]
     log: Option<PathBuf>,
+    /// Attach to a running process (and its children) until it exits
+    #[arg(long, value_name = "PID", conflicts_with = "command")]
+    pid: Option<u32>,
+    /// With --pid: read stage markers (PRUNEMEM_STAGE name, Memory Checkpoint: NAME) from this log file
+    #[arg(long, value_name = "FILE", requires = "pid")]
+    follow: Option<PathBuf>,
     /// Write the watched command's memory_log.csv, events.jsonl and summary.txt to DIR
     #[arg(long = "log-memory", value_name = "DIR")]
     log_memory: Option<PathBuf>,
@@ -142,14 +148,14 @@ pub fn watch(args: WatchArgs) -> CliResult<i32> {
         result?;
         return Ok(0);
     }
-    if args.command.is_empty() {
+    if args.command.is_empty() && args.pid.is_none() {
         return Err(
-            "watch needs --log DIR or a command after -- (prunemem watch -- python main.py ...)"
+            "watch needs --log DIR, --pid PID or a command after -- (prunemem watch -- python main.py ...)"
                 .into(),
         );
     }
-    // Our own SIGINT/SIGTERM, and the UI's quit, go on to the command; the
-    // watch lasts until it exits, so its logs are whole.
+    // Our own SIGINT/SIGTERM, and the UI's quit, go on to the command (or,
+    // attached to a process, end the watch); logs are whole either way.
     let forward = Arc::new(AtomicI32::new(0));
     forward_signals(forward.clone())?;
     let abort_flag = forward.clone();
@@ -165,7 +171,10 @@ pub fn watch(args: WatchArgs) -> CliResult<i32> {
         hz: args.sample_hz,
         echo: mode != UiMode::Tui,
     };
-    let code = watch::watch_command(&args.command, &options, emit, forward);
+    let code = match args.pid {
+        Some(pid) => watch::attach(pid, args.follow.as_deref(), &options, emit, forward),
+        None => watch::watch_command(&args.command, &options, emit, forward),
+    };
     // Release the emitter's other owner (the closure) before finishing.
     match Arc::try_unwrap(out) {
         Ok(out) => out.finish(),

@@ -40,7 +40,7 @@ pub fn parse_marker(line: &str) -> Option<String> {
 }
 
 /// Whether a line of the command's output deserves the message pane.
-fn is_warning(line: &str) -> Option<Level> {
+pub(super) fn is_warning(line: &str) -> Option<Level> {
     let l = line.to_ascii_lowercase();
     if l.contains("out of memory") || l.contains("error") || l.contains("traceback") {
         Some(Level::Error)
@@ -52,15 +52,15 @@ fn is_warning(line: &str) -> Option<Level> {
 }
 
 /// Readings of the watched tree, shared by the sampler and the output readers.
-struct Probe {
-    tree: TreeProbe,
-    start: Instant,
-    peak: Option<u64>,
-    gpu_peak: Option<u64>,
+pub(super) struct Probe {
+    pub(super) tree: TreeProbe,
+    pub(super) start: Instant,
+    pub(super) peak: Option<u64>,
+    pub(super) gpu_peak: Option<u64>,
 }
 
 impl Probe {
-    fn snapshot(&mut self, label: &str) -> MemorySnapshot {
+    pub(super) fn snapshot(&mut self, label: &str) -> MemorySnapshot {
         let reading = self.tree.read();
         let rss = reading.as_ref().map(|(r, _)| *r);
         self.peak = self.peak.max(rss);
@@ -95,7 +95,7 @@ impl Probe {
 /// Where the watcher sends its events (shared by its threads).
 pub type Emit = Arc<Mutex<dyn FnMut(Event) + Send>>;
 
-fn send(emit: &Emit, e: Event) {
+pub(super) fn send(emit: &Emit, e: Event) {
     let mut f = match emit.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
@@ -137,7 +137,7 @@ fn reader_thread(
     })
 }
 
-fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
         Err(p) => p.into_inner(),
