@@ -13,8 +13,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::WatchError;
-use super::command::{Emit, Probe, WatchOptions, is_warning, lock, parse_marker, send};
-use crate::events::{Event, HostInfo, RunPlan, RunStatus, RunSummary, stages};
+use super::command::{Emit, Probe, WatchOptions, finish, is_warning, lock, parse_marker, send};
+use crate::events::{Event, HostInfo, RunPlan, RunStatus, stages};
 use crate::memory::process::TreeProbe;
 use crate::memory::unix_ms_now;
 
@@ -150,29 +150,11 @@ pub fn attach(
     if let Some(f) = follower {
         let _ = f.join();
     }
-    let (wall_s, peak, gpu_peak) = {
-        let p = lock(&probe);
-        (p.start.elapsed().as_secs_f64(), p.peak, p.gpu_peak)
+    let status = if detached {
+        RunStatus::Interrupted
+    } else {
+        RunStatus::Ok
     };
-    let mut end = lock(&probe).snapshot(stages::WATCH_END);
-    end.rss_peak = peak;
-    send(&emit, Event::Stage { snapshot: end });
-    send(
-        &emit,
-        Event::RunFinished {
-            summary: RunSummary {
-                status: if detached {
-                    RunStatus::Interrupted
-                } else {
-                    RunStatus::Ok
-                },
-                wall_s,
-                rss_peak: peak,
-                heap_peak: None,
-                device_peak: gpu_peak,
-                results: Default::default(),
-            },
-        },
-    );
+    finish(&probe, &emit, status, Default::default());
     Ok(0)
 }

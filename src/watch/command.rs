@@ -137,6 +137,32 @@ fn reader_thread(
     })
 }
 
+/// The end of a watch: the last stage (with the tree's peak) and the run's
+/// closing event.
+pub(super) fn finish(
+    probe: &Arc<Mutex<Probe>>,
+    emit: &Emit,
+    status: RunStatus,
+    results: std::collections::BTreeMap<String, serde_json::Value>,
+) {
+    let (wall_s, peak, gpu_peak) = {
+        let p = lock(probe);
+        (p.start.elapsed().as_secs_f64(), p.peak, p.gpu_peak)
+    };
+    let mut end = lock(probe).snapshot(stages::WATCH_END);
+    end.rss_peak = peak;
+    send(emit, Event::Stage { snapshot: end });
+    let summary = RunSummary {
+        status,
+        wall_s,
+        rss_peak: peak,
+        heap_peak: None,
+        device_peak: gpu_peak,
+        results,
+    };
+    send(emit, Event::RunFinished { summary });
+}
+
 pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     match m.lock() {
         Ok(g) => g,
@@ -237,32 +263,14 @@ pub fn watch_command(
         use std::os::unix::process::ExitStatusExt;
         128 + status.signal().unwrap_or(0)
     });
-    let (wall_s, peak, gpu_peak) = {
-        let p = lock(&probe);
-        (p.start.elapsed().as_secs_f64(), p.peak, p.gpu_peak)
-    };
-    let mut end = lock(&probe).snapshot(stages::WATCH_END);
-    end.rss_peak = peak;
-    send(&emit, Event::Stage { snapshot: end });
     let mut results = std::collections::BTreeMap::new();
     results.insert("exit_code".to_string(), code.into());
-    send(
-        &emit,
-        Event::RunFinished {
-            summary: RunSummary {
-                status: match (code, signalled) {
-                    (0, _) => RunStatus::Ok,
-                    (_, true) => RunStatus::Interrupted,
-                    (c, false) => RunStatus::Failed(format!("{program} exited with status {c}")),
-                },
-                wall_s,
-                rss_peak: peak,
-                heap_peak: None,
-                device_peak: gpu_peak,
-                results,
-            },
-        },
-    );
+    let status = match (code, signalled) {
+        (0, _) => RunStatus::Ok,
+        (_, true) => RunStatus::Interrupted,
+        (c, false) => RunStatus::Failed(format!("{program} exited with status {c}")),
+    };
+    finish(&probe, &emit, status, results);
     Ok(code)
 }
 
