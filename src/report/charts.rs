@@ -39,6 +39,23 @@ pub(super) fn err(e: impl std::fmt::Display) -> ReportError {
     ReportError::Chart(e.to_string())
 }
 
+/// The legend, top left on a translucent white box (every chart's).
+pub(super) fn legend<'a, DB, CT>(chart: &mut ChartContext<'a, DB, CT>) -> Result<(), ReportError>
+where
+    DB: DrawingBackend + 'a,
+    DB::ErrorType: 'static,
+    CT: plotters::coord::CoordTranslate,
+{
+    chart
+        .configure_series_labels()
+        .background_style(WHITE.mix(0.85))
+        .border_style(BLACK)
+        .label_font(("sans-serif", 14))
+        .position(SeriesLabelPosition::UpperLeft)
+        .draw()
+        .map_err(err)
+}
+
 /// Axis labels turned a quarter clockwise, starting at their tick.
 pub(super) fn rotated(size: u32) -> TextStyle<'static> {
     TextStyle::from(
@@ -192,14 +209,7 @@ where
                 .map_err(err)?;
         }
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
+    legend(&mut chart)?;
     area.present().map_err(err)?;
     Ok(())
 }

@@ -209,14 +209,7 @@ where
             .label(r.name.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(3)));
     }
-    chart
-        .configure_series_labels()
-        .background_style(WHITE.mix(0.85))
-        .border_style(BLACK)
-        .label_font(("sans-serif", 14))
-        .position(SeriesLabelPosition::UpperLeft)
-        .draw()
-        .map_err(err)?;
+    super::charts::legend(&mut chart)?;
     area.present().map_err(err)?;
     Ok(())
 }
