@@ -183,7 +183,10 @@ pub fn of_folder<B: Backend>(
 }
 
 /// Sum over rows of `logsumexp(row) - row[target]`, rows of `vocab`
-/// logits, in parallel, in f64 sums. Destroys `logits`.
+/// logits, in parallel, in f64 sums. Destroys `logits`. The rows are
+/// computed in parallel but added in order, so the same windows give the
+/// same perplexity to the last bit whatever the threads' timing (rayon's
+/// parallel `sum` groups its additions by work stealing).
 fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
     use rayon::prelude::*;
     logits
@@ -199,5 +202,7 @@ fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
             let sum: f64 = row.iter().map(|v| *v as f64).sum();
             max as f64 + sum.ln() - picked
         })
+        .collect::<Vec<f64>>()
+        .into_iter()
         .sum()
 }
