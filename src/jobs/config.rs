@@ -39,8 +39,7 @@ pub enum Field {
     InitialSparsity,
     SparsityStep,
     MaxPplIncrease,
-    /// `eval`: its text, and how many windows of it.
-    Text,
+    /// `eval`: how many windows of its text.
     Windows,
 }
 
@@ -70,7 +69,6 @@ impl Field {
             Field::InitialSparsity => "initial_sparsity",
             Field::SparsityStep => "sparsity_step",
             Field::MaxPplIncrease => "max_ppl_increase",
-            Field::Text => "text",
             Field::Windows => "windows",
         }
     }

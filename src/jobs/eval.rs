@@ -34,9 +34,8 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     let (seqlen, capped) =
         crate::data::windows::resolve_seqlen(job.seqlen, ckpt.config.max_position_embeddings)?;
     plan.settings.insert("seqlen".into(), json!(seqlen));
-    let bytes = std::fs::metadata(&job.text.path).map_or(0, |m| m.len());
-    let windows = super::approx_windows(bytes, seqlen, job.windows);
-    super::preflight(&plan, &[&job.text.path], windows, job.force)?;
+    let text = Some(job.text.path.as_path());
+    super::preflight(&plan, None, text, job.windows, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {

@@ -77,35 +77,33 @@ pub fn open_model(
 }
 
 /// Refuses `plan` when it will not fit in the memory available now (unless
-/// `force`); `texts` are the files it will read (their sizes bound the text
-/// tokenised at once) and `eval_windows` the windows it will evaluate.
+/// `force`). `calib` and `eval` are the texts it will read: their sizes
+/// bound the text tokenised at once, and the evaluation text's size gives
+/// its windows of `seqlen` tokens, roughly (English BPE averages about 4
+/// bytes a token), at most `eval_limit`.
 pub fn preflight(
     plan: &RunPlan,
-    texts: &[&std::path::Path],
-    eval_windows: u64,
+    calib: Option<&std::path::Path>,
+    eval: Option<&std::path::Path>,
+    eval_limit: Option<usize>,
+    seqlen: usize,
     force: bool,
 ) -> Result<(), JobError> {
     if force {
         return Ok(());
     }
-    let text_bytes = texts
-        .iter()
-        .filter_map(|p| std::fs::metadata(p).ok().map(|m| m.len()))
-        .max()
-        .unwrap_or(0);
+    let size = |p: Option<&std::path::Path>| {
+        p.and_then(|p| std::fs::metadata(p).ok())
+            .map_or(0, |m| m.len())
+    };
+    let (calib_bytes, eval_bytes) = (size(calib), size(eval));
+    let windows = eval_bytes / 4 / seqlen.max(1) as u64;
     let extra = preflight::Extra {
-        text_bytes,
-        eval_windows,
+        text_bytes: calib_bytes.max(eval_bytes),
+        eval_windows: eval_limit.map_or(windows, |l| windows.min(l as u64)),
     };
     let available = crate::memory::process::available_memory();
     Ok(preflight::check(plan, extra, available)?)
-}
-
-/// Windows of `seqlen` tokens in a text file of `bytes` bytes, roughly
-/// (English BPE averages about 4 bytes a token), capped at `limit`.
-pub fn approx_windows(bytes: u64, seqlen: usize, limit: Option<usize>) -> u64 {
-    let n = bytes / 4 / seqlen.max(1) as u64;
-    limit.map_or(n, |l| n.min(l as u64))
 }
 
 /// A plan with the fields every job fills.

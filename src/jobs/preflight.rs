@@ -36,14 +36,6 @@ pub struct Extra {
     pub eval_windows: u64,
 }
 
-/// The estimated peak of `plan`, when the estimator can place it.
-pub fn estimated_peak(plan: &RunPlan, extra: Extra) -> Option<u64> {
-    let (arch, mut w) = against::workload_of(plan).ok()?;
-    w.text_bytes = extra.text_bytes;
-    w.eval_windows = extra.eval_windows;
-    estimate::estimate(&arch, &w).ok().map(|e| e.peak())
-}
-
 /// Refuses `plan` when its estimated peak exceeds `available` bytes.
 pub fn check(plan: &RunPlan, extra: Extra, available: Option<u64>) -> Result<(), WontFit> {
     let (Some(available), Ok((arch, mut w))) = (available, against::workload_of(plan)) else {

@@ -67,19 +67,9 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         ckpt.config.max_position_embeddings,
     )?;
     let plan = plan(job, &ckpt, seqlen);
-    let texts: Vec<&std::path::Path> = [&job.calib, &job.eval]
-        .into_iter()
-        .flatten()
-        .map(|t| t.path.as_path())
-        .collect();
-    let eval_bytes = job
-        .eval
-        .as_ref()
-        .and_then(|t| std::fs::metadata(&t.path).ok());
-    let windows = eval_bytes.map_or(0, |m| {
-        super::approx_windows(m.len(), seqlen, job.eval_windows)
-    });
-    super::preflight(&plan, &texts, windows, job.force)?;
+    let calib = job.calib.as_ref().map(|t| t.path.as_path());
+    let eval = job.eval.as_ref().map(|t| t.path.as_path());
+    super::preflight(&plan, calib, eval, job.eval_windows, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {
