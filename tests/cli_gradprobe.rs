@@ -82,13 +82,7 @@ fn one_step_logs_the_reference_stages_and_saves_the_model() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let stages: Vec<String> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Stage { snapshot } => Some(snapshot.label.clone()),
-            _ => None,
-        })
-        .collect();
+    let stages: Vec<String> = support::stage_labels(&events);
     assert_eq!(
         stages,
         [

@@ -169,13 +169,7 @@ fn logs_carry_the_stages_and_layers() {
         .lines()
         .map(|l| serde_json::from_str(l).unwrap())
         .collect();
-    let stages: Vec<String> = events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Stage { snapshot } => Some(snapshot.label.clone()),
-            _ => None,
-        })
-        .collect();
+    let stages: Vec<String> = support::stage_labels(&events);
     assert_eq!(
         stages,
         [

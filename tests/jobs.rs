@@ -57,14 +57,9 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf, TextSource) {
 }
 
 fn stage_labels(events: &[Event]) -> Vec<String> {
-    events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Stage { snapshot } => Some(snapshot.label.clone()),
-            _ => None,
-        })
-        .filter(|l| !stages::is_layer(l))
-        .collect()
+    let mut labels = support::stage_labels(events);
+    labels.retain(|l| !stages::is_layer(l));
+    labels
 }
 
 #[test]

@@ -99,14 +99,7 @@ fn sigkill_leaves_every_stage_up_to_the_last_layer_and_a_partial_report() {
 
     let text = std::fs::read_to_string(&jsonl).unwrap();
     let log = parse_log(&text).expect("every line but a torn last one parses");
-    let labels: Vec<String> = log
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Stage { snapshot } => Some(snapshot.label.clone()),
-            _ => None,
-        })
-        .collect();
+    let labels: Vec<String> = support::stage_labels(&log.events);
     let last_layer = (0..24)
         .rev()
         .find(|i| labels.contains(&stages::layer_pruned(*i)))

@@ -2,6 +2,8 @@
 //! samples until the process exits, stages from the lines appended to the
 //! followed file, whole logs, and the process left alone.
 
+mod support;
+
 use std::io::Write;
 use std::process::Command;
 use std::time::Duration;
@@ -41,14 +43,7 @@ fn attaches_to_a_running_process_and_reads_stages_from_its_log() {
     assert_eq!(out.status.code(), Some(0));
 
     let log = parse_log(&std::fs::read_to_string(logs.join("events.jsonl")).unwrap()).unwrap();
-    let labels: Vec<String> = log
-        .events
-        .iter()
-        .filter_map(|e| match e {
-            Event::Stage { snapshot } => Some(snapshot.label.clone()),
-            _ => None,
-        })
-        .collect();
+    let labels: Vec<String> = support::stage_labels(&log.events);
     assert_eq!(
         labels,
         [stages::WATCH_START, "02_model_loaded", stages::WATCH_END],

@@ -202,3 +202,14 @@ pub fn s(p: &Path) -> &str {
 pub fn json_line(stdout: &str) -> serde_json::Value {
     serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("valid JSON")
 }
+
+/// The stage labels of a run's events, in order.
+pub fn stage_labels(events: &[prunemem::events::Event]) -> Vec<String> {
+    events
+        .iter()
+        .filter_map(|e| match e {
+            prunemem::events::Event::Stage { snapshot } => Some(snapshot.label.clone()),
+            _ => None,
+        })
+        .collect()
+}
