@@ -80,13 +80,30 @@ fn against_prints_predicted_and_measured_per_phase() {
     let log = dir.path().join(format!("{}-log", case.name));
     let (code, out, err) = estimate(&["--against", log.to_str().unwrap()]);
     assert_eq!(code, Some(0), "{err}");
-    for want in ["load", "prune", "predicted", "measured", "%"] {
+    for want in ["load", "prune", "predicted", "measured", "%", "By category"] {
         assert!(out.contains(want), "missing {want:?} in:\n{out}");
     }
+    let weights = out
+        .lines()
+        .find(|l| l.starts_with("weights"))
+        .expect("a weights row");
+    assert!(!weights.contains("n/a"), "measured weights: {weights}");
     let (code, out, _) = estimate(&["--against", log.to_str().unwrap(), "--json"]);
     assert_eq!(code, Some(0));
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert!(v["peak"]["measured"].as_u64().unwrap() > 10 << 20);
+    // Each phase's categories sum to its predicted and measured totals.
+    for p in v["phases"].as_array().unwrap() {
+        let cats = p["categories"].as_array().unwrap();
+        let sum = |k: &str| cats.iter().map(|c| c[k].as_u64().unwrap()).sum::<u64>();
+        assert_eq!(sum("predicted"), p["predicted"].as_u64().unwrap(), "{p}");
+        let measured = p["measured"].as_u64().unwrap();
+        let named = sum("measured");
+        assert!(
+            named >= measured,
+            "runtime takes the rest: {named} vs {measured}"
+        );
+    }
     // A folder without a log is a one-line error.
     let (code, _, err) = estimate(&["--against", dir.path().to_str().unwrap()]);
     assert_eq!(code, Some(2));

@@ -138,6 +138,7 @@ fn log_dir_formats_round_trip() {
             ..Default::default()
         },
         handle_signals: false,
+        budget: Some(1 << 30),
     };
     let plan = RunPlan {
         command: "test".into(),
@@ -168,6 +169,14 @@ fn log_dir_formats_round_trip() {
         .collect();
     assert_eq!(parsed, *seen.lock().unwrap());
     assert!(matches!(parsed.first(), Some(Event::RunStarted { .. })));
+    let Some(Event::RunStarted { plan }) = parsed.first() else {
+        unreachable!()
+    };
+    assert_eq!(
+        plan.settings.get("memory_budget").and_then(|v| v.as_u64()),
+        Some(1 << 30),
+        "the budget is recorded in the plan"
+    );
     assert!(matches!(parsed.last(), Some(Event::RunFinished { .. })));
     assert!(
         parsed.iter().any(|e| matches!(e, Event::Sample { .. })),

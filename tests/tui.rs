@@ -232,3 +232,66 @@ fn prune_with_the_tui_shows_progress_then_prints_the_summary() {
     assert!(after.contains("04_after_pruning"), "{after}");
     assert!(!after.contains("stages (peak"), "{after}");
 }
+
+#[test]
+fn the_live_view_shows_gauges_within_a_second_even_during_a_dense_evaluation() {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        layers: 4,
+        hidden: 256,
+        intermediate: 768,
+        heads: 4,
+        kv_heads: 2,
+        vocab: 2048,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = tmp.path().join("text.txt");
+    std::fs::write(&text, prunemem::model::tiny::corpus(20_000, 5)).unwrap();
+    let t = text.to_str().unwrap();
+    let started = Instant::now();
+    let mut s = Screen::spawn(
+        &[
+            "prune",
+            "--model",
+            model.to_str().unwrap(),
+            "--method",
+            "wanda",
+            "--nsamples",
+            "16",
+            "--seqlen",
+            "256",
+            "--calib-text",
+            t,
+            "--eval-text",
+            t,
+            "--eval-windows",
+            "4",
+            "--eval-dense",
+            "--budget",
+            "64GiB",
+            "--ui",
+            "tui",
+        ],
+        tmp.path(),
+    );
+    // The first stage of the run is the dense evaluation's; the gauges and
+    // the forecast are drawn with figures from it.
+    let screen = s.wait_for("00_before_dense_eval", Duration::from_secs(1));
+    let shown = started.elapsed();
+    let rss = screen
+        .lines()
+        .find(|l| l.contains("RSS "))
+        .unwrap_or_default();
+    assert!(
+        rss.contains("MiB"),
+        "the RSS gauge has a figure: {rss}\n{screen}"
+    );
+    assert!(shown < Duration::from_secs(1), "{shown:?}");
+    s.wait_for("fits --budget", Duration::from_secs(5));
+    assert_eq!(s.exit_code(Duration::from_secs(120)), 0);
+    std::thread::sleep(Duration::from_millis(300));
+    let after = s.text();
+    assert!(after.contains("00_after_dense_eval"), "{after}");
+}

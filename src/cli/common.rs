@@ -127,6 +127,16 @@ pub struct RunFlags {
     /// Background memory sampling rate in Hz (0 turns it off)
     #[arg(long, default_value_t = 10.0, value_name = "HZ")]
     pub sample_hz: f64,
+    /// Memory the run should fit in (24GiB, 80GB): the live view forecasts
+    /// whether it will, and at which phase it would not (default: the GPU's
+    /// total, else the machine's memory); recorded in the log
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
+    pub budget: Option<u64>,
+}
+
+/// `--budget`'s value: a size with its unit.
+pub fn parse_budget(text: &str) -> Result<u64, String> {
+    crate::units::parse_size(text).map_err(|e| e.to_string())
 }
 
 impl RunFlags {
@@ -152,6 +162,7 @@ impl RunFlags {
                 ..Default::default()
             },
             handle_signals: true,
+            budget: self.budget,
         })
     }
 }

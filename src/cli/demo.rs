@@ -25,6 +25,9 @@ pub struct DemoArgs {
     /// Progress display of the prune step (tui, plain, none)
     #[arg(long, value_enum, default_value = "plain")]
     ui: UiMode,
+    /// Memory the run should fit in (24GiB, 80GB), for the live forecast
+    #[arg(long, value_name = "SIZE", value_parser = super::common::parse_budget)]
+    budget: Option<u64>,
 }
 
 pub fn run(args: DemoArgs) -> CliResult<i32> {
@@ -36,10 +39,22 @@ pub fn run(args: DemoArgs) -> CliResult<i32> {
     };
     let options = RunOptions {
         sinks: for_ui(args.ui, Role::Run)?.sinks,
+        budget: args.budget,
         ..RunOptions::default()
     };
-    let mut say = |line: &str| println!("{line}");
-    let o = jobs::demo::run(&job, options, args.ui.name(), &mut say).map_err(job_error)?;
+    // Under the live view, what the demo says waits until the view closes:
+    // printed while it owns the terminal, it would scribble over the screen.
+    let live = matches!(args.ui, UiMode::Tui);
+    let mut held: Vec<String> = Vec::new();
+    let mut say = |line: &str| match live {
+        true => held.push(line.to_string()),
+        false => println!("{line}"),
+    };
+    let o = jobs::demo::run(&job, options, args.ui.name(), &mut say);
+    for line in &held {
+        println!("{line}");
+    }
+    let o = o.map_err(job_error)?;
     super::prune::print_outcome(&o.prune);
     let pruned = o
         .prune

@@ -59,6 +59,10 @@ pub struct PruneArgs {
     /// Evaluate only the first K windows
     #[arg(long, value_name = "K")]
     pub eval_windows: Option<usize>,
+    /// Evaluate the dense model on the same windows first, inside the run
+    /// (its memory and time in the same log; result dense_perplexity)
+    #[arg(long)]
+    pub eval_dense: bool,
     /// Wanda: the α-bisection variant (per-row cumulative-metric threshold)
     #[arg(long, alias = "use_variant")]
     pub use_variant: bool,
@@ -162,6 +166,7 @@ impl PruneArgs {
             calib: text(&self.calib_text, self.calib_lines),
             eval: text(&self.eval_text, self.eval_lines),
             eval_windows: self.eval_windows,
+            eval_dense: self.eval_dense,
             use_variant: self.use_variant,
             save: self.save.clone(),
             resident: self.resident,

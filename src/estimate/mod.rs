@@ -12,12 +12,14 @@
 pub mod against;
 pub mod catalog;
 pub mod fit;
+pub mod forecast;
 pub mod presets;
 pub mod projection;
 pub mod prunemem;
 pub mod reference;
 pub mod training;
 
+use crate::memory::tag::Category;
 use serde::Serialize;
 use thiserror::Error;
 
@@ -184,6 +186,8 @@ pub struct Workload {
     pub resident: bool,
     /// Evaluation windows after pruning (0: no evaluation).
     pub eval_windows: u64,
+    /// The dense model evaluated first, on the same windows (`--eval-dense`).
+    pub eval_dense: bool,
     /// GradProbe: fraction tentatively pruned; batches; embeddings included.
     pub sparsity: f64,
     pub num_batches: u64,
@@ -208,6 +212,7 @@ impl Workload {
             optimizer: Optimizer::AdamW,
             resident: false,
             eval_windows: 0,
+            eval_dense: false,
             sparsity: 0.5,
             num_batches: 1,
             include_embeddings: false,
@@ -216,11 +221,49 @@ impl Workload {
     }
 }
 
-/// One named amount of memory.
+/// One named amount of memory, and the measured category
+/// (`memory::tag`) it belongs to, so predictions and measurements compare
+/// category by category.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Component {
     pub name: String,
+    pub category: Category,
     pub bytes: u64,
+}
+
+/// The category of an estimator component, by its name: the buffers the
+/// name describes and the tag the engine holds while it allocates them
+/// (`prune::engine`, `model::perplexity`, `model::checkpoint`). Runtime takes
+/// what is not the heap (binary, stacks, arenas, CUDA context) and the base
+/// heap.
+pub fn category_of(name: &str) -> Category {
+    let has = |k: &str| name.contains(k);
+    if has("runtime") || has("CUDA context") || has("workspace") {
+        Category::Runtime
+    } else if has("text and tokens") {
+        Category::Tokenizer
+    } else if has("optimizer") {
+        Category::Optimizer
+    } else if has("logit") {
+        Category::Logits
+    } else if has("maxima") || has("statistic") || has("OBS") {
+        Category::Statistics
+    } else if has("gradient") || has("backward") {
+        Category::Gradients
+    } else if has("mask") || has("positions") || has("pruning transient") {
+        Category::Masks
+    } else if has("weight") || has("embedding") || has("load") || has("saved values") {
+        Category::Weights
+    } else if has("activation")
+        || has("calibration")
+        || has("hidden")
+        || has("rotary")
+        || has("KV cache")
+    {
+        Category::Activations
+    } else {
+        Category::Untagged
+    }
 }
 
 /// The memory held during one phase of a run, at its own peak.
@@ -245,6 +288,7 @@ impl Phase {
         if bytes > 0 {
             self.components.push(Component {
                 name: name.to_string(),
+                category: category_of(name),
                 bytes,
             });
         }
@@ -252,6 +296,19 @@ impl Phase {
     }
     pub fn total(&self) -> u64 {
         self.components.iter().map(|c| c.bytes).sum()
+    }
+
+    /// Bytes per category, in the categories' display order.
+    pub fn by_category(&self) -> Vec<(Category, u64)> {
+        let mut out: Vec<(Category, u64)> = Vec::new();
+        for c in &self.components {
+            match out.iter_mut().find(|(k, _)| *k == c.category) {
+                Some((_, b)) => *b += c.bytes,
+                None => out.push((c.category, c.bytes)),
+            }
+        }
+        out.sort_by_key(|(k, _)| crate::memory::tag::order(k.name()));
+        out
     }
 }
 
@@ -313,4 +370,60 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
         phases,
         notes,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every component any estimate names belongs to a measured category,
+    /// so no prediction lands in "untagged".
+    #[test]
+    fn every_component_has_a_category() {
+        let arch = presets::all().into_iter().next().expect("a preset");
+        let tasks = [
+            Task::Magnitude,
+            Task::Wanda,
+            Task::SparseGpt,
+            Task::GradProbe,
+            Task::Inference,
+            Task::Train,
+        ];
+        for task in tasks {
+            for engine in [Engine::Prunemem, Engine::Reference] {
+                for device in [Device::Cpu, Device::Cuda] {
+                    for (resident, eval) in [(false, 0), (true, 8), (false, 8)] {
+                        let mut w = Workload::new(task);
+                        (w.engine, w.device, w.resident, w.eval_windows) =
+                            (engine, device, resident, eval);
+                        w.text_bytes = 1 << 20;
+                        let e = estimate(&arch, &w).unwrap();
+                        for c in e.phases.iter().flat_map(|p| &p.components) {
+                            assert_ne!(c.category, Category::Untagged, "{c:?} in {task:?}");
+                        }
+                    }
+                }
+            }
+        }
+        assert_eq!(category_of("weights (one layer)"), Category::Weights);
+        assert_eq!(category_of("OBS sweep transient"), Category::Statistics);
+        assert_eq!(category_of("embedding maxima (f32)"), Category::Statistics);
+        assert_eq!(category_of("something new"), Category::Untagged);
+    }
+
+    #[test]
+    fn categories_of_a_phase_sum_to_its_total() {
+        let p = Phase::new("x", &[])
+            .add("weights", 5)
+            .add("embeddings", 7)
+            .add("logits chunk", 3);
+        assert_eq!(
+            p.by_category(),
+            vec![(Category::Weights, 12), (Category::Logits, 3)]
+        );
+        assert_eq!(
+            p.by_category().iter().map(|(_, b)| b).sum::<u64>(),
+            p.total()
+        );
+    }
 }

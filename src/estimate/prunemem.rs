@@ -40,7 +40,11 @@ logging and heap attribution raised every measured peak by 1.2-3.1 MB (OBSERVABI
 peak errors after the refit (`cargo test --test estimate -- --nocapture`): -3.0% to +2.9% \
 (wanda-h512-l4 +1.3, wanda-h768-l2-s512 -0.5, sparsegpt-h512-l3 -0.4, sparsegpt-h1024-l2 +0.8, \
 magnitude-h1024-l6 -3.0, wanda-eval-h512-l4 +0.5, wanda-resident-h768-l4 -1.2, \
-wanda-b2-h512-l8-s1024 +0.6, sparsegpt-eval-h640-l3 +2.9).";
+wanda-b2-h512-l8-s1024 +0.6, sparsegpt-eval-h640-l3 +2.9). Re-measured 2026-11-23 after the \
+calibration phase lost its embedding-load transient (tensors decode as one copy): wanda-h512-l4 +1.6, \
+wanda-h768-l2-s512 -0.9, sparsegpt-h512-l3 -0.1, sparsegpt-h1024-l2 +0.6, magnitude-h1024-l6 -2.6, \
+wanda-eval-h512-l4 +0.3, wanda-resident-h768-l4 -1.3, wanda-b2-h512-l8-s1024 +0.3, \
+sparsegpt-eval-h640-l3 +2.9.";
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
@@ -180,6 +184,15 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     out.push(
         Phase::new("load", &[stages::START, stages::MODEL_LOADED])
             .add(runtime_name, runtime)
+            // After `--eval-dense`, compute has already run.
+            .add(
+                "compute workspace",
+                if w.eval_dense && w.eval_windows > 0 {
+                    COMPUTE_WORKSPACE
+                } else {
+                    0
+                },
+            )
             .add("text and tokens", text)
             .add(
                 "weights (resident)",
@@ -190,8 +203,10 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
                 if w.resident { load_transient(a, w) } else { 0 },
             ),
     );
-    let embed_load = a.embedding_params() * w.stored_bytes;
     if calibrated {
+        // The embedding is decoded straight into its compute-dtype vector
+        // (`model::dtype::Converted`, one copy), then the calibration
+        // buffers are filled beside it.
         out.push(
             Phase::new(
                 "calibration",
@@ -203,21 +218,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
                 if w.resident { a.params * c } else { 0 },
             )
             .add("embeddings", if w.resident { 0 } else { embed })
-            // Loading the embedding holds it twice (measured: heap peak
-            // 216 MiB for SmolLM2's 108 MiB table); the buffers are
-            // filled after that copy is gone.
-            .add(
-                if w.resident || calibration >= embed_load {
-                    "calibration buffers"
-                } else {
-                    "embedding load transient"
-                },
-                if w.resident {
-                    calibration
-                } else {
-                    calibration.max(embed_load)
-                },
-            )
+            .add("calibration buffers", calibration)
             .add("compute workspace", COMPUTE_WORKSPACE),
         );
     }
@@ -231,7 +232,14 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
                 Method::SparseGpt => forward_with_hessians(a, tokens),
             },
         ),
-        ("pruning transient", prune_transient(a, m)),
+        (
+            match m {
+                // SparseGPT's sweep runs under the statistics tag.
+                Method::SparseGpt => "OBS sweep transient",
+                _ => "pruning transient",
+            },
+            prune_transient(a, m),
+        ),
     ]
     .into_iter()
     .max_by_key(|(_, b)| *b)
@@ -256,42 +264,90 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             .add(transient_name, transient),
     );
     if w.eval_windows > 0 {
-        let eval_batch = w.batch_size.min(w.eval_windows);
-        let head = if a.tied { 0 } else { embed };
-        let logits = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab) * 4;
-        let (t_name, t) = [
-            ("activations", forward(a, eval_batch * w.seqlen)),
-            ("load transient", load_transient(a, w)),
-            ("logits chunk", logits),
-        ]
-        .into_iter()
-        .max_by_key(|(_, b)| *b)
-        .unwrap_or(("activations", 0));
-        out.push(
-            Phase::new("eval", &[stages::BEFORE_EVAL, stages::AFTER_EVAL])
-                .add(runtime_name, runtime)
-                .add(weights_name, weights)
-                .add(
-                    "embeddings and head",
-                    if w.resident { 0 } else { embed + head },
-                )
-                .add(
-                    "hidden states",
-                    if w.resident {
-                        0
-                    } else {
-                        w.eval_windows * w.seqlen * a.hidden * c
-                    },
-                )
-                .add(
-                    "rotary tables",
-                    rope_tables(a, w, eval_batch, w.eval_windows),
-                )
-                .add("compute workspace", COMPUTE_WORKSPACE)
-                .add(t_name, t),
+        let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
+        out.push(eval_phase(
+            a,
+            w,
+            "eval",
+            &stages,
+            w.resident,
+            0,
+            runtime_name,
+            runtime,
+        ));
+    }
+    if w.eval_dense && w.eval_windows > 0 {
+        // `--eval-dense`: streamed from the checkpoint before the run's first
+        // stage, with the evaluation text tokenised inside it.
+        let stages = [stages::BEFORE_DENSE_EVAL, stages::AFTER_DENSE_EVAL];
+        let dense = eval_phase(
+            a,
+            w,
+            "dense eval",
+            &stages,
+            false,
+            text,
+            runtime_name,
+            runtime,
         );
+        out.insert(0, dense);
     }
     out
+}
+
+/// An evaluation phase: weights (resident, or the layer streamed with the
+/// embeddings and head), the hidden states of every window, rotary tables,
+/// and the largest of a layer's forward, a layer's load and a logits chunk.
+#[allow(clippy::too_many_arguments)]
+fn eval_phase(
+    a: &Arch,
+    w: &Workload,
+    name: &str,
+    stages: &[&str],
+    resident: bool,
+    text: u64,
+    runtime_name: &str,
+    runtime: u64,
+) -> Phase {
+    let c = w.dtype.size();
+    let eval_batch = w.batch_size.min(w.eval_windows);
+    let embed = a.embedding_params() * c;
+    let head = if a.tied { 0 } else { embed };
+    let logits = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab) * 4;
+    let (t_name, t) = [
+        ("activations", forward(a, eval_batch * w.seqlen)),
+        ("load transient", load_transient(a, w)),
+        ("logits chunk", logits),
+        ("text and tokens", text),
+    ]
+    .into_iter()
+    .max_by_key(|(_, b)| *b)
+    .unwrap_or(("activations", 0));
+    let (weights_name, weights) = match resident {
+        true => ("weights (resident)", a.params * c),
+        false => ("weights (one layer)", a.layer_params() * c),
+    };
+    Phase::new(name, stages)
+        .add(runtime_name, runtime)
+        .add(weights_name, weights)
+        .add(
+            "embeddings and head",
+            if resident { 0 } else { embed + head },
+        )
+        .add(
+            "hidden states",
+            if resident {
+                0
+            } else {
+                w.eval_windows * w.seqlen * a.hidden * c
+            },
+        )
+        .add(
+            "rotary tables",
+            rope_tables(a, w, eval_batch, w.eval_windows),
+        )
+        .add("compute workspace", COMPUTE_WORKSPACE)
+        .add(t_name, t)
 }
 
 /// The components of a phase, largest first (for tables).

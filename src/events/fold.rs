@@ -13,7 +13,10 @@
 //!   highest RSS of every snapshot inside it, and the kernel's high-water
 //!   mark when it rose inside the window (so a peak between two samples
 //!   still counts); the heap peak likewise, with the counting allocator's
-//!   peak and the peaks of scopes that ended inside it;
+//!   peak and the peaks of scopes that ended inside it; and a stage that
+//!   carries the profiler's exact window peaks (`window_rss_peak`,
+//!   `window_heap_peak`: the kernel's mark and the allocator's, restarted at
+//!   every stage) counts them too;
 //! - an ETA is the pace of the current progress sequence (from the last
 //!   stage before its first unit) times the units left.
 
@@ -114,6 +117,8 @@ pub struct RunFold {
     pub heap: Reading,
     pub reserved: Reading,
     pub gpu: Reading,
+    /// The machine's memory, when a reading said.
+    pub host_total: Option<u64>,
     /// Highest RSS among background samples, and when.
     pub sampled_rss_peak: Option<(u64, f64)>,
     /// The latest heap breakdown by category (`memory::tag`).
@@ -217,11 +222,14 @@ impl RunFold {
             _ => None,
         };
         let seconds = (point.t - prev.map_or(0.0, |p| p.point.t)).max(0.0);
+        // The profiler's exact window peaks, when the log has them.
+        let peak = self.window_rss.max(snapshot.window_rss_peak);
+        let heap_peak = self.window_heap.max(snapshot.window_heap_peak);
         self.stages.push(StageRow {
             snapshot: snapshot.clone(),
             point,
-            peak: self.window_rss,
-            heap_peak: self.window_heap,
+            peak,
+            heap_peak,
             delta,
             seconds,
         });
@@ -256,6 +264,7 @@ impl RunFold {
         }
         self.rss.update(s.rss, s.rss_peak);
         self.heap.update(s.heap_allocated, s.heap_peak);
+        self.host_total = s.system_total.or(self.host_total);
         self.reserved.update(s.device_reserved, None);
         self.gpu.update(s.gpu_used, None);
         if s.gpu_total.is_some() {
@@ -304,6 +313,30 @@ impl RunFold {
     /// Highest live heap from stage `from` to stage `to`, both included.
     pub fn heap_peak_between(&self, from: &str, to: &str) -> Option<u64> {
         self.window_max(from, to, |r| r.point.heap, |r| r.heap_peak)
+    }
+
+    /// What the heap was made of at its highest from stage `from` to stage
+    /// `to`: the composition at the highest of the stage windows' peaks
+    /// (`MemorySnapshot::window_peak_categories`) and of `from`'s own
+    /// reading. `None` for logs without categories.
+    pub fn categories_at_peak_between(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> Option<BTreeMap<String, u64>> {
+        let (a, b) = (self.stage_index(from)?, self.stage_index(to)?);
+        if b < a {
+            return None;
+        }
+        let first = std::iter::once(&self.stages[a].snapshot.categories);
+        let windows = self.stages[a + 1..=b]
+            .iter()
+            .map(|r| &r.snapshot.window_peak_categories);
+        first
+            .chain(windows)
+            .filter(|c| !c.is_empty())
+            .max_by_key(|c| c.values().sum::<u64>())
+            .cloned()
     }
 
     fn window_max(

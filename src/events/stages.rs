@@ -14,6 +14,9 @@ pub const SAMPLE: &str = "sample";
 
 // Sequential pruning (magnitude, Wanda, SparseGPT) and `eval`.
 pub const START: &str = "01_start";
+/// `prune --eval-dense`: the unpruned model evaluated before anything else.
+pub const BEFORE_DENSE_EVAL: &str = "00_before_dense_eval";
+pub const AFTER_DENSE_EVAL: &str = "00_after_dense_eval";
 pub const MODEL_LOADED: &str = "02_model_loaded";
 pub const BEFORE_PRUNING: &str = "03_before_pruning";
 pub const AFTER_PRUNING: &str = "04_after_pruning";
@@ -46,6 +49,7 @@ pub const WATCH_END: &str = "watch_end";
 
 /// Scope around an evaluation.
 pub const EVAL_SCOPE: &str = "eval";
+pub const DENSE_EVAL_SCOPE: &str = "dense_eval";
 
 /// Prefix of every per-layer stage and scope: views that show the run's
 /// outline leave these out.

@@ -41,6 +41,7 @@ pub enum Field {
     MaxPplIncrease,
     /// `eval`: how many windows of its text.
     Windows,
+    EvalDense,
 }
 
 impl Field {
@@ -70,6 +71,7 @@ impl Field {
             Field::SparsityStep => "sparsity_step",
             Field::MaxPplIncrease => "max_ppl_increase",
             Field::Windows => "windows",
+            Field::EvalDense => "eval_dense",
         }
     }
 }
@@ -177,6 +179,9 @@ pub struct PruneJob {
     pub calib: Option<TextSource>,
     pub eval: Option<TextSource>,
     pub eval_windows: Option<usize>,
+    /// Evaluate the dense model on the same windows first, inside the run
+    /// (stages `00_before_dense_eval` / `00_after_dense_eval`).
+    pub eval_dense: bool,
     pub use_variant: bool,
     pub save: Option<PathBuf>,
     pub resident: bool,
@@ -207,6 +212,7 @@ impl PruneJob {
             calib: None,
             eval: None,
             eval_windows: None,
+            eval_dense: false,
             use_variant: false,
             save: None,
             resident: false,
@@ -277,6 +283,18 @@ impl PruneJob {
         }
         if self.eval_windows == Some(0) {
             bad("{} must be at least 1", &[EvalWindows])?;
+        }
+        if self.eval_dense && self.eval.is_none() {
+            bad(
+                "{} evaluates on the evaluation text: give {}",
+                &[Field::EvalDense, EvalText],
+            )?;
+        }
+        if self.eval_dense && self.gradprobe.iterative {
+            bad(
+                "{} already evaluates the dense model: drop {}",
+                &[Field::Iterative, Field::EvalDense],
+            )?;
         }
         if !(self.percdamp.is_finite() && self.percdamp >= 0.0) {
             let p = self.percdamp;

@@ -38,6 +38,9 @@ pub struct RunOptions {
     pub profiler: ProfilerConfig,
     /// Install the SIGINT/SIGTERM handler (binaries yes, tests usually no).
     pub handle_signals: bool,
+    /// Memory the run should fit in, recorded in the plan
+    /// (`memory_budget`) for the live view's forecast.
+    pub budget: Option<u64>,
 }
 
 impl Default for RunOptions {
@@ -47,6 +50,7 @@ impl Default for RunOptions {
             sinks: Vec::new(),
             profiler: ProfilerConfig::default(),
             handle_signals: true,
+            budget: None,
         }
     }
 }
@@ -79,6 +83,9 @@ impl Run {
         }
         if plan.engine.is_empty() {
             plan.engine = "prunemem".into();
+        }
+        if let Some(b) = options.budget {
+            plan.settings.insert("memory_budget".into(), b.into());
         }
         emitter.emit(Event::RunStarted { plan });
         profiler.warn_unavailable_probes();

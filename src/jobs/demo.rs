@@ -10,16 +10,13 @@
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
-use burn::backend::Flex;
-
+use super::JobError;
 use super::config::{PruneJob, TextSource};
 use super::context::RunOptions;
-use super::{JobError, text};
 use crate::data::LineRange;
-use crate::model::perplexity::{self, EvalOptions, Weights};
 use crate::model::synthetic::{SyntheticSpec, write_checkpoint};
 use crate::model::tokenizer::Tokenizer;
-use crate::model::{Checkpoint, ComputeDtype, tiny};
+use crate::model::{Checkpoint, tiny};
 use crate::prune::Method;
 use crate::units::format_count;
 
@@ -80,20 +77,6 @@ fn write(path: &Path, text: &str) -> Result<(), JobError> {
 
 fn create_dir(dir: &Path) -> Result<(), JobError> {
     std::fs::create_dir_all(dir).map_err(|e| JobError::io(dir, e))
-}
-
-fn dense_perplexity(s: &Setup) -> Result<f64, JobError> {
-    let (ckpt, tok) = super::open_model(&s.model.display().to_string(), "main")?;
-    let (wins, _) = text::evaluation(&tok, &s.eval, s.seqlen, Some(s.eval_windows))?;
-    let options = EvalOptions {
-        batch_size: 8,
-        dtype: ComputeDtype::F32,
-    };
-    let weights = Weights::Streamed(&ckpt);
-    Ok(
-        perplexity::perplexity::<Flex>(weights, &wins, &options, &Default::default(), None)?
-            .perplexity,
-    )
 }
 
 fn tiny_setup(job: &DemoJob, say: &mut dyn FnMut(&str)) -> Result<Setup, JobError> {
@@ -186,6 +169,9 @@ fn prune_job(job: &DemoJob, s: &Setup, ui: &str) -> PruneJob {
     p.calib = Some(s.calib.clone());
     p.eval = Some(s.eval.clone());
     p.eval_windows = Some(s.eval_windows);
+    // The dense evaluation runs inside the run: the live view is up from
+    // its first second, and its memory is in the same log.
+    p.eval_dense = true;
     p.batch_size = Some(s.batch);
     p.save = Some(job.out.join("model-wanda-0.5"));
     let path = |p: &Path| p.display().to_string();
@@ -212,6 +198,7 @@ fn prune_job(job: &DemoJob, s: &Setup, ui: &str) -> PruneJob {
         s.eval.lines.to_string(),
         "--eval-windows".into(),
         s.eval_windows.to_string(),
+        "--eval-dense".into(),
         "--batch-size".into(),
         s.batch.to_string(),
         "--save".into(),
@@ -245,12 +232,16 @@ pub fn run(
         });
         tiny_setup(job, say)?
     };
-    let dense = dense_perplexity(&setup)?;
-    say(&format!("dense perplexity {dense:.4}"));
     let prune = prune_job(job, &setup, ui);
     say(&format!("running: {}", prune.argv[1..].join(" ")));
     options.log_dir = Some(job.out.join("logs"));
     let outcome = super::prune::run(&prune, options)?;
+    let dense = outcome
+        .summary
+        .results
+        .get("dense_perplexity")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(f64::NAN);
     Ok(Outcome {
         dense_perplexity: dense,
         prune: outcome,

@@ -80,18 +80,17 @@ pub fn open_model(
 /// `force`). `calib` and `eval` are the texts it will read: their sizes
 /// bound the text tokenised at once, and the evaluation text's size gives
 /// its windows of `seqlen` tokens, roughly (English BPE averages about 4
-/// bytes a token), at most `eval_limit`.
+/// bytes a token), at most `eval_limit`. Both guesses go into the plan's
+/// settings (`expected_text_bytes`, `expected_eval_windows`) for the
+/// estimates made while the run goes.
 pub fn preflight(
-    plan: &RunPlan,
+    plan: &mut RunPlan,
     calib: Option<&std::path::Path>,
     eval: Option<&std::path::Path>,
     eval_limit: Option<usize>,
     seqlen: usize,
     force: bool,
 ) -> Result<(), JobError> {
-    if force {
-        return Ok(());
-    }
     let size = |p: Option<&std::path::Path>| {
         p.and_then(|p| std::fs::metadata(p).ok())
             .map_or(0, |m| m.len())
@@ -102,6 +101,13 @@ pub fn preflight(
         text_bytes: calib_bytes.max(eval_bytes),
         eval_windows: eval_limit.map_or(windows, |l| windows.min(l as u64)),
     };
+    // The live view's forecast estimates the same plan.
+    let s = &mut plan.settings;
+    s.insert("expected_text_bytes".into(), extra.text_bytes.into());
+    s.insert("expected_eval_windows".into(), extra.eval_windows.into());
+    if force {
+        return Ok(());
+    }
     let available = crate::memory::process::available_memory();
     Ok(preflight::check(plan, extra, available)?)
 }

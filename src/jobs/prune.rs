@@ -66,14 +66,19 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         job.requested_seqlen(),
         ckpt.config.max_position_embeddings,
     )?;
-    let plan = plan(job, &ckpt, seqlen);
+    let mut plan = plan(job, &ckpt, seqlen);
     let calib = job.calib.as_ref().map(|t| t.path.as_path());
     let eval = job.eval.as_ref().map(|t| t.path.as_path());
-    super::preflight(&plan, calib, eval, job.eval_windows, seqlen, job.force)?;
+    super::preflight(&mut plan, calib, eval, job.eval_windows, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {
         p.message(Level::Warn, w);
+    }
+    if let Err(e) = dense_eval(job, &ckpt, &tok, seqlen, &mut run) {
+        p.message(Level::Error, e.to_string());
+        run.finish(RunStatus::Failed(e.to_string()));
+        return Err(e);
     }
     let gradprobe = job.method == Method::GradProbe;
     let closing = if gradprobe {
@@ -142,6 +147,7 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     let save = job.save.as_ref().map(|p| p.display().to_string());
     s.insert("save".into(), json!(save));
     s.insert("eval_windows".into(), json!(job.eval_windows));
+    s.insert("eval_dense".into(), json!(job.eval_dense));
     if job.method == Method::SparseGpt {
         s.insert("percdamp".into(), json!(job.percdamp));
         s.insert("blocksize".into(), json!(job.blocksize));
@@ -281,6 +287,48 @@ fn evaluate(
     p.stage(stages::AFTER_EVAL);
     eval_results(run, &result);
     Ok(result)
+}
+
+/// `--eval-dense`: the unpruned model's perplexity on the evaluation
+/// windows, streamed from the checkpoint, before the run's first stage (its
+/// windows are made again for the pruned model; only one set is held at a
+/// time).
+fn dense_eval(
+    job: &PruneJob,
+    ckpt: &Checkpoint,
+    tok: &Tokenizer,
+    seqlen: usize,
+    run: &mut Run,
+) -> Result<(), JobError> {
+    let (true, Some(src)) = (job.eval_dense, &job.eval) else {
+        return Ok(());
+    };
+    let p = run.profiler.clone();
+    p.stage(stages::BEFORE_DENSE_EVAL);
+    let (windows, _) = text::evaluation(tok, src, seqlen, job.eval_windows)?;
+    let options = EvalOptions {
+        batch_size: job.batch_size(),
+        dtype: job.dtype,
+    };
+    let result = {
+        let _scope = p.scope(stages::DENSE_EVAL_SCOPE);
+        let weights = Weights::Streamed(ckpt);
+        perplexity::perplexity::<Flex>(weights, &windows, &options, &Default::default(), Some(&p))?
+    };
+    drop(windows);
+    // What the evaluation freed goes back to the system before pruning.
+    crate::memory::alloc::trim();
+    p.stage(stages::AFTER_DENSE_EVAL);
+    p.message(
+        Level::Info,
+        format!(
+            "dense perplexity {:.4} on {} windows",
+            result.perplexity, result.windows
+        ),
+    );
+    run.result("dense_perplexity", result.perplexity);
+    run.result("dense_eval_seconds", result.seconds);
+    Ok(())
 }
 
 fn internal(what: &str) -> JobError {

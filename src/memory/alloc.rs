@@ -36,26 +36,24 @@ static INSTALLED: AtomicBool = AtomicBool::new(false);
 /// ```
 pub struct CountingAllocator;
 
-/// Counts `bytes` more; returns the new total when it is a new peak.
+/// Counts `bytes` more; returns the new total.
 #[inline]
-fn grow(bytes: u64) -> Option<u64> {
+fn grow(bytes: u64) -> u64 {
     let now = ALLOCATED.fetch_add(bytes, Ordering::Relaxed) + bytes;
     if now > PEAK.load(Ordering::Relaxed) {
         PEAK.fetch_max(now, Ordering::Relaxed);
-        return Some(now);
     }
-    None
+    now
 }
 
 /// Counts a new block and charges it to the current tag; a large block
-/// that makes a new peak records the peak's composition.
+/// that makes a new high records the composition (`tag::on_grow`).
 #[inline]
 fn counted(ptr: *mut u8, size: usize) {
     tag::on_alloc(ptr, size);
-    if let Some(peak) = grow(size as u64)
-        && size >= tag::TRACKED
-    {
-        tag::on_peak(peak);
+    let now = grow(size as u64);
+    if size >= tag::TRACKED {
+        tag::on_grow(now);
     }
 }
 
@@ -235,10 +233,9 @@ unsafe impl GlobalAlloc for CountingAllocator {
             let old = layout.size() as u64;
             let new = new_size as u64;
             if new >= old {
-                if let Some(peak) = grow(new - old)
-                    && new_size >= tag::TRACKED
-                {
-                    tag::on_peak(peak);
+                let now = grow(new - old);
+                if new_size >= tag::TRACKED {
+                    tag::on_grow(now);
                 }
             } else {
                 shrink(old - new);

@@ -55,6 +55,17 @@ pub struct MemorySnapshot {
     /// empty when the counting allocator is not installed.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub categories: std::collections::BTreeMap<String, u64>,
+    /// On stage snapshots: what the heap was made of at its highest since
+    /// the previous stage ([`tag::take_window`]), summing to that height.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub window_peak_categories: std::collections::BTreeMap<String, u64>,
+    /// On stage snapshots: the highest RSS since the previous stage, exact
+    /// (the kernel's high-water mark, restarted at every stage).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_rss_peak: Option<u64>,
+    /// On stage snapshots: the highest live heap since the previous stage.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_heap_peak: Option<u64>,
 }
 
 impl MemorySnapshot {

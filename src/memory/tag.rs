@@ -17,7 +17,7 @@
 //! (the allocator cannot allocate for itself); a block that finds no free
 //! slot is charged to "untagged", on both ends, so accounting stays exact.
 
-use std::sync::atomic::{AtomicU8, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, AtomicUsize, Ordering};
 
 /// What a block of memory is for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -32,14 +32,16 @@ pub enum Category {
     Logits,
     Tokenizer,
     Runtime,
+    Optimizer,
 }
 
 /// Every category that a tag can name, in display order.
-pub const CATEGORIES: [Category; 9] = [
+pub const CATEGORIES: [Category; 10] = [
     Category::Weights,
     Category::Activations,
     Category::Statistics,
     Category::Gradients,
+    Category::Optimizer,
     Category::Masks,
     Category::Logits,
     Category::Tokenizer,
@@ -59,6 +61,7 @@ pub fn color(name: &str) -> (u8, u8, u8) {
         "logits" => (23, 190, 207),
         "tokenizer" => (227, 119, 194),
         "runtime" => (188, 189, 34),
+        "optimizer" => (140, 86, 75),
         "untagged" => (127, 127, 127),
         _ => (199, 199, 199), // small allocations
     }
@@ -75,6 +78,12 @@ pub fn order(name: &str) -> usize {
 /// The name of the derived category of small allocations.
 pub const SMALL: &str = "small allocations";
 
+impl serde::Serialize for Category {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.name())
+    }
+}
+
 impl Category {
     pub fn name(self) -> &'static str {
         match self {
@@ -87,7 +96,13 @@ impl Category {
             Category::Logits => "logits",
             Category::Tokenizer => "tokenizer",
             Category::Runtime => "runtime",
+            Category::Optimizer => "optimizer",
         }
+    }
+
+    /// The category of a name as [`Category::name`] spells it.
+    pub fn from_name(name: &str) -> Option<Self> {
+        CATEGORIES.into_iter().find(|c| c.name() == name)
     }
 
     fn from_u8(v: u8) -> Self {
@@ -101,13 +116,19 @@ impl Category {
 /// Allocations this large or larger are charged to the current tag.
 pub const TRACKED: usize = 64 << 10;
 
-const N: usize = 9;
+const N: usize = 10;
+/// Attribution on or off (`examples/tag_overhead` measures the difference).
+static ENABLED: AtomicBool = AtomicBool::new(true);
 static CURRENT: AtomicU8 = AtomicU8::new(0);
 static LIVE: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 /// Per-category live bytes at the highest heap since [`reset_peak`] (the
 /// run's start; profiler scopes do not reset it), and that heap.
 static AT_PEAK: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
 static PEAK_TOTAL: AtomicU64 = AtomicU64::new(0);
+/// The same for the current stage window (restarted by [`take_window`] at
+/// every stage snapshot), so each phase's peak has its own composition.
+static WINDOW_AT_PEAK: [AtomicU64; N] = [const { AtomicU64::new(0) }; N];
+static WINDOW_TOTAL: AtomicU64 = AtomicU64::new(0);
 
 const SLOTS: usize = 1 << 16;
 const EMPTY: usize = 0;
@@ -118,6 +139,13 @@ static CATS: [AtomicU8; SLOTS] = [const { AtomicU8::new(0) }; SLOTS];
 fn slot_of(ptr: usize) -> usize {
     // Fibonacci hashing of the address (low bits are alignment).
     ((ptr >> 6).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 48) % SLOTS
+}
+
+/// Turns attribution on or off, for measuring what it costs. Switch it
+/// only while no block of [`TRACKED`] bytes or more is live: a block
+/// allocated on one side and freed on the other is miscounted.
+pub fn set_enabled(on: bool) {
+    ENABLED.store(on, Ordering::Relaxed);
 }
 
 /// Sets the current tag until the guard drops (restoring the previous one).
@@ -153,7 +181,7 @@ pub fn current() -> Category {
 /// Records a new block under the current tag; called by the allocator.
 #[inline]
 pub(crate) fn on_alloc(ptr: *mut u8, size: usize) {
-    if size >= TRACKED {
+    if size >= TRACKED && ENABLED.load(Ordering::Relaxed) {
         on_alloc_as(ptr, size, CURRENT.load(Ordering::Relaxed));
     }
 }
@@ -184,7 +212,7 @@ fn on_alloc_as(ptr: *mut u8, size: usize, cat: u8) {
 /// Forgets a block; returns the category it was charged to.
 #[inline]
 pub(crate) fn on_free(ptr: *mut u8, size: usize) -> Option<Category> {
-    if size < TRACKED {
+    if size < TRACKED || !ENABLED.load(Ordering::Relaxed) {
         return None;
     }
     let key = ptr as usize;
@@ -208,30 +236,60 @@ pub(crate) fn on_free(ptr: *mut u8, size: usize) -> Option<Category> {
 
 /// Re-charges a reallocated block to the category of the old one.
 pub(crate) fn on_realloc(old: *mut u8, old_size: usize, new: *mut u8, new_size: usize) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
     let cat = on_free(old, old_size).unwrap_or_else(current);
     if new_size >= TRACKED {
         on_alloc_as(new, new_size, cat as u8);
     }
 }
 
-/// Called by the allocator when the heap reaches a new peak `total`:
-/// remembers what it was made of.
+/// Called by the allocator after a block of [`TRACKED`] bytes or more made
+/// the heap `total`: when that is a new high for the run or for the stage
+/// window, remembers what the heap was made of.
 #[inline]
-pub(crate) fn on_peak(total: u64) {
-    if total > PEAK_TOTAL.load(Ordering::Relaxed) {
-        PEAK_TOTAL.store(total, Ordering::Relaxed);
-        for (p, l) in AT_PEAK.iter().zip(&LIVE) {
-            p.store(l.load(Ordering::Relaxed), Ordering::Relaxed);
+pub(crate) fn on_grow(total: u64) {
+    if !ENABLED.load(Ordering::Relaxed) {
+        return;
+    }
+    if total > WINDOW_TOTAL.load(Ordering::Relaxed) {
+        WINDOW_TOTAL.store(total, Ordering::Relaxed);
+        copy_live(&WINDOW_AT_PEAK);
+        if total > PEAK_TOTAL.load(Ordering::Relaxed) {
+            PEAK_TOTAL.store(total, Ordering::Relaxed);
+            copy_live(&AT_PEAK);
         }
+    }
+}
+
+fn copy_live(into: &[AtomicU64; N]) {
+    for (p, l) in into.iter().zip(&LIVE) {
+        p.store(l.load(Ordering::Relaxed), Ordering::Relaxed);
     }
 }
 
 /// Starts a new peak window at `total` bytes (a run's start).
 pub fn reset_peak(total: u64) {
     PEAK_TOTAL.store(total, Ordering::Relaxed);
-    for (p, l) in AT_PEAK.iter().zip(&LIVE) {
-        p.store(l.load(Ordering::Relaxed), Ordering::Relaxed);
-    }
+    copy_live(&AT_PEAK);
+    WINDOW_TOTAL.store(total, Ordering::Relaxed);
+    copy_live(&WINDOW_AT_PEAK);
+}
+
+/// What the heap was made of at its highest since the previous call (or
+/// the run's start), and that height; starts a new window at `heap` bytes.
+/// Called at every stage snapshot, so each stage carries the composition of
+/// the peak of the window that ended at it.
+pub fn take_window(heap: u64) -> (u64, Vec<(&'static str, u64)>) {
+    let total = WINDOW_TOTAL.swap(heap, Ordering::Relaxed);
+    let (total, parts) = if total >= heap {
+        (total, composed(&WINDOW_AT_PEAK, total))
+    } else {
+        (heap, composed(&LIVE, heap))
+    };
+    copy_live(&WINDOW_AT_PEAK);
+    (total, parts)
 }
 
 /// Live bytes per category, plus the small allocations (the rest of

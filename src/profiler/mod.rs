@@ -141,7 +141,17 @@ impl Profiler {
 
     /// Takes a named stage snapshot and emits it.
     pub fn stage(&self, label: &str) -> MemorySnapshot {
-        let snapshot = self.snapshot(label);
+        let mut snapshot = self.snapshot(label);
+        if let Ok(mut peaks) = self.inner.peaks.lock() {
+            peaks.rss.observe(snapshot.rss);
+            snapshot.window_rss_peak = max_opt(peaks.rss.stage_window(), snapshot.rss);
+            snapshot.window_heap_peak = max_opt(peaks.heap.stage_window(), snapshot.heap_allocated);
+        }
+        if let Some(heap) = snapshot.heap_allocated {
+            let (_, parts) = memory::tag::take_window(heap);
+            snapshot.window_peak_categories =
+                parts.into_iter().map(|(k, v)| (k.to_string(), v)).collect();
+        }
         self.inner.emitter.emit(Event::Stage {
             snapshot: snapshot.clone(),
         });
@@ -297,6 +307,9 @@ impl Inner {
                 .flatten()
                 .map(|(k, v)| (k.to_string(), v))
                 .collect(),
+            window_peak_categories: Default::default(),
+            window_rss_peak: None,
+            window_heap_peak: None,
         }
     }
 

@@ -96,6 +96,9 @@ pub struct PeakStack {
     source: Box<dyn PeakSource>,
     saved: Vec<Option<u64>>,
     floor: Option<u64>,
+    /// Highest value since the last stage, gathered at every source reset
+    /// ([`PeakStack::stage_window`]).
+    stage: Option<u64>,
 }
 
 fn max_opt(a: Option<u64>, b: Option<u64>) -> Option<u64> {
@@ -116,7 +119,20 @@ impl PeakStack {
             source,
             saved: Vec::new(),
             floor: None,
+            stage: None,
         }
+    }
+
+    /// Closes the stage window: returns the highest value since the
+    /// previous call (exact for sources with exact peaks: the kernel's
+    /// VmHWM, the counting allocator), and starts the next window now. The
+    /// open scopes' windows keep their running peaks.
+    pub fn stage_window(&mut self) -> Option<u64> {
+        let window = max_opt(self.stage, self.source.peak());
+        self.floor = self.running();
+        self.source.reset();
+        self.stage = None;
+        window
     }
 
     /// Running peak of the innermost open window.
@@ -126,6 +142,7 @@ impl PeakStack {
 
     /// Opens a nested window.
     pub fn begin(&mut self) {
+        self.stage = max_opt(self.stage, self.source.peak());
         let running = self.running();
         self.saved.push(running);
         self.source.reset();
@@ -192,6 +209,23 @@ mod tests {
         assert_eq!(stack.end(), Some(70));
         assert_eq!(stack.end(), Some(70), "outer contains the inner spike");
         assert_eq!(stack.depth(), 0);
+    }
+
+    /// Stage windows see only their own peak, and scopes keep theirs.
+    #[test]
+    fn stage_windows_are_their_own() {
+        let mut stack = PeakStack::new(Box::<TrackedPeak>::default());
+        stack.observe(Some(100));
+        stack.observe(Some(10));
+        assert_eq!(stack.stage_window(), Some(100));
+        stack.begin();
+        stack.observe(Some(40));
+        stack.observe(Some(15));
+        assert_eq!(stack.stage_window(), Some(40), "a spike inside a scope");
+        stack.observe(Some(20));
+        assert_eq!(stack.stage_window(), Some(20), "the earlier spike is gone");
+        assert_eq!(stack.end(), Some(40), "the scope's own peak survives");
+        assert_eq!(stack.run_peak(), Some(100));
     }
 
     #[test]

@@ -1,7 +1,10 @@
-//! What the peak is made of: the run's own accounting (the `components`
-//! events its engine emitted) topped up to the measured peak, and the
-//! estimator's predicted components at its peak phase. Both feed the stacked
-//! breakdown chart and the report's table.
+//! What the peak is made of, measured and predicted in the same categories
+//! (`memory::tag`): the heap's composition at the peak of the estimator's
+//! peak phase, with "runtime" the rest of that phase's measured peak, beside
+//! the estimator's components grouped the same way. Logs without categories
+//! (older logs, Python CSVs) fall back to the engine's own `components`
+//! accounting topped up to the peak. Both feed the stacked breakdown chart
+//! and the report's table.
 
 use super::load::RunData;
 use crate::estimate::against::Comparison;
@@ -33,7 +36,63 @@ pub fn component_names(bars: &[Bar]) -> Vec<&str> {
     names
 }
 
-/// The measured bar: the fullest accounting the run reported, plus
+/// The two bars by category, from the estimator's peak phase, when the log
+/// has categories.
+fn by_category(check: &Comparison) -> Option<[Bar; 2]> {
+    let i = check.estimate.peak_phase();
+    let phase = check.phases.get(i)?;
+    if phase.categories.iter().any(|c| c.measured.is_none()) || phase.categories.is_empty() {
+        return None;
+    }
+    let parts = |f: &dyn Fn(&crate::estimate::against::CategoryCheck) -> u64| {
+        phase
+            .categories
+            .iter()
+            .map(|c| (c.category.name().to_string(), f(c)))
+            .collect()
+    };
+    Some([
+        Bar {
+            label: format!("measured peak (by category, {} phase)", phase.phase),
+            parts: parts(&|c| c.measured.unwrap_or(0)),
+        },
+        Bar {
+            label: format!("estimate ({})", phase.phase),
+            parts: parts(&|c| c.predicted),
+        },
+    ])
+}
+
+/// The measured bar without an estimate: the heap at the run's heap peak by
+/// category, "runtime" the rest of the run's peak RSS.
+fn measured_categories(run: &RunData) -> Option<Bar> {
+    let peak = run.summary.as_ref().and_then(|s| s.rss_peak)?;
+    let mut parts: Vec<(String, u64)> = run
+        .peak_categories
+        .iter()
+        .filter(|(n, _)| {
+            crate::memory::tag::Category::from_name(n).is_some_and(|c| {
+                !matches!(
+                    c,
+                    crate::memory::tag::Category::Runtime | crate::memory::tag::Category::Untagged
+                )
+            })
+        })
+        .map(|(n, b)| (n.clone(), *b))
+        .collect();
+    if parts.is_empty() {
+        return None;
+    }
+    let named: u64 = parts.iter().map(|(_, b)| b).sum();
+    parts.push(("runtime".into(), peak.saturating_sub(named)));
+    parts.sort_by_key(|(n, _)| crate::memory::tag::order(n));
+    Some(Bar {
+        label: "measured peak (by category, at the heap peak)".into(),
+        parts,
+    })
+}
+
+/// The measured bar from the engine's accounting: the fullest accounting the run reported, plus
 /// "unaccounted" up to the peak RSS (runtime, allocator slack, transients):
 /// the peak measured in the estimator's peak phase when there is an
 /// estimate (so both bars describe the same moment), else the run's peak.
@@ -80,8 +139,17 @@ pub fn predicted(check: &Comparison) -> Option<Bar> {
     })
 }
 
-/// The bars a report draws: measured, then predicted when there is one.
+/// The bars a report draws: measured, then predicted when there is one —
+/// by category when the log has categories.
 pub fn bars(run: &RunData, check: Option<&Comparison>) -> Vec<Bar> {
+    if let Some(pair) = check.and_then(by_category) {
+        return pair.to_vec();
+    }
+    if check.is_none()
+        && let Some(bar) = measured_categories(run)
+    {
+        return vec![bar];
+    }
     measured(run, check)
         .into_iter()
         .chain(check.and_then(predicted))

@@ -38,9 +38,17 @@ where
     font();
     area.fill(&WHITE).map_err(err)?;
     let names = super::breakdown::component_names(bars);
-    let color = |n: &str| {
-        let i = names.iter().position(|m| *m == n).unwrap_or(0);
-        PALETTE[i % PALETTE.len()]
+    // A category has its colour everywhere (`memory::tag::color`); other
+    // component names (logs without categories) take the palette.
+    let color = |n: &str| match crate::memory::tag::Category::from_name(n) {
+        Some(c) => {
+            let (r, g, b) = crate::memory::tag::color(c.name());
+            RGBColor(r, g, b)
+        }
+        None => {
+            let i = names.iter().position(|m| *m == n).unwrap_or(0);
+            PALETTE[i % PALETTE.len()]
+        }
     };
     let max = bars.iter().map(Bar::total).max().unwrap_or(1 << 20).max(1);
     let (div, unit_name) = unit(max);

@@ -6,7 +6,8 @@ use std::fmt::Write;
 
 use super::breakdown::Bar;
 use super::load::RunData;
-use crate::estimate::{catalog, projection};
+use crate::estimate::{against, catalog, projection};
+use crate::memory::tag::{self, Category};
 use crate::units::format_bytes;
 
 /// "What the peak is made of": one table row per component, one column per
@@ -61,6 +62,46 @@ pub fn categories(s: &mut String, run: &RunData, chart: bool) {
         let _ = writeln!(s, "| {name} | {} | {share:.1}% |", format_bytes(*bytes));
     }
     let _ = writeln!(s, "| **heap peak** | {} | 100% |", format_bytes(total));
+}
+
+/// "By category": each estimated phase's prediction beside the measured
+/// heap composition at the phase's peak, one row per category, one
+/// "predicted / measured" cell per phase (`estimate::against`).
+pub fn estimate_categories(s: &mut String, phases: &[against::PhaseCheck]) {
+    let mut cats: Vec<Category> = phases
+        .iter()
+        .flat_map(|p| p.categories.iter().map(|c| c.category))
+        .collect();
+    cats.sort_by_key(|c| tag::order(c.name()));
+    cats.dedup();
+    if cats.is_empty()
+        || phases
+            .iter()
+            .all(|p| p.categories.iter().all(|c| c.measured.is_none()))
+    {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\nBy category at each phase's peak, predicted / measured (measured runtime is the rest of the phase's measured peak: the runtime tag, untagged and small allocations, and resident memory that is not heap):\n"
+    );
+    let names: Vec<&str> = phases.iter().map(|p| p.phase.as_str()).collect();
+    let _ = writeln!(s, "| category | {} |", names.join(" | "));
+    let _ = writeln!(s, "|---|{}", "---|".repeat(phases.len()));
+    for c in cats {
+        let cells: Vec<String> = phases
+            .iter()
+            .map(|p| match p.categories.iter().find(|k| k.category == c) {
+                Some(k) => format!(
+                    "{} / {}",
+                    format_bytes(k.predicted),
+                    k.measured.map_or("n/a".into(), format_bytes)
+                ),
+                None => "—".into(),
+            })
+            .collect();
+        let _ = writeln!(s, "| {} | {} |", c.name(), cells.join(" | "));
+    }
 }
 
 /// "Projection to GPU": this run's method and settings, on its own model and

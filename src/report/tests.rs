@@ -246,3 +246,54 @@ fn the_category_chart_names_every_category() {
         assert!(svg.contains(name), "missing {name}");
     }
 }
+
+/// The fixture's log with heap categories on every stage (as a current
+/// prunemem writes them), in a temporary folder.
+fn fixture_with_categories() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["memory_log.csv", "summary.txt"] {
+        let _ = std::fs::copy(fixture().join(f), dir.path().join(f));
+    }
+    let text = std::fs::read_to_string(fixture().join("events.jsonl")).unwrap();
+    let mut out = String::new();
+    for line in text.lines() {
+        let mut v: serde_json::Value = serde_json::from_str(line).unwrap();
+        if v["event"] == "stage" {
+            let heap = v["snapshot"]["heap_allocated"].as_u64().unwrap_or(4 << 20);
+            let cats = serde_json::json!({"weights": heap / 2, "activations": heap / 4, "small allocations": heap / 4});
+            v["snapshot"]["categories"] = cats.clone();
+            v["snapshot"]["window_peak_categories"] = cats;
+        }
+        out.push_str(&v.to_string());
+        out.push('\n');
+    }
+    std::fs::write(dir.path().join("events.jsonl"), out).unwrap();
+    dir
+}
+
+#[test]
+fn measured_and_predicted_bars_share_the_categories() {
+    let dir = fixture_with_categories();
+    let run = load(dir.path()).unwrap();
+    let check = text::estimate_check(dir.path()).expect("an estimate");
+    let bars = breakdown::bars(&run, Some(&check));
+    assert_eq!(bars.len(), 2);
+    let names = |b: &breakdown::Bar| b.parts.iter().map(|(n, _)| n.clone()).collect::<Vec<_>>();
+    assert_eq!(names(&bars[0]), names(&bars[1]), "one list of categories");
+    for n in names(&bars[0]) {
+        assert!(
+            crate::memory::tag::Category::from_name(&n).is_some(),
+            "{n} is a category"
+        );
+    }
+    let i = check.estimate.peak_phase();
+    assert_eq!(
+        bars[0].total(),
+        check.phases[i].measured.unwrap(),
+        "sums to the phase's peak"
+    );
+    assert_eq!(bars[1].total(), check.phases[i].predicted);
+    let md = text::markdown(&run, Some(&check), false, None);
+    assert!(md.contains("By category at each phase's peak"), "{md}");
+    assert!(md.contains("| weights |"), "{md}");
+}

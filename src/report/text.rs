@@ -229,6 +229,7 @@ pub fn markdown(
                     .map_or("n/a".into(), |e| format!("{e:+.1}%"))
             );
         }
+        super::sections::estimate_categories(&mut s, &cmp.phases);
         projection(&mut s, run);
     }
     if let Some(g) = gpu {

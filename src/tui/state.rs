@@ -5,6 +5,8 @@
 //! keyboard state (focus, scroll, pause, help, quit confirmation). The view
 //! (`tui::view`) only reads it, so every rule here is unit-tested.
 
+use crate::estimate::forecast::{self, Forecast};
+use crate::estimate::{Estimate, Phase};
 use crate::events::fold::RunFold;
 use crate::events::{Event, Level, RunStatus};
 
@@ -74,6 +76,10 @@ pub struct UiState {
     pub confirm_quit: bool,
     /// Samples dropped before reaching the UI (reported in the footer).
     pub dropped: u64,
+    /// The estimator's prediction for this run's plan, when it can place it.
+    pub estimate: Option<Estimate>,
+    /// The run's `--budget` (plan setting `memory_budget`).
+    pub budget: Option<u64>,
 }
 
 impl UiState {
@@ -93,7 +99,30 @@ impl UiState {
             help: false,
             confirm_quit: false,
             dropped: 0,
+            estimate: None,
+            budget: None,
         }
+    }
+
+    /// Will the run fit: the estimate corrected by what was measured, against
+    /// the budget (`--budget`, else the GPU's total, else the host's memory).
+    pub fn forecast(&self) -> Option<Forecast> {
+        let e = self.estimate.as_ref()?;
+        let b = forecast::budget(self.budget, self.run.gpu.total, self.run.host_total);
+        Some(forecast::forecast(e, &self.run, b))
+    }
+
+    /// The estimated phase under way: its first stage seen, its last not yet.
+    pub fn phase_now(&self) -> Option<&Phase> {
+        let e = self.estimate.as_ref()?;
+        e.phases
+            .iter()
+            .find(|p| match (p.stages.first(), p.stages.last()) {
+                (Some(a), Some(b)) => {
+                    self.run.stage_index(a).is_some() && self.run.stage_index(b).is_none()
+                }
+                _ => false,
+            })
     }
 
     /// Takes one event.
@@ -101,6 +130,8 @@ impl UiState {
         self.run.apply(event);
         match event {
             Event::RunStarted { plan } => {
+                self.estimate = forecast::estimate_plan(plan);
+                self.budget = plan.settings.get("memory_budget").and_then(|v| v.as_u64());
                 // The program by its name, not its path: the header shows
                 // the command once (`prunemem prune …`).
                 self.command = match plan.argv.split_first() {

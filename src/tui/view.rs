@@ -39,7 +39,7 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
     let message_rows = if area.height >= 32 { 6 } else { 3 };
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
-        Constraint::Length(7),
+        Constraint::Length(8),
         Constraint::Min(7),
         Constraint::Length(3),
         Constraint::Length(message_rows),
@@ -205,6 +205,50 @@ fn category_line(state: &UiState, width: usize) -> Line<'static> {
     Line::from(spans)
 }
 
+/// The fit forecast: the estimated peak corrected by what was measured, and
+/// whether it fits the budget; green fits, yellow will exceed, red exceeded.
+fn forecast_line(state: &UiState) -> Line<'static> {
+    let mut spans = vec![Span::raw(format!("{:<10}", "forecast"))];
+    let Some(f) = state.forecast() else {
+        spans.push(Span::raw("n/a (no estimate for this plan)"));
+        return Line::from(spans);
+    };
+    // The verdict first: it is what a narrow terminal must still show.
+    if let (Some(b), Some(v)) = (&f.budget, f.verdict()) {
+        let budget = format!("{} {}", b.source, format_bytes(b.bytes));
+        let (text, color) = match (&f.exceeds_at, v) {
+            (Some((phase, bytes)), "exceeded") => (
+                format!("EXCEEDED {budget} in {phase} ({})", format_bytes(*bytes)),
+                Color::Red,
+            ),
+            (Some((phase, _)), _) => (format!("will exceed {budget} at {phase}"), Color::Yellow),
+            (None, _) => (format!("fits {budget}"), Color::Green),
+        };
+        spans.push(Span::styled(text, Style::new().fg(color)));
+        spans.push(Span::raw(" · "));
+    }
+    spans.push(Span::raw(format!(
+        "peak ≈ {} in {} (estimate {})",
+        format_bytes(f.peak),
+        f.peak_phase,
+        format_bytes(f.predicted_peak)
+    )));
+    if let Some(p) = state.phase_now() {
+        let now: Vec<String> = p
+            .by_category()
+            .iter()
+            .take(3)
+            .map(|(c, b)| format!("{} {}", c.name(), format_bytes(*b)))
+            .collect();
+        spans.push(Span::raw(format!(
+            " · {} predicted: {}",
+            p.name,
+            now.join(", ")
+        )));
+    }
+    Line::from(spans)
+}
+
 fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
     // Host series share one scale (the largest peak), so bars compare.
     let host_full = [
@@ -230,6 +274,7 @@ fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
         ),
         gauge_line("GPU used", &state.run.gpu, gpu_full, width, Color::Yellow),
         category_line(state, width),
+        forecast_line(state),
     ];
     let title = " memory (│ = peak) ";
     frame.render_widget(

@@ -128,3 +128,18 @@ fn durations() {
     assert_eq!(format_duration(185.0), "3m05s");
     assert_eq!(format_duration(3720.0), "1h02m");
 }
+
+#[test]
+fn exact_window_peaks_from_the_profiler_count() {
+    let mut s = snap("02_b", 2.0, 50, 60);
+    s.window_rss_peak = Some(300 * M);
+    s.window_heap_peak = Some(280 * M);
+    let f = RunFold::of(&[
+        stage("01_a", 1.0, 40, 60),
+        sample(1.5, 55, 60),
+        Event::Stage { snapshot: s },
+    ]);
+    assert_eq!(f.stages[1].peak, Some(300 * M), "a spike between samples");
+    assert_eq!(f.stages[1].heap_peak, Some(280 * M));
+    assert_eq!(f.peak_between("01_a", "02_b"), Some(300 * M));
+}

@@ -183,3 +183,38 @@ fn the_heap_split_by_category_is_drawn_now_and_at_the_peak() {
         .collect();
     assert!(bar.chars().count() >= 10, "{line}");
 }
+
+#[test]
+fn the_forecast_line_says_whether_the_run_fits_its_budget() {
+    let mut s = state();
+    let none = screen(&s, 160, 40);
+    assert!(
+        none.contains("forecast  n/a"),
+        "no plan, no estimate:\n{none}"
+    );
+    // Prune phase predicted at 200 MiB; this run went to 300 MiB in it.
+    s.estimate = Some(crate::estimate::Estimate {
+        arch: crate::estimate::presets::all().remove(0),
+        workload: crate::estimate::Workload::new(crate::estimate::Task::Wanda),
+        phases: vec![
+            crate::estimate::Phase::new("prune", &["02_model_loaded", "04_after_pruning"])
+                .add("activations", 150 * M)
+                .add("weights", 50 * M),
+            crate::estimate::Phase::new("eval", &["05_before_eval", "06_after_eval"])
+                .add("logits", 100 * M),
+        ],
+        notes: Vec::new(),
+    });
+    s.budget = Some(1 << 30);
+    let fits = screen(&s, 160, 40);
+    let line = fits.lines().find(|l| l.contains("forecast")).unwrap();
+    assert!(line.contains("fits --budget 1.000 GiB"), "{line}");
+    assert!(line.contains("estimate 200.0 MiB"), "{line}");
+    s.budget = Some(250 * M);
+    let over = screen(&s, 160, 40);
+    let line = over.lines().find(|l| l.contains("forecast")).unwrap();
+    assert!(
+        line.contains("EXCEEDED --budget 250.0 MiB in prune"),
+        "{line}"
+    );
+}
