@@ -125,6 +125,9 @@ pub struct RunFold {
     pub categories: BTreeMap<String, u64>,
     /// The heap's breakdown at its peak, once the run has finished.
     pub peak_categories: BTreeMap<String, u64>,
+    /// The highest of the stage windows' peak compositions so far: the
+    /// heap's peak composition while the run goes.
+    pub window_peak_categories: BTreeMap<String, u64>,
     /// The breakdown over time (kept only without a point limit: reports).
     pub category_points: Vec<(f64, BTreeMap<String, u64>)>,
     point_limit: Option<usize>,
@@ -222,6 +225,10 @@ impl RunFold {
             _ => None,
         };
         let seconds = (point.t - prev.map_or(0.0, |p| p.point.t)).max(0.0);
+        let window: u64 = snapshot.window_peak_categories.values().sum();
+        if window > self.window_peak_categories.values().sum::<u64>() {
+            self.window_peak_categories = snapshot.window_peak_categories.clone();
+        }
         // The profiler's exact window peaks, when the log has them.
         let peak = self.window_rss.max(snapshot.window_rss_peak);
         let heap_peak = self.window_heap.max(snapshot.window_heap_peak);
@@ -366,6 +373,16 @@ impl RunFold {
         }
         let per = (self.elapsed_s - p.origin_s) / p.done as f64;
         Some(per * (p.total - p.done) as f64)
+    }
+
+    /// What the heap was made of at its highest so far: the run's own
+    /// figure once finished, else the highest stage window's.
+    pub fn heap_peak_composition(&self) -> &BTreeMap<String, u64> {
+        if self.peak_categories.is_empty() {
+            &self.window_peak_categories
+        } else {
+            &self.peak_categories
+        }
     }
 
     /// The run's highest RSS: the kernel's mark when known.

@@ -39,7 +39,7 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
     let message_rows = if area.height >= 32 { 6 } else { 3 };
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
-        Constraint::Length(8),
+        Constraint::Length(9),
         Constraint::Min(7),
         Constraint::Length(3),
         Constraint::Length(message_rows),
@@ -162,24 +162,36 @@ pub fn category_color(name: &str) -> Color {
     Color::Rgb(r, g, b)
 }
 
-/// The heap split by category as one stacked bar: now while the run goes,
-/// at the heap's peak once it has finished.
-fn category_line(state: &UiState, width: usize) -> Line<'static> {
-    let (cats, what) = if state.run.peak_categories.is_empty() {
-        (&state.run.categories, "heap now")
-    } else {
-        (&state.run.peak_categories, "at peak")
-    };
+/// The heap split by category as stacked bars: now, and at the heap's
+/// peak so far (the highest stage window's composition while the run goes,
+/// the run's own figure once it has finished). Both bars share one scale.
+fn category_lines(state: &UiState, width: usize) -> [Line<'static>; 2] {
+    let now = &state.run.categories;
+    let peak = state.run.heap_peak_composition();
+    let full = now.values().sum::<u64>().max(peak.values().sum::<u64>());
+    [
+        category_bar("by kind", now, "heap now", full, width),
+        category_bar("at peak", peak, "heap peak", full, width),
+    ]
+}
+
+fn category_bar(
+    label: &str,
+    cats: &std::collections::BTreeMap<String, u64>,
+    what: &str,
+    full: u64,
+    width: usize,
+) -> Line<'static> {
     let total: u64 = cats.values().sum();
-    if total == 0 {
-        return Line::from(format!("{:<10}{}", "by kind", "n/a"));
+    if total == 0 || full == 0 {
+        return Line::from(format!("{label:<10}n/a"));
     }
     let mut parts: Vec<(&String, &u64)> = cats.iter().collect();
     parts.sort_by_key(|(_, v)| std::cmp::Reverse(**v));
-    let mut spans = vec![Span::raw(format!("{:<10}", "by kind"))];
+    let mut spans = vec![Span::raw(format!("{label:<10}"))];
     let mut used = 0;
     for (name, bytes) in &parts {
-        let n = ((**bytes as u128 * width as u128) / total as u128) as usize;
+        let n = ((**bytes as u128 * width as u128) / full as u128) as usize;
         let n = n.min(width - used);
         used += n;
         spans.push(Span::styled(
@@ -188,17 +200,12 @@ fn category_line(state: &UiState, width: usize) -> Line<'static> {
         ));
     }
     spans.push(Span::raw(" ".repeat(width - used)));
-    let legend: Vec<String> = parts
-        .iter()
-        .take(4)
-        .map(|(n, v)| format!("{n} {}", format_bytes(**v)))
-        .collect();
-    spans.push(Span::raw(format!(" {what}: ")));
-    for (k, (name, _)) in parts.iter().take(4).enumerate() {
+    spans.push(Span::raw(format!(" {what} {}: ", format_bytes(total))));
+    for (k, (name, v)) in parts.iter().take(4).enumerate() {
         let sep = if k == 0 { "" } else { " · " };
         spans.push(Span::raw(sep.to_string()));
         spans.push(Span::styled(
-            legend[k].clone(),
+            format!("{name} {}", format_bytes(**v)),
             Style::new().fg(category_color(name)),
         ));
     }
@@ -262,7 +269,7 @@ fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
     .unwrap_or(1);
     let width = (area.width as usize).saturating_sub(48).clamp(10, 60);
     let gpu_full = state.run.gpu.total.or(state.run.gpu.peak).unwrap_or(1);
-    let lines = vec![
+    let mut lines = vec![
         gauge_line("RSS", &state.run.rss, host_full, width, Color::Green),
         gauge_line("allocated", &state.run.heap, host_full, width, Color::Blue),
         gauge_line(
@@ -273,9 +280,9 @@ fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
             Color::Magenta,
         ),
         gauge_line("GPU used", &state.run.gpu, gpu_full, width, Color::Yellow),
-        category_line(state, width),
-        forecast_line(state),
     ];
+    lines.extend(category_lines(state, width));
+    lines.push(forecast_line(state));
     let title = " memory (│ = peak) ";
     frame.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(title)),

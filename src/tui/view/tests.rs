@@ -172,7 +172,7 @@ fn the_heap_split_by_category_is_drawn_now_and_at_the_peak() {
     let text = screen(&s, 140, 40);
     let line = text.lines().find(|l| l.contains("by kind")).unwrap();
     assert!(
-        line.contains("heap now: weights 300.0 MiB · activations 100.0 MiB"),
+        line.contains("heap now 400.0 MiB: weights 300.0 MiB · activations 100.0 MiB"),
         "{line}"
     );
     // Three quarters of the bar are weights.
@@ -182,6 +182,33 @@ fn the_heap_split_by_category_is_drawn_now_and_at_the_peak() {
         .take_while(|c| *c == '█')
         .collect();
     assert!(bar.chars().count() >= 10, "{line}");
+    let peak = text.lines().find(|l| l.contains("at peak")).unwrap();
+    assert!(
+        peak.contains("at peak   n/a"),
+        "no stage window yet: {peak}"
+    );
+    // A stage whose window peaked at 600 MiB: the peak bar is that
+    // composition, on the same scale (longer than the bar of now).
+    let mut window = std::collections::BTreeMap::new();
+    window.insert("activations".to_string(), 450 * M);
+    window.insert("weights".to_string(), 150 * M);
+    s.apply(&Event::Stage {
+        snapshot: MemorySnapshot {
+            label: "05_before_eval".into(),
+            elapsed_s: 10.0,
+            window_peak_categories: window,
+            ..Default::default()
+        },
+    });
+    let text = screen(&s, 140, 40);
+    let peak = text.lines().find(|l| l.contains("at peak")).unwrap();
+    assert!(
+        peak.contains("heap peak 600.0 MiB: activations 450.0 MiB · weights 150.0 MiB"),
+        "{peak}"
+    );
+    let blocks = |l: &str| l.chars().filter(|c| *c == '█').count();
+    let now = text.lines().find(|l| l.contains("by kind")).unwrap();
+    assert!(blocks(peak) > blocks(now), "one scale:\n{now}\n{peak}");
 }
 
 #[test]
