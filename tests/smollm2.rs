@@ -150,3 +150,50 @@ fn perplexity_matches_transformers_on_the_gguf() {
         got.perplexity
     );
 }
+
+/// FNV-1a 64 over ids as little-endian u32 (as the fixture's script).
+fn fnv1a64(ids: &[u32]) -> String {
+    let mut h: u64 = 0xCBF2_9CE4_8422_2325;
+    for b in ids.iter().flat_map(|i| i.to_le_bytes()) {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x0100_0000_01B3);
+    }
+    format!("{h:016x}")
+}
+
+/// prunemem's tokenizer is SmolLM2's original one: the ids of the tokenizer
+/// built from the GGUF's vocabulary and merges with SmolLM2's published
+/// pre-tokenization (tests/fixtures/make_smollm2_tokenizer_fixture.py, not
+/// prunemem's converter) — on cases with non-ASCII numerics (`½`, `Ⅻ`, `١٢٣`,
+/// where transformers' GGUF tokenizer differs) and on the whole of
+/// wiki.test.raw, each half, when the shared data is there.
+#[test]
+fn tokenizer_matches_smollm2_original_tokenizer() {
+    let Some(dir) = model_dir() else { return };
+    let tok = Tokenizer::from_file(&dir.join("tokenizer.json")).unwrap();
+    let p = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures/smollm2-tokenizer-original.json");
+    let exp: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(p).unwrap()).unwrap();
+    for case in exp["cases"].as_array().unwrap() {
+        let text = case["text"].as_str().unwrap();
+        assert_eq!(tok.encode(text).unwrap(), ids(&case["ids"]), "{text:?}");
+    }
+    let wiki =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared/data/wikitext-2-raw/wiki.test.raw");
+    let Ok(text) = std::fs::read_to_string(&wiki) else {
+        eprintln!("SKIPPED (whole-file part): {} is absent", wiki.display());
+        return;
+    };
+    for (name, range) in [
+        ("first-half", prunemem::data::LineRange::FirstHalf),
+        ("second-half", prunemem::data::LineRange::SecondHalf),
+    ] {
+        let got = tok
+            .encode(&prunemem::data::select_lines(&text, range))
+            .unwrap();
+        let want = &exp["wikitext"][name];
+        assert_eq!(got.len() as u64, want["count"].as_u64().unwrap(), "{name}");
+        assert_eq!(fnv1a64(&got), want["fnv1a64"].as_str().unwrap(), "{name}");
+    }
+}
