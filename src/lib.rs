@@ -27,6 +27,7 @@ pub mod prune;
 pub mod report;
 pub mod scratch;
 pub mod sinks;
+pub mod timing;
 #[cfg(feature = "tui")]
 pub mod tui;
 pub mod units;

@@ -93,6 +93,40 @@ fn a_prune_job_reports_to_the_sinks_it_is_given() {
     assert!(outcome.saved.is_none() && outcome.logs.is_none());
     let ppl = outcome.perplexity.as_ref().unwrap().perplexity;
     assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
+    // Where the time went: every phase of a streamed Wanda run with
+    // evaluation, and the main kinds of work, each within the wall time.
+    let r = &outcome.summary.results;
+    for (key, names) in [
+        (
+            "seconds_by_phase",
+            &["load_layer", "stats_pass", "prune", "output_pass", "eval"][..],
+        ),
+        (
+            "seconds_by_work",
+            &[
+                "gemm",
+                "attention",
+                "norms_rope_activations",
+                "statistics",
+                "selection",
+                "checkpoint_io",
+                "logits",
+            ][..],
+        ),
+    ] {
+        let m = r[key]
+            .as_object()
+            .unwrap_or_else(|| panic!("{key} in {r:?}"));
+        for n in names {
+            let v = m.get(*n).and_then(|v| v.as_f64()).unwrap_or(0.0);
+            assert!(v > 0.0 && v <= outcome.summary.wall_s, "{key}.{n} = {v}");
+        }
+        let total: f64 = m.values().filter_map(|v| v.as_f64()).sum();
+        assert!(
+            total <= outcome.summary.wall_s * 1.01,
+            "{key} sums within the wall time: {total}"
+        );
+    }
 
     // The binary runs the same job: the same sparsity and perplexity.
     let (code, out, err) = run_prunemem(&[

@@ -62,6 +62,8 @@ pub struct Run {
     results: BTreeMap<String, Value>,
     finished: bool,
     pub log_dir: Option<PathBuf>,
+    /// Where the time went is measured from here (`timing`).
+    timing: crate::timing::Totals,
 }
 
 impl Run {
@@ -99,6 +101,7 @@ impl Run {
             results: BTreeMap::new(),
             finished: false,
             log_dir: options.log_dir,
+            timing: crate::timing::Totals::now(),
         })
     }
 
@@ -116,7 +119,12 @@ impl Run {
     pub fn finish(mut self, status: RunStatus) -> (RunSummary, Vec<String>) {
         self.finished = true;
         self.profiler.stop_sampler();
-        let summary = summary_of(&self.profiler, status, std::mem::take(&mut self.results));
+        let summary = summary_of(
+            &self.profiler,
+            status,
+            std::mem::take(&mut self.results),
+            &self.timing,
+        );
         self.emitter.emit(Event::RunFinished {
             summary: summary.clone(),
         });
@@ -133,6 +141,7 @@ impl Drop for Run {
                 &self.profiler,
                 RunStatus::Failed("the run ended without finishing".into()),
                 std::mem::take(&mut self.results),
+                &self.timing,
             );
             self.emitter.emit(Event::RunFinished { summary });
             self.emitter.flush();
@@ -144,7 +153,23 @@ fn summary_of(
     profiler: &Profiler,
     status: RunStatus,
     mut results: BTreeMap<String, Value>,
+    timing: &crate::timing::Totals,
 ) -> RunSummary {
+    // Where the time went, by phase and by kind of work (`timing`).
+    let (work, phase) = crate::timing::Totals::now().since(timing);
+    let seconds = |v: Vec<(&str, f64)>| -> Value {
+        Value::Object(
+            v.into_iter()
+                .map(|(k, s)| (k.to_string(), s.into()))
+                .collect(),
+        )
+    };
+    if !work.is_empty() {
+        results.insert("seconds_by_work".into(), seconds(work));
+    }
+    if !phase.is_empty() {
+        results.insert("seconds_by_phase".into(), seconds(phase));
+    }
     let (heap_peak, rss_peak, device_peak) = profiler.run_peaks();
     // What the heap was made of at its peak, by category (memory::tag).
     let (total, parts) = crate::memory::tag::breakdown_at_peak();
@@ -175,6 +200,7 @@ pub fn request_interrupt() {
 }
 
 fn install_signal_handler(profiler: Profiler) -> std::io::Result<()> {
+    let start = crate::timing::Totals::now();
     use signal_hook::consts::{SIGINT, SIGTERM};
     let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
     std::thread::Builder::new()
@@ -183,7 +209,8 @@ fn install_signal_handler(profiler: Profiler) -> std::io::Result<()> {
             if signals.forever().next().is_some() {
                 profiler.stop_sampler();
                 crate::scratch::remove_all();
-                let summary = summary_of(&profiler, RunStatus::Interrupted, BTreeMap::new());
+                let summary =
+                    summary_of(&profiler, RunStatus::Interrupted, BTreeMap::new(), &start);
                 profiler
                     .emitter()
                     .close_with(Event::RunFinished { summary });

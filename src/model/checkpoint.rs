@@ -249,6 +249,7 @@ impl Checkpoint {
         let mmap = &self.shards[e.shard].mmap;
         let width = (e.dtype.bitsize() / 8).max(1);
         let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
+        let _io = crate::timing::work(crate::timing::Work::Io);
         let mut out = Vec::with_capacity((e.end - e.start) / width);
         let mut a = e.start;
         while a < e.end {
@@ -363,6 +364,7 @@ impl Checkpoint {
             snapshots.push(self.snapshot(name, &name[prefix.len()..], target)?);
         }
         let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
+        let _io = crate::timing::work(crate::timing::Work::Io);
         let result = module.apply(snapshots, None, Some(Box::new(PyTorchToBurnAdapter)), false);
         if let Some(err) = result.errors.first() {
             let why = match err {

@@ -9,6 +9,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
+use crate::timing::{self, Work};
 use burn::module::Param;
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
@@ -277,9 +278,10 @@ impl<B: Backend> LlamaAttention<B> {
     ) -> Tensor<B, 3> {
         let [b, s, _] = x.dims();
         let (nh, nkv, hd) = (self.num_heads, self.num_kv_heads, self.head_dim);
-        let q = rope.apply(self.q_proj.forward(x.clone()).reshape([b, s, nh, hd]));
-        let k = rope.apply(self.k_proj.forward(x.clone()).reshape([b, s, nkv, hd]));
-        let v = self.v_proj.forward(x).reshape([b, s, nkv, hd]);
+        let q = rope.apply(gemm(&self.q_proj, x.clone()).reshape([b, s, nh, hd]));
+        let k = rope.apply(gemm(&self.k_proj, x.clone()).reshape([b, s, nkv, hd]));
+        let v = gemm(&self.v_proj, x).reshape([b, s, nkv, hd]);
+        let attention_span = timing::work(Work::Attention);
         let window =
             (self.sliding_window > 0 && s > self.sliding_window).then_some(self.sliding_window);
         let out = if uses_cpu_kernel::<B>() {
@@ -300,9 +302,16 @@ impl<B: Backend> LlamaAttention<B> {
             let out = parallel_attention(q, k, v, mask, window.is_none());
             out.swap_dims(1, 2).reshape([b, s, nh * hd])
         };
+        drop(attention_span);
         trace(LinearInput::O, &out);
-        self.o_proj.forward(out)
+        gemm(&self.o_proj, out)
     }
+}
+
+/// A linear layer's forward, timed as a matrix product.
+fn gemm<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let _span = timing::work(Work::Gemm);
+    linear.forward(x)
 }
 
 /// True on Burn's CPU backend, whose attention op the hand-written kernel
@@ -400,9 +409,9 @@ impl<B: Backend> LlamaMlp<B> {
         x: Tensor<B, 3>,
         trace: &mut dyn FnMut(LinearInput, &Tensor<B, 3>),
     ) -> Tensor<B, 3> {
-        let h = silu(self.gate_proj.forward(x.clone())) * self.up_proj.forward(x);
+        let h = silu(gemm(&self.gate_proj, x.clone())) * gemm(&self.up_proj, x);
         trace(LinearInput::Down, &h);
-        self.down_proj.forward(h)
+        gemm(&self.down_proj, h)
     }
 }
 
@@ -427,6 +436,8 @@ impl<B: Backend> DecoderLayer<B> {
         rope: &Rope<B>,
         trace: &mut dyn FnMut(LinearInput, &Tensor<B, 3>),
     ) -> Tensor<B, 3> {
+        // Norms, rope, SwiGLU and residuals: what the inner spans leave.
+        let _span = timing::work(Work::Elementwise);
         let h = self.input_layernorm.forward(x.clone());
         trace(LinearInput::Qkv, &h);
         let x = x + self.self_attn.forward(h, rope, trace);
@@ -488,6 +499,7 @@ pub enum Head<'a, B: Backend> {
 impl<B: Backend> Head<'_, B> {
     /// Logits for hidden states `[n, hidden]` → `[n, vocab]`.
     pub fn logits(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
+        let _span = timing::work(Work::Gemm);
         match self {
             Head::Linear(l) => l.forward(h),
             Head::Tied(e) => h.matmul(e.weight.val().transpose()),

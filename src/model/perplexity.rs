@@ -10,6 +10,7 @@
 
 use std::time::Instant;
 
+use crate::timing::{self, Work};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 
@@ -78,6 +79,7 @@ pub fn window_nll<B: Backend>(
             } else {
                 logits.cast(FloatDType::F32)
             };
+            let _span = timing::work(Work::Logits);
             let mut values: Vec<f32> = logits.into_data().into_vec().unwrap_or_default();
             total += rows_nll(&mut values, vocab, &tokens[row + 1..end + 1]);
             row = end;
@@ -102,6 +104,7 @@ pub fn perplexity<B: Backend>(
         ));
     }
     let t = Instant::now();
+    let _phase = timing::phase(timing::Phase::Eval);
     let bs = options.batch_size.max(1);
     let batches: Vec<&[Vec<u32>]> = windows.chunks(bs).collect();
     let mut nll = Vec::with_capacity(windows.len());
@@ -125,10 +128,12 @@ pub fn perplexity<B: Backend>(
             let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
             let embed = ckpt.load_embedding::<B>(dtype, device)?;
             let activations = tag::tag(Category::Activations);
-            let mut xs: Vec<Tensor<B, 3>> = batches
-                .iter()
-                .map(|batch| embed.forward(token_tensor(batch, device)))
-                .collect();
+            let mut xs: Vec<Tensor<B, 3>> = timing::timed(Work::Elementwise, || {
+                batches
+                    .iter()
+                    .map(|batch| embed.forward(token_tensor(batch, device)))
+                    .collect()
+            });
             drop(activations);
             let head_linear = ckpt.load_lm_head::<B>(dtype, device)?;
             for i in 0..c.num_layers {

@@ -30,6 +30,7 @@ use crate::model::perplexity::token_tensor;
 use crate::model::save::PrunedWriter;
 use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
 use crate::profiler::Profiler;
+use crate::timing::{self, Work};
 
 /// How to prune.
 #[derive(Debug, Clone)]
@@ -231,16 +232,19 @@ impl<B: Backend> LayerPass<'_, B> {
         let layer: &mut DecoderLayer<B> = match source {
             Source::Resident(m) => &mut m.model.layers[i],
             Source::Streamed => {
+                let _phase = timing::phase(timing::Phase::Load);
                 owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
                 &mut owned
             }
         };
         let mut stats = self.kind.map(LayerStats::<B>::new);
         if let Some(stats) = stats.as_mut() {
+            let _phase = timing::phase(timing::Phase::StatsPass);
             let _tag = tag::tag(Category::Activations);
             for x in inps.iter() {
                 let _ = layer.forward_traced(x.clone(), &self.rope, &mut |k, t| {
                     let _tag = tag::tag(Category::Statistics);
+                    let _span = timing::work(Work::Statistics);
                     stats.observe(k, t)
                 });
             }
@@ -261,16 +265,22 @@ impl<B: Backend> LayerPass<'_, B> {
             config,
             device,
         };
-        let linears = prune_linears(layer, &target, stats, self.nsamples, writer.as_deref_mut())?;
+        let linears = {
+            let _phase = timing::phase(timing::Phase::Prune);
+            prune_linears(layer, &target, stats, self.nsamples, writer.as_deref_mut())?
+        };
         crate::memory::alloc::trim();
         profiler.stage(&stages::layer_pruned(i));
         if self.kind.is_some() && i + 1 < c.num_layers {
+            let _phase = timing::phase(timing::Phase::OutputPass);
             let _tag = tag::tag(Category::Activations);
             for x in inps.iter_mut() {
                 *x = layer.forward(x.clone(), &self.rope);
             }
         }
         if let Some(w) = writer {
+            let _phase = timing::phase(timing::Phase::Write);
+            let _io = timing::work(Work::Io);
             w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
         }
         profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
@@ -370,6 +380,8 @@ fn prune_linear<B: Backend>(
 ) -> Result<LinearReport, PruneError> {
     let (mut w, out, inp) = tagged(Category::Weights, || weight_out_in(layer, name));
     let _tag = tag::tag(Category::Masks);
+    // Metrics, sorting, masks; SparseGPT's sweep and the write nest inside.
+    let _span = timing::work(Work::Selection);
     let (mut alpha, mut error) = (None, None);
     match (config.method, stat) {
         (LayerMethod::Magnitude, _) => {
@@ -396,6 +408,7 @@ fn prune_linear<B: Backend>(
                 blocksize: config.blocksize,
             };
             let _stats = tag::tag(Category::Statistics);
+            let _sweep = timing::work(Work::Sweep);
             let r = fasterprune(&w, out, inp, h.clone(), options).map_err(|e| {
                 PruneError::NotPositiveDefinite {
                     name: full_name.to_string(),
@@ -414,6 +427,7 @@ fn prune_linear<B: Backend>(
     }
     let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
     if let Some(writer) = writer {
+        let _io = timing::work(Work::Io);
         writer.write_f32(ckpt, full_name, &w)?;
     }
     set_weight(layer, name, w, out, inp, config.dtype, device);

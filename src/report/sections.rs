@@ -64,6 +64,46 @@ pub fn categories(s: &mut String, run: &RunData, chart: bool) {
     let _ = writeln!(s, "| **heap peak** | {} | 100% |", format_bytes(total));
 }
 
+/// "Where the time went": wall seconds by phase and by kind of work, as the
+/// run measured them (`timing`; results `seconds_by_phase`,
+/// `seconds_by_work`), each with its share of the run's wall time.
+pub fn time(s: &mut String, run: &RunData) {
+    let Some(summary) = &run.summary else { return };
+    let table = |key: &str| -> Vec<(String, f64)> {
+        let mut v: Vec<(String, f64)> = summary
+            .results
+            .get(key)
+            .and_then(|v| v.as_object())
+            .map(|m| {
+                m.iter()
+                    .filter_map(|(k, v)| Some((k.replace('_', " "), v.as_f64()?)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| b.1.total_cmp(&a.1));
+        v
+    };
+    let (phase, work) = (table("seconds_by_phase"), table("seconds_by_work"));
+    if phase.is_empty() && work.is_empty() {
+        return;
+    }
+    let wall = summary.wall_s.max(1e-9);
+    let _ = writeln!(
+        s,
+        "\n## Where the time went\n\nWall seconds of the engine thread, measured where the work is done; kinds of work are exclusive (a matrix product inside a layer's forward counts once), phases are counted on their own. Run wall time {wall:.1} s.\n"
+    );
+    for (title, rows) in [("phase", phase), ("kind of work", work)] {
+        if rows.is_empty() {
+            continue;
+        }
+        let _ = writeln!(s, "| {title} | seconds | share of wall |\n|---|---|---|");
+        for (name, secs) in rows {
+            let _ = writeln!(s, "| {name} | {secs:.2} | {:.1}% |", 100.0 * secs / wall);
+        }
+        let _ = writeln!(s);
+    }
+}
+
 /// "By category": each estimated phase's prediction beside the measured
 /// heap composition at the phase's peak, one row per category, one
 /// "predicted / measured" cell per phase (`estimate::against`).

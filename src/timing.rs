@@ -1,0 +1,215 @@
+//! Where the time went: wall seconds by phase of a run (loading a layer,
+//! the statistics pass, pruning, the output pass, writing, evaluation) and
+//! by kind of work (matrix products, attention, norms/rope/activations,
+//! statistics, selection and sorting, SparseGPT's sweep, checkpoint I/O,
+//! logits), measured where the work is done.
+//!
+//! Code marks what it is doing with scoped spans ([`work`], [`phase`]).
+//! Work spans are exclusive per thread: opening one pauses the enclosing one
+//! on the same thread, so kinds add up to the time spent inside spans and
+//! nothing is counted twice. Phase spans are coarser and counted on their
+//! own. Work handed to rayon or Burn's threads is covered by the wall time of
+//! the span the engine thread holds while it waits, so kinds are wall time
+//! of the engine thread, not CPU time. Totals are process-wide; a run reads
+//! them at its start and at its end ([`Totals::since`]).
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Instant;
+
+/// A kind of work.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Work {
+    /// Linear layers' matrix products (and the LM head's).
+    Gemm,
+    Attention,
+    /// Norms, rotary embedding, SwiGLU, residual adds, embedding lookups.
+    Elementwise,
+    /// Collecting calibration statistics (Wanda norms, SparseGPT's XᵀX,
+    /// GradProbe's gradients' maxima).
+    Statistics,
+    /// Metrics, sorting and selecting what to prune, applying masks.
+    Selection,
+    /// SparseGPT's factorisation and blocked OBS sweep.
+    Sweep,
+    /// Reading and writing checkpoint tensors.
+    Io,
+    /// Log-softmax and losses over logits.
+    Logits,
+}
+
+/// A phase of a run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(usize)]
+pub enum Phase {
+    Load,
+    StatsPass,
+    Prune,
+    OutputPass,
+    Write,
+    Eval,
+}
+
+const WORKS: [Work; 8] = [
+    Work::Gemm,
+    Work::Attention,
+    Work::Elementwise,
+    Work::Statistics,
+    Work::Selection,
+    Work::Sweep,
+    Work::Io,
+    Work::Logits,
+];
+const PHASES: [Phase; 6] = [
+    Phase::Load,
+    Phase::StatsPass,
+    Phase::Prune,
+    Phase::OutputPass,
+    Phase::Write,
+    Phase::Eval,
+];
+
+impl Work {
+    pub fn name(self) -> &'static str {
+        match self {
+            Work::Gemm => "gemm",
+            Work::Attention => "attention",
+            Work::Elementwise => "norms_rope_activations",
+            Work::Statistics => "statistics",
+            Work::Selection => "selection",
+            Work::Sweep => "sparsegpt_sweep",
+            Work::Io => "checkpoint_io",
+            Work::Logits => "logits",
+        }
+    }
+}
+
+impl Phase {
+    pub fn name(self) -> &'static str {
+        match self {
+            Phase::Load => "load_layer",
+            Phase::StatsPass => "stats_pass",
+            Phase::Prune => "prune",
+            Phase::OutputPass => "output_pass",
+            Phase::Write => "write",
+            Phase::Eval => "eval",
+        }
+    }
+}
+
+static WORK_NS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static PHASE_NS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+
+thread_local! {
+    /// Open work spans on this thread; the last one is the running one.
+    static OPEN: RefCell<Vec<(Work, Instant)>> = const { RefCell::new(Vec::new()) };
+}
+
+fn charge(w: Work, since: Instant, now: Instant) {
+    let ns = now.duration_since(since).as_nanos() as u64;
+    WORK_NS[w as usize].fetch_add(ns, Ordering::Relaxed);
+}
+
+/// Counts the time until the guard drops as `w`, pausing the enclosing work
+/// span on this thread.
+#[must_use = "the span lasts as long as the guard"]
+pub struct WorkSpan(());
+
+pub fn work(w: Work) -> WorkSpan {
+    let now = Instant::now();
+    OPEN.with(|open| {
+        let mut open = open.borrow_mut();
+        if let Some((outer, since)) = open.last_mut() {
+            charge(*outer, *since, now);
+            *since = now;
+        }
+        open.push((w, now));
+    });
+    WorkSpan(())
+}
+
+impl Drop for WorkSpan {
+    fn drop(&mut self) {
+        let now = Instant::now();
+        OPEN.with(|open| {
+            let mut open = open.borrow_mut();
+            if let Some((w, since)) = open.pop() {
+                charge(w, since, now);
+            }
+            if let Some((_, since)) = open.last_mut() {
+                *since = now;
+            }
+        });
+    }
+}
+
+/// Runs `f` as work of kind `w`.
+pub fn timed<T>(w: Work, f: impl FnOnce() -> T) -> T {
+    let _span = work(w);
+    f()
+}
+
+/// Counts the time until the guard drops as phase `p`.
+#[must_use = "the span lasts as long as the guard"]
+pub struct PhaseSpan(Phase, Instant);
+
+pub fn phase(p: Phase) -> PhaseSpan {
+    PhaseSpan(p, Instant::now())
+}
+
+impl Drop for PhaseSpan {
+    fn drop(&mut self) {
+        let ns = self.1.elapsed().as_nanos() as u64;
+        PHASE_NS[self.0 as usize].fetch_add(ns, Ordering::Relaxed);
+    }
+}
+
+/// Seconds by name, non-zero only.
+pub type Seconds = Vec<(&'static str, f64)>;
+
+/// The process's totals at one moment.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct Totals {
+    work: [u64; 8],
+    phase: [u64; 6],
+}
+
+impl Totals {
+    pub fn now() -> Self {
+        let mut t = Self::default();
+        for (v, a) in t.work.iter_mut().zip(&WORK_NS) {
+            *v = a.load(Ordering::Relaxed);
+        }
+        for (v, a) in t.phase.iter_mut().zip(&PHASE_NS) {
+            *v = a.load(Ordering::Relaxed);
+        }
+        t
+    }
+
+    /// Seconds by kind of work and by phase since `start`, non-zero only.
+    pub fn since(&self, start: &Totals) -> (Seconds, Seconds) {
+        let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e9;
+        let work = WORKS
+            .iter()
+            .map(|w| {
+                (
+                    w.name(),
+                    secs(self.work[*w as usize], start.work[*w as usize]),
+                )
+            })
+            .filter(|(_, s)| *s > 0.0)
+            .collect();
+        let phase = PHASES
+            .iter()
+            .map(|p| {
+                (
+                    p.name(),
+                    secs(self.phase[*p as usize], start.phase[*p as usize]),
+                )
+            })
+            .filter(|(_, s)| *s > 0.0)
+            .collect();
+        (work, phase)
+    }
+}
