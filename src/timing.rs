@@ -189,27 +189,21 @@ impl Totals {
 
     /// Seconds by kind of work and by phase since `start`, non-zero only.
     pub fn since(&self, start: &Totals) -> (Seconds, Seconds) {
-        let secs = |a: u64, b: u64| a.saturating_sub(b) as f64 / 1e9;
-        let work = WORKS
-            .iter()
-            .map(|w| {
-                (
-                    w.name(),
-                    secs(self.work[*w as usize], start.work[*w as usize]),
-                )
-            })
-            .filter(|(_, s)| *s > 0.0)
-            .collect();
-        let phase = PHASES
-            .iter()
-            .map(|p| {
-                (
-                    p.name(),
-                    secs(self.phase[*p as usize], start.phase[*p as usize]),
-                )
-            })
-            .filter(|(_, s)| *s > 0.0)
-            .collect();
-        (work, phase)
+        let work_names = WORKS.map(Work::name);
+        let phase_names = PHASES.map(Phase::name);
+        (
+            deltas(&work_names, &self.work, &start.work),
+            deltas(&phase_names, &self.phase, &start.phase),
+        )
     }
+}
+
+/// `(name, seconds)` for each counter that moved from `start` to `now`.
+fn deltas(names: &[&'static str], now: &[u64], start: &[u64]) -> Seconds {
+    names
+        .iter()
+        .zip(now.iter().zip(start))
+        .map(|(n, (a, b))| (*n, a.saturating_sub(*b) as f64 / 1e9))
+        .filter(|(_, s)| *s > 0.0)
+        .collect()
 }
