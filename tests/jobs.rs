@@ -91,6 +91,24 @@ fn a_prune_job_reports_to_the_sinks_it_is_given() {
     );
     assert!((outcome.prune.sparsity() - 0.5).abs() < 1e-9);
     assert!(outcome.saved.is_none() && outcome.logs.is_none());
+    // The evaluation's head has its own progress after the layers'.
+    let names: Vec<&str> = events
+        .iter()
+        .filter_map(|e| match e {
+            Event::Progress { name, .. } => Some(name.as_str()),
+            _ => None,
+        })
+        .collect();
+    let last_layer = names
+        .iter()
+        .rposition(|n| n.starts_with("eval model.layers"));
+    let logits = names
+        .iter()
+        .position(|n| n.starts_with("eval logits batch"));
+    assert!(
+        matches!((last_layer, logits), (Some(a), Some(b)) if b > a),
+        "{names:?}"
+    );
     let ppl = outcome.perplexity.as_ref().unwrap().perplexity;
     assert!(ppl.is_finite() && ppl > 1.0, "{ppl}");
     // Where the time went: every phase of a streamed Wanda run with

@@ -150,8 +150,13 @@ pub fn perplexity<B: Backend>(
                 Some(l) => Head::Linear(l),
                 None => Head::Tied(&embed),
             };
-            for (x, batch) in xs.into_iter().zip(&batches) {
+            // The head over every batch is its own sequence: on a large
+            // vocabulary it takes as long as the layers.
+            for (k, (x, batch)) in xs.into_iter().zip(&batches).enumerate() {
                 nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
+                if let Some(p) = profiler {
+                    p.progress(k, batches.len(), &format!("eval logits batch {}", k + 1));
+                }
             }
         }
     }
