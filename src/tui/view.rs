@@ -14,7 +14,6 @@ use ratatui::widgets::{
 };
 
 use super::state::{Focus, Mode, UiState};
-use crate::events::fold::Reading;
 use crate::events::{Level, RunStatus};
 use crate::units::format_bytes;
 
@@ -47,7 +46,7 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
     ])
     .areas(area);
     draw_header(frame, header, state);
-    draw_gauges(frame, gauges, state);
+    gauges::draw_gauges(frame, gauges, state);
     if middle.width >= STAGE_TABLE_WIDTH + 30 {
         let [chart, table] =
             Layout::horizontal([Constraint::Min(30), Constraint::Length(STAGE_TABLE_WIDTH)])
@@ -123,171 +122,6 @@ fn truncate(s: &str, width: usize) -> String {
         t.push('…');
         t
     }
-}
-
-/// A bar of `width` cells for `r` on a scale of `full` bytes, with `│` at
-/// the peak.
-pub fn bar(r: &Reading, full: u64, width: usize) -> String {
-    let cells = |v: u64| ((v as f64 / full.max(1) as f64) * width as f64).round() as usize;
-    let filled = r.now.map_or(0, cells).min(width);
-    let peak = r.peak.map(|p| cells(p).clamp(1, width) - 1);
-    (0..width)
-        .map(|i| match (i < filled, peak == Some(i)) {
-            (_, true) => '│',
-            (true, false) => '█',
-            (false, false) => '░',
-        })
-        .collect()
-}
-
-fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Color) -> Line<'a> {
-    let text = |v: Option<u64>| v.map_or("n/a".to_string(), format_bytes);
-    let total = r
-        .total
-        .map_or(String::new(), |t| format!(" of {}", format_bytes(t)));
-    Line::from(vec![
-        Span::raw(format!("{name:<10}")),
-        Span::styled(bar(r, full, width), Style::new().fg(color)),
-        Span::raw(format!(
-            " {:>10}{total}  peak {}",
-            text(r.now),
-            text(r.peak)
-        )),
-    ])
-}
-
-/// A heap category's colour, the same as in the report's charts.
-pub fn category_color(name: &str) -> Color {
-    let (r, g, b) = crate::memory::tag::color(name);
-    Color::Rgb(r, g, b)
-}
-
-/// The heap split by category as stacked bars: now, and at the heap's
-/// peak so far (the highest stage window's composition while the run goes,
-/// the run's own figure once it has finished). Both bars share one scale.
-fn category_lines(state: &UiState, width: usize) -> [Line<'static>; 2] {
-    let now = &state.run.categories;
-    let peak = state.run.heap_peak_composition();
-    let full = now.values().sum::<u64>().max(peak.values().sum::<u64>());
-    [
-        category_bar("by kind", now, "heap now", full, width),
-        category_bar("at peak", peak, "heap peak", full, width),
-    ]
-}
-
-fn category_bar(
-    label: &str,
-    cats: &std::collections::BTreeMap<String, u64>,
-    what: &str,
-    full: u64,
-    width: usize,
-) -> Line<'static> {
-    let total: u64 = cats.values().sum();
-    if total == 0 || full == 0 {
-        return Line::from(format!("{label:<10}n/a"));
-    }
-    let mut parts: Vec<(&String, &u64)> = cats.iter().collect();
-    parts.sort_by_key(|(_, v)| std::cmp::Reverse(**v));
-    let mut spans = vec![Span::raw(format!("{label:<10}"))];
-    let mut used = 0;
-    for (name, bytes) in &parts {
-        let n = ((**bytes as u128 * width as u128) / full as u128) as usize;
-        let n = n.min(width - used);
-        used += n;
-        spans.push(Span::styled(
-            "█".repeat(n),
-            Style::new().fg(category_color(name)),
-        ));
-    }
-    spans.push(Span::raw(" ".repeat(width - used)));
-    spans.push(Span::raw(format!(" {what} {}: ", format_bytes(total))));
-    for (k, (name, v)) in parts.iter().take(4).enumerate() {
-        let sep = if k == 0 { "" } else { " · " };
-        spans.push(Span::raw(sep.to_string()));
-        spans.push(Span::styled(
-            format!("{name} {}", format_bytes(**v)),
-            Style::new().fg(category_color(name)),
-        ));
-    }
-    Line::from(spans)
-}
-
-/// The fit forecast: the estimated peak corrected by what was measured, and
-/// whether it fits the budget; green fits, yellow will exceed, red exceeded.
-fn forecast_line(state: &UiState) -> Line<'static> {
-    let mut spans = vec![Span::raw(format!("{:<10}", "forecast"))];
-    let Some(f) = state.forecast() else {
-        spans.push(Span::raw("n/a (no estimate for this plan)"));
-        return Line::from(spans);
-    };
-    // The verdict first: it is what a narrow terminal must still show.
-    if let (Some(b), Some(v)) = (&f.budget, f.verdict()) {
-        let budget = format!("{} {}", b.source, format_bytes(b.bytes));
-        let (text, color) = match (&f.exceeds_at, v) {
-            (Some((phase, bytes)), "exceeded") => (
-                format!("EXCEEDED {budget} in {phase} ({})", format_bytes(*bytes)),
-                Color::Red,
-            ),
-            (Some((phase, _)), _) => (format!("will exceed {budget} at {phase}"), Color::Yellow),
-            (None, _) => (format!("fits {budget}"), Color::Green),
-        };
-        spans.push(Span::styled(text, Style::new().fg(color)));
-        spans.push(Span::raw(" · "));
-    }
-    spans.push(Span::raw(format!(
-        "peak ≈ {} in {} (estimate {})",
-        format_bytes(f.peak),
-        f.peak_phase,
-        format_bytes(f.predicted_peak)
-    )));
-    if let Some(p) = state.phase_now() {
-        let now: Vec<String> = p
-            .by_category()
-            .iter()
-            .take(3)
-            .map(|(c, b)| format!("{} {}", c.name(), format_bytes(*b)))
-            .collect();
-        spans.push(Span::raw(format!(
-            " · {} predicted: {}",
-            p.name,
-            now.join(", ")
-        )));
-    }
-    Line::from(spans)
-}
-
-fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
-    // Host series share one scale (the largest peak), so bars compare.
-    let host_full = [
-        state.run.rss.peak,
-        state.run.heap.peak,
-        state.run.reserved.peak,
-    ]
-    .into_iter()
-    .flatten()
-    .max()
-    .unwrap_or(1);
-    let width = (area.width as usize).saturating_sub(48).clamp(10, 60);
-    let gpu_full = state.run.gpu.total.or(state.run.gpu.peak).unwrap_or(1);
-    let mut lines = vec![
-        gauge_line("RSS", &state.run.rss, host_full, width, Color::Green),
-        gauge_line("allocated", &state.run.heap, host_full, width, Color::Blue),
-        gauge_line(
-            "reserved",
-            &state.run.reserved,
-            host_full,
-            width,
-            Color::Magenta,
-        ),
-        gauge_line("GPU used", &state.run.gpu, gpu_full, width, Color::Yellow),
-    ];
-    lines.extend(category_lines(state, width));
-    lines.push(forecast_line(state));
-    let title = " memory (│ = peak) ";
-    frame.render_widget(
-        Paragraph::new(lines).block(Block::bordered().title(title)),
-        area,
-    );
 }
 
 /// A byte count in the unit the chart's axis uses.
@@ -541,5 +375,6 @@ fn draw_confirm(frame: &mut Frame, area: Rect, state: &UiState) {
     );
 }
 
+mod gauges;
 #[cfg(test)]
 mod tests;

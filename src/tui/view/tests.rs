@@ -1,8 +1,10 @@
 use ratatui::Terminal;
 use ratatui::backend::TestBackend;
 
+use super::gauges::bar;
 use super::*;
 use crate::events::Event;
+use crate::events::fold::Reading;
 use crate::memory::MemorySnapshot;
 use crate::tui::state::{Key, UiState};
 
