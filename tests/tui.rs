@@ -9,7 +9,7 @@
 mod support;
 
 use std::io::{Read, Write};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -105,6 +105,26 @@ impl Screen {
     }
 }
 
+/// A synthetic model of `layers` layers and a generated text, in a
+/// temporary folder: (folder, model, text).
+fn synthetic_model(layers: usize) -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let model = tmp.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        layers,
+        hidden: 256,
+        intermediate: 768,
+        heads: 4,
+        kv_heads: 2,
+        vocab: 2048,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = tmp.path().join("text.txt");
+    std::fs::write(&text, prunemem::model::tiny::corpus(20_000, 5)).unwrap();
+    (tmp, model, text)
+}
+
 fn fixture() -> std::path::PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/run-wanda-tiny")
 }
@@ -188,20 +208,7 @@ fn watch_runs_a_command_and_shows_its_markers() {
 
 #[test]
 fn prune_with_the_tui_shows_progress_then_prints_the_summary() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    let spec = prunemem::model::synthetic::SyntheticSpec {
-        layers: 6,
-        hidden: 256,
-        intermediate: 768,
-        heads: 4,
-        kv_heads: 2,
-        vocab: 2048,
-        ..Default::default()
-    };
-    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
-    let text = tmp.path().join("text.txt");
-    std::fs::write(&text, prunemem::model::tiny::corpus(20_000, 5)).unwrap();
+    let (tmp, model, text) = synthetic_model(6);
     let mut s = Screen::spawn(
         &[
             "prune",
@@ -235,20 +242,7 @@ fn prune_with_the_tui_shows_progress_then_prints_the_summary() {
 
 #[test]
 fn the_live_view_shows_gauges_within_a_second_even_during_a_dense_evaluation() {
-    let tmp = tempfile::tempdir().unwrap();
-    let model = tmp.path().join("model");
-    let spec = prunemem::model::synthetic::SyntheticSpec {
-        layers: 4,
-        hidden: 256,
-        intermediate: 768,
-        heads: 4,
-        kv_heads: 2,
-        vocab: 2048,
-        ..Default::default()
-    };
-    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
-    let text = tmp.path().join("text.txt");
-    std::fs::write(&text, prunemem::model::tiny::corpus(20_000, 5)).unwrap();
+    let (tmp, model, text) = synthetic_model(4);
     let t = text.to_str().unwrap();
     let started = Instant::now();
     let mut s = Screen::spawn(

@@ -13,8 +13,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::WatchError;
-use super::command::{Emit, Probe, WatchOptions, finish, is_warning, lock, parse_marker, send};
-use crate::events::{Event, HostInfo, RunPlan, RunStatus, stages};
+use super::command::{
+    Emit, Probe, WatchOptions, finish, is_warning, lock, parse_marker, send, watch_plan,
+};
+use crate::events::{Event, RunStatus, stages};
 use crate::memory::process::TreeProbe;
 use crate::memory::unix_ms_now;
 
@@ -117,17 +119,7 @@ pub fn attach(
     if let Some(f) = follow {
         argv.extend(["--follow".to_string(), f.display().to_string()]);
     }
-    let plan = RunPlan {
-        tool: format!("process {pid}"),
-        command: "watch".into(),
-        argv,
-        device: "process tree".into(),
-        engine: "external".into(),
-        sampler_hz: Some(options.hz),
-        started_unix_ms,
-        host: HostInfo::current(),
-        ..Default::default()
-    };
+    let plan = watch_plan(format!("process {pid}"), argv, options.hz, started_unix_ms);
     send(&emit, Event::RunStarted { plan });
     let first = lock(&probe).snapshot(stages::WATCH_START);
     send(&emit, Event::Stage { snapshot: first });

@@ -175,6 +175,26 @@ pub(super) fn lock<T: ?Sized>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 /// killed). A signal number stored in `forward` from outside (the UI's
 /// quit: SIGINT; our own SIGINT or SIGTERM) is sent on to the command, and
 /// the watch goes on until the command has exited, so the logs are whole.
+/// The plan of a watch: a process tree sampled at `hz`, run by someone else.
+pub(super) fn watch_plan(
+    tool: String,
+    argv: Vec<String>,
+    hz: f64,
+    started_unix_ms: u64,
+) -> RunPlan {
+    RunPlan {
+        tool,
+        command: "watch".into(),
+        argv,
+        device: "process tree".into(),
+        engine: "external".into(),
+        sampler_hz: Some(hz),
+        started_unix_ms,
+        host: HostInfo::current(),
+        ..Default::default()
+    }
+}
+
 pub fn watch_command(
     argv: &[String],
     options: &WatchOptions,
@@ -209,22 +229,9 @@ pub fn watch_command(
     }));
     let mut full_argv = vec!["prunemem".to_string(), "watch".into(), "--".into()];
     full_argv.extend(argv.iter().cloned());
-    send(
-        &emit,
-        Event::RunStarted {
-            plan: RunPlan {
-                tool: format!("prunemem {}", env!("CARGO_PKG_VERSION")),
-                command: "watch".into(),
-                argv: full_argv,
-                device: "process tree".into(),
-                engine: "external".into(),
-                sampler_hz: Some(options.hz),
-                started_unix_ms,
-                host: HostInfo::current(),
-                ..Default::default()
-            },
-        },
-    );
+    let tool = format!("prunemem {}", env!("CARGO_PKG_VERSION"));
+    let plan = watch_plan(tool, full_argv, options.hz, started_unix_ms);
+    send(&emit, Event::RunStarted { plan });
     let first = lock(&probe).snapshot(stages::WATCH_START);
     send(&emit, Event::Stage { snapshot: first });
     let readers = [
