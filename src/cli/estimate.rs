@@ -445,12 +445,7 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
 
 /// One row per category, one "predicted / measured" column per phase.
 fn print_categories(phases: &[against::PhaseCheck]) {
-    let mut cats: Vec<crate::memory::tag::Category> = phases
-        .iter()
-        .flat_map(|p| p.categories.iter().map(|c| c.category))
-        .collect();
-    cats.sort_by_key(|c| crate::memory::tag::order(c.name()));
-    cats.dedup();
+    let cats = against::phase_categories(phases);
     if cats.is_empty() {
         return;
     }
@@ -465,15 +460,7 @@ fn print_categories(phases: &[against::PhaseCheck]) {
     for c in cats {
         print!("{:<12}", c.name());
         for p in phases {
-            let cell = match p.categories.iter().find(|k| k.category == c) {
-                Some(k) => format!(
-                    "{} / {}",
-                    format_bytes(k.predicted),
-                    k.measured.map(format_bytes).unwrap_or_else(|| "n/a".into())
-                ),
-                None => "—".into(),
-            };
-            print!(" {cell:>23}");
+            print!(" {:>23}", p.cell(c));
         }
         println!();
     }

@@ -36,6 +36,7 @@ use crate::events::fold::RunFold;
 use crate::events::{Event, RunPlan, logdir};
 use crate::memory::tag::Category;
 use crate::model::ComputeDtype;
+use crate::units::format_bytes;
 
 /// Reads every event of a log folder's `events.jsonl` (a torn last line is
 /// skipped).
@@ -123,25 +124,16 @@ pub fn categories(
     heap: Option<&BTreeMap<String, u64>>,
     total: Option<u64>,
 ) -> Vec<CategoryCheck> {
-    let mut measured: BTreeMap<Category, u64> = BTreeMap::new();
-    if let (Some(heap), Some(total)) = (heap, total) {
-        for (name, bytes) in heap {
-            match Category::from_name(name) {
-                Some(c) if !matches!(c, Category::Runtime | Category::Untagged) => {
-                    measured.insert(c, *bytes);
-                }
-                _ => {}
-            }
-        }
-        let named: u64 = measured.values().sum();
-        measured.insert(Category::Runtime, total.saturating_sub(named));
-    }
+    let measured = match (heap, total) {
+        (Some(heap), Some(total)) => Some(measured_by_category(heap, total)),
+        _ => None,
+    };
     let predicted = phase.by_category();
     let mut cats: Vec<Category> = predicted.iter().map(|(c, _)| *c).collect();
-    cats.extend(measured.iter().filter(|(_, b)| **b > 0).map(|(c, _)| *c));
-    cats.sort_by_key(|c| crate::memory::tag::order(c.name()));
-    cats.dedup();
-    let known = heap.is_some() && total.is_some();
+    if let Some(m) = &measured {
+        cats.extend(m.iter().filter(|(_, b)| **b > 0).map(|(c, _)| *c));
+    }
+    sort_for_display(&mut cats);
     cats.into_iter()
         .map(|c| CategoryCheck {
             category: c,
@@ -149,9 +141,54 @@ pub fn categories(
                 .iter()
                 .find(|(k, _)| *k == c)
                 .map_or(0, |(_, b)| *b),
-            measured: known.then(|| measured.get(&c).copied().unwrap_or(0)),
+            measured: measured.as_ref().map(|m| m.get(&c).copied().unwrap_or(0)),
         })
         .collect()
+}
+
+/// A measured peak of `total` bytes by category: the named categories of the
+/// heap's composition `heap` as measured, and `Runtime` the rest of `total`
+/// (the runtime tag, untagged and small allocations, resident memory that
+/// is not heap).
+pub fn measured_by_category(heap: &BTreeMap<String, u64>, total: u64) -> BTreeMap<Category, u64> {
+    let mut out: BTreeMap<Category, u64> = heap
+        .iter()
+        .filter_map(|(name, bytes)| Some((Category::from_name(name)?, *bytes)))
+        .filter(|(c, _)| !matches!(c, Category::Runtime | Category::Untagged))
+        .collect();
+    let named: u64 = out.values().sum();
+    out.insert(Category::Runtime, total.saturating_sub(named));
+    out
+}
+
+/// Every category any of `phases` names, in display order.
+pub fn phase_categories(phases: &[PhaseCheck]) -> Vec<Category> {
+    let mut cats: Vec<Category> = phases
+        .iter()
+        .flat_map(|p| p.categories.iter().map(|c| c.category))
+        .collect();
+    sort_for_display(&mut cats);
+    cats
+}
+
+fn sort_for_display(cats: &mut Vec<Category>) {
+    cats.sort_by_key(|c| crate::memory::tag::order(c.name()));
+    cats.dedup();
+}
+
+impl PhaseCheck {
+    /// "predicted / measured" for category `c` ("n/a" when not measured),
+    /// "—" when the phase has no such category.
+    pub fn cell(&self, c: Category) -> String {
+        match self.categories.iter().find(|k| k.category == c) {
+            Some(k) => format!(
+                "{} / {}",
+                format_bytes(k.predicted),
+                k.measured.map_or("n/a".into(), format_bytes)
+            ),
+            None => "—".into(),
+        }
+    }
 }
 
 /// A run's estimate and the comparison per phase, plus the whole-run peak.

@@ -125,9 +125,6 @@ pub struct RunFold {
     pub categories: BTreeMap<String, u64>,
     /// The heap's breakdown at its peak, once the run has finished.
     pub peak_categories: BTreeMap<String, u64>,
-    /// The highest of the stage windows' peak compositions so far: the
-    /// heap's peak composition while the run goes.
-    pub window_peak_categories: BTreeMap<String, u64>,
     /// The breakdown over time (kept only without a point limit: reports).
     pub category_points: Vec<(f64, BTreeMap<String, u64>)>,
     point_limit: Option<usize>,
@@ -225,10 +222,6 @@ impl RunFold {
             _ => None,
         };
         let seconds = (point.t - prev.map_or(0.0, |p| p.point.t)).max(0.0);
-        let window: u64 = snapshot.window_peak_categories.values().sum();
-        if window > self.window_peak_categories.values().sum::<u64>() {
-            self.window_peak_categories = snapshot.window_peak_categories.clone();
-        }
         // The profiler's exact window peaks, when the log has them.
         let peak = self.window_rss.max(snapshot.window_rss_peak);
         let heap_peak = self.window_heap.max(snapshot.window_heap_peak);
@@ -339,11 +332,7 @@ impl RunFold {
         let windows = self.stages[a + 1..=b]
             .iter()
             .map(|r| &r.snapshot.window_peak_categories);
-        first
-            .chain(windows)
-            .filter(|c| !c.is_empty())
-            .max_by_key(|c| c.values().sum::<u64>())
-            .cloned()
+        fullest(first.chain(windows)).cloned()
     }
 
     fn window_max(
@@ -376,13 +365,17 @@ impl RunFold {
     }
 
     /// What the heap was made of at its highest so far: the run's own
-    /// figure once finished, else the highest stage window's.
-    pub fn heap_peak_composition(&self) -> &BTreeMap<String, u64> {
-        if self.peak_categories.is_empty() {
-            &self.window_peak_categories
-        } else {
-            &self.peak_categories
+    /// figure once finished, else the highest stage window's; `None` for
+    /// logs without categories.
+    pub fn heap_peak_composition(&self) -> Option<&BTreeMap<String, u64>> {
+        if !self.peak_categories.is_empty() {
+            return Some(&self.peak_categories);
         }
+        fullest(
+            self.stages
+                .iter()
+                .map(|r| &r.snapshot.window_peak_categories),
+        )
     }
 
     /// The run's highest RSS: the kernel's mark when known.
@@ -402,6 +395,15 @@ impl RunFold {
             .flatten()
             .max()
     }
+}
+
+/// The composition with the most bytes, empty ones left out.
+fn fullest<'a>(
+    compositions: impl Iterator<Item = &'a BTreeMap<String, u64>>,
+) -> Option<&'a BTreeMap<String, u64>> {
+    compositions
+        .filter(|c| !c.is_empty())
+        .max_by_key(|c| c.values().sum::<u64>())
 }
 
 /// `1h02m`, `3m05s`, `42s`.

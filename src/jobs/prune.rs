@@ -274,19 +274,35 @@ fn evaluate(
     run: &mut Run,
 ) -> Result<Perplexity, JobError> {
     let p = run.profiler.clone();
+    p.stage(stages::BEFORE_EVAL);
+    let result = scoped_perplexity(job, weights, windows, &p, stages::EVAL_SCOPE)?;
+    p.stage(stages::AFTER_EVAL);
+    eval_results(run, &result);
+    Ok(result)
+}
+
+/// Perplexity of `windows` with the job's batch size and dtype, inside the
+/// profiler scope `scope`.
+fn scoped_perplexity(
+    job: &PruneJob,
+    weights: Weights<'_, Flex>,
+    windows: &[Vec<u32>],
+    p: &Profiler,
+    scope: &str,
+) -> Result<Perplexity, JobError> {
     let options = EvalOptions {
         batch_size: job.batch_size(),
         dtype: job.dtype,
     };
-    p.stage(stages::BEFORE_EVAL);
-    let result = {
-        let _scope = p.scope(stages::EVAL_SCOPE);
-        let device = Default::default();
-        perplexity::perplexity::<Flex>(weights, windows, &options, &device, Some(&p))?
-    };
-    p.stage(stages::AFTER_EVAL);
-    eval_results(run, &result);
-    Ok(result)
+    let _scope = p.scope(scope);
+    let device = Default::default();
+    Ok(perplexity::perplexity::<Flex>(
+        weights,
+        windows,
+        &options,
+        &device,
+        Some(p),
+    )?)
 }
 
 /// `--eval-dense`: the unpruned model's perplexity on the evaluation
@@ -306,15 +322,8 @@ fn dense_eval(
     let p = run.profiler.clone();
     p.stage(stages::BEFORE_DENSE_EVAL);
     let (windows, _) = text::evaluation(tok, src, seqlen, job.eval_windows)?;
-    let options = EvalOptions {
-        batch_size: job.batch_size(),
-        dtype: job.dtype,
-    };
-    let result = {
-        let _scope = p.scope(stages::DENSE_EVAL_SCOPE);
-        let weights = Weights::Streamed(ckpt);
-        perplexity::perplexity::<Flex>(weights, &windows, &options, &Default::default(), Some(&p))?
-    };
+    let weights = Weights::Streamed(ckpt);
+    let result = scoped_perplexity(job, weights, &windows, &p, stages::DENSE_EVAL_SCOPE)?;
     drop(windows);
     // What the evaluation freed goes back to the system before pruning.
     crate::memory::alloc::trim();

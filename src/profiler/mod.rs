@@ -142,8 +142,8 @@ impl Profiler {
     /// Takes a named stage snapshot and emits it.
     pub fn stage(&self, label: &str) -> MemorySnapshot {
         let mut snapshot = self.snapshot(label);
+        // `snapshot` has fed its readings to the peak sources already.
         if let Ok(mut peaks) = self.inner.peaks.lock() {
-            peaks.rss.observe(snapshot.rss);
             snapshot.window_rss_peak = max_opt(peaks.rss.stage_window(), snapshot.rss);
             snapshot.window_heap_peak = max_opt(peaks.heap.stage_window(), snapshot.heap_allocated);
         }

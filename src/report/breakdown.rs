@@ -67,24 +67,14 @@ fn by_category(check: &Comparison) -> Option<[Bar; 2]> {
 /// category, "runtime" the rest of the run's peak RSS.
 fn measured_categories(run: &RunData) -> Option<Bar> {
     let peak = run.summary.as_ref().and_then(|s| s.rss_peak)?;
-    let mut parts: Vec<(String, u64)> = run
-        .peak_categories
-        .iter()
-        .filter(|(n, _)| {
-            crate::memory::tag::Category::from_name(n).is_some_and(|c| {
-                !matches!(
-                    c,
-                    crate::memory::tag::Category::Runtime | crate::memory::tag::Category::Untagged
-                )
-            })
-        })
-        .map(|(n, b)| (n.clone(), *b))
-        .collect();
-    if parts.is_empty() {
-        return None;
+    let measured = crate::estimate::against::measured_by_category(&run.peak_categories, peak);
+    if measured.len() < 2 {
+        return None; // runtime alone: the log has no named categories
     }
-    let named: u64 = parts.iter().map(|(_, b)| b).sum();
-    parts.push(("runtime".into(), peak.saturating_sub(named)));
+    let mut parts: Vec<(String, u64)> = measured
+        .into_iter()
+        .map(|(c, b)| (c.name().to_string(), b))
+        .collect();
     parts.sort_by_key(|(n, _)| crate::memory::tag::order(n));
     Some(Bar {
         label: "measured peak (by category, at the heap peak)".into(),

@@ -7,7 +7,6 @@ use std::fmt::Write;
 use super::breakdown::Bar;
 use super::load::RunData;
 use crate::estimate::{against, catalog, projection};
-use crate::memory::tag::{self, Category};
 use crate::units::format_bytes;
 
 /// "What the peak is made of": one table row per component, one column per
@@ -108,17 +107,11 @@ pub fn time(s: &mut String, run: &RunData) {
 /// heap composition at the phase's peak, one row per category, one
 /// "predicted / measured" cell per phase (`estimate::against`).
 pub fn estimate_categories(s: &mut String, phases: &[against::PhaseCheck]) {
-    let mut cats: Vec<Category> = phases
+    let cats = against::phase_categories(phases);
+    let measured = phases
         .iter()
-        .flat_map(|p| p.categories.iter().map(|c| c.category))
-        .collect();
-    cats.sort_by_key(|c| tag::order(c.name()));
-    cats.dedup();
-    if cats.is_empty()
-        || phases
-            .iter()
-            .all(|p| p.categories.iter().all(|c| c.measured.is_none()))
-    {
+        .any(|p| p.categories.iter().any(|c| c.measured.is_some()));
+    if cats.is_empty() || !measured {
         return;
     }
     let _ = writeln!(
@@ -129,17 +122,7 @@ pub fn estimate_categories(s: &mut String, phases: &[against::PhaseCheck]) {
     let _ = writeln!(s, "| category | {} |", names.join(" | "));
     let _ = writeln!(s, "|---|{}", "---|".repeat(phases.len()));
     for c in cats {
-        let cells: Vec<String> = phases
-            .iter()
-            .map(|p| match p.categories.iter().find(|k| k.category == c) {
-                Some(k) => format!(
-                    "{} / {}",
-                    format_bytes(k.predicted),
-                    k.measured.map_or("n/a".into(), format_bytes)
-                ),
-                None => "—".into(),
-            })
-            .collect();
+        let cells: Vec<String> = phases.iter().map(|p| p.cell(c)).collect();
         let _ = writeln!(s, "| {} | {} |", c.name(), cells.join(" | "));
     }
 }

@@ -54,7 +54,8 @@ pub fn category_color(name: &str) -> Color {
 /// the run's own figure once it has finished). Both bars share one scale.
 fn category_lines(state: &UiState, width: usize) -> [Line<'static>; 2] {
     let now = &state.run.categories;
-    let peak = state.run.heap_peak_composition();
+    let none = Default::default();
+    let peak = state.run.heap_peak_composition().unwrap_or(&none);
     let full = now.values().sum::<u64>().max(peak.values().sum::<u64>());
     [
         category_bar("by kind", now, "heap now", full, width),
