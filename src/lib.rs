@@ -28,6 +28,7 @@ pub mod report;
 pub mod scratch;
 pub mod sinks;
 pub mod timing;
+pub mod train;
 #[cfg(feature = "tui")]
 pub mod tui;
 pub mod units;

@@ -42,9 +42,12 @@ pub struct EstimateArgs {
     /// Gradient accumulation steps (train)
     #[arg(long, default_value_t = 1)]
     grad_accum: u64,
-    /// Optimizer (train): adamw or sgd
-    #[arg(long, default_value = "adamw", value_parser = ["adamw", "sgd"])]
+    /// Optimizer (train): adamw, adam (the same memory) or sgd (no momentum)
+    #[arg(long, default_value = "adamw", value_parser = ["adamw", "adam", "sgd"])]
     optimizer: String,
+    /// Train with activation checkpointing per decoder layer (prunemem's engine)
+    #[arg(long)]
+    checkpointing: bool,
     /// Compute dtype (default: f16 on cuda, f32 on cpu)
     #[arg(long)]
     dtype: Option<ComputeDtype>,
@@ -154,6 +157,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     } else {
         Optimizer::AdamW
     };
+    w.checkpointing = args.checkpointing;
     w.resident = args.resident;
     w.eval_windows = args.eval_windows;
     w.sparsity = args.sparsity;
@@ -270,16 +274,32 @@ pub fn render(
         a.vocab,
         if a.tied { ", tied embeddings" } else { "" }
     );
+    let sizes = if w.task == Task::Train {
+        format!(
+            "batch {} × {} tokens, accumulation {}, {:?}{}",
+            w.batch_size,
+            w.seqlen,
+            w.grad_accum,
+            w.optimizer,
+            if w.checkpointing {
+                ", checkpointing"
+            } else {
+                ""
+            }
+        )
+    } else {
+        format!(
+            "{} samples × {} tokens, batch {}",
+            w.nsamples, w.seqlen, w.batch_size
+        )
+    };
     s += &format!(
-        "Workload  {:?} on {:?} in {}, {:?} engine{}, {} samples × {} tokens, batch {}{}\n\n",
+        "Workload  {:?} on {:?} in {}, {:?} engine{}, {sizes}{}\n\n",
         w.task,
         device,
         w.dtype,
         w.engine,
         if w.resident { " (resident)" } else { "" },
-        w.nsamples,
-        w.seqlen,
-        w.batch_size,
         if w.eval_windows > 0 {
             format!(", {} eval windows", w.eval_windows)
         } else {

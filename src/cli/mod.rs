@@ -9,6 +9,7 @@ mod eval;
 mod prune;
 mod report;
 mod snapshot;
+mod train;
 mod watch;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +48,8 @@ pub enum Command {
     Estimate(Box<estimate::EstimateArgs>),
     /// Prune a model layer by layer (magnitude, Wanda, SparseGPT), optionally evaluate and save it
     Prune(Box<prune::PruneArgs>),
+    /// Train a model for some steps and measure where each step's memory goes (one step vs the epoch peak)
+    Train(Box<train::TrainArgs>),
     /// Charts, report.md and report.html of a run, or `report compare A B` side by side
     Report(report::ReportArgs),
     /// Live memory view of a log being written (--log DIR) or of any command (-- CMD ARGS...)
@@ -100,6 +103,7 @@ pub fn run_from(argv: Vec<String>) -> i32 {
         Command::Eval(args) => eval::run(args, argv),
         Command::Prune(args) => prune::run(*args, argv),
         Command::Estimate(args) => estimate::run(*args),
+        Command::Train(args) => train::run(*args, argv),
         Command::Report(args) => report::run(args),
         Command::Watch(args) => watch::watch(args),
         Command::Replay(args) => watch::replay(args),

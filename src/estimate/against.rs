@@ -31,7 +31,9 @@ use serde::Serialize;
 
 use std::collections::BTreeMap;
 
-use super::{Arch, Device, Engine, Estimate, EstimateError, Phase, Task, Workload, estimate};
+use super::{
+    Arch, Device, Engine, Estimate, EstimateError, Optimizer, Phase, Task, Workload, estimate,
+};
 use crate::events::fold::RunFold;
 use crate::events::{Event, RunPlan, logdir};
 use crate::memory::tag::Category;
@@ -93,6 +95,18 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.include_embeddings = get("include_embeddings")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
+    w.grad_accum = num("grad_accum", 1);
+    w.optimizer = match get("optimizer").and_then(|v| v.as_str()) {
+        Some("sgd") if get("momentum").and_then(|v| v.as_f64()).unwrap_or(0.0) == 0.0 => {
+            Optimizer::Sgd
+        }
+        _ => Optimizer::AdamW,
+    };
+    w.checkpointing = get("checkpointing")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    w.trainable_params = get("trainable_params").and_then(|v| v.as_u64());
+    w.first_trainable_layer = num("first_trainable_layer", 0);
     Ok((arch, w))
 }
 

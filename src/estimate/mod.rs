@@ -16,6 +16,7 @@ pub mod forecast;
 pub mod presets;
 pub mod projection;
 pub mod prunemem;
+pub mod prunemem_train;
 pub mod reference;
 pub mod training;
 
@@ -194,6 +195,13 @@ pub struct Workload {
     pub include_embeddings: bool,
     /// Bytes of the largest text tokenised (calibration or evaluation).
     pub text_bytes: u64,
+    /// Training: recompute each layer's activations in the backward.
+    pub checkpointing: bool,
+    /// Training: parameters that get gradients (`None`: all).
+    pub trainable_params: Option<u64>,
+    /// Training: the lowest decoder layer that is trained (frozen layers
+    /// below it save no activations).
+    pub first_trainable_layer: u64,
 }
 
 impl Workload {
@@ -217,6 +225,9 @@ impl Workload {
             num_batches: 1,
             include_embeddings: false,
             text_bytes: 0,
+            checkpointing: false,
+            trainable_params: None,
+            first_trainable_layer: 0,
         }
     }
 }
@@ -360,6 +371,15 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
     validate(arch, w)?;
     let mut notes = Vec::new();
     let phases = match (w.task, w.engine) {
+        (Task::Train, Engine::Prunemem) if w.device == Device::Cpu => {
+            prunemem_train::phases(arch, w)
+        }
+        (Task::Train, Engine::Prunemem) => {
+            notes.push(
+                "prunemem trains on the CPU only for now: this is PyTorch's accounting of a CUDA training step".into(),
+            );
+            training::phases(arch, w)
+        }
         (Task::Inference | Task::Train, _) => training::phases(arch, w),
         (_, Engine::Prunemem) => prunemem::phases(arch, w, &mut notes),
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),

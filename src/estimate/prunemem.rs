@@ -65,7 +65,7 @@ const COMPUTE_WORKSPACE: u64 = 8 << 20;
 /// Resident bytes per byte of text while it is read and tokenised: the
 /// file, the selected lines, the tokenizer's per-word encodings and the id
 /// vector (fitted on the grid's 1.2 MB text, see [`CALIBRATION`]).
-const TEXT_FACTOR: u64 = 13;
+pub(super) const TEXT_FACTOR: u64 = 13;
 /// Logits computed per evaluation chunk (`eval::chunk_rows`), f32 elements.
 const LOGIT_CHUNK_ELEMS: u64 = 1 << 23;
 

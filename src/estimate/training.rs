@@ -4,7 +4,8 @@
 //! - inference: weights, the KV cache for `batch × seqlen`, one layer's
 //!   activations, the logits (and their float32 copy);
 //! - training: weights, float32 master weights when computing in 16 bits,
-//!   gradients, optimizer state (AdamW: two float32 moments; SGD: one),
+//!   gradients, optimizer state (AdamW: two float32 moments; SGD without
+//!   momentum, its default: none),
 //!   activations saved for backward per micro-batch (per layer
 //!   `b·s·(4h + 2·kv + 4i)` elements for a SwiGLU Llama with fused or flash
 //!   attention, which keeps no `s²` score matrix), and the logits with their
@@ -32,7 +33,8 @@ pub fn phases(a: &Arch, w: &Workload) -> Vec<Phase> {
             let grads = a.params * c;
             let optimizer = match w.optimizer {
                 Optimizer::AdamW => a.params * 8,
-                Optimizer::Sgd => a.params * 4,
+                // torch.optim.SGD keeps a momentum buffer only with momentum.
+                Optimizer::Sgd => 0,
             };
             let act = a.layers * b * s * (4 * a.hidden + 2 * a.kv_dim() + 4 * a.intermediate) * c;
             vec![

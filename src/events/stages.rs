@@ -85,6 +85,54 @@ pub fn is_layer(label: &str) -> bool {
     label.starts_with(LAYER_PREFIX)
 }
 
+// `prunemem train`.
+pub const TRAIN_START: &str = "00_train_start";
+pub const TRAIN_DATA_PREPARED: &str = "01_train_data_prepared";
+pub const TRAIN_MODEL_LOADED: &str = "02_train_model_loaded";
+pub const TRAIN_END: &str = "99_train_end";
+/// Prefix of every per-step stage and scope.
+pub const STEP_PREFIX: &str = "step_";
+
+/// Stage at the start of epoch `e` (1-based): the epoch's peak is measured
+/// from here, as `reset_peak_memory_stats()` at an epoch's start would.
+pub fn epoch_start(e: usize) -> String {
+    format!("epoch_{e}_start")
+}
+
+/// Scope around epoch `e` (`epoch_1`).
+pub fn epoch(e: usize) -> String {
+    format!("epoch_{e}")
+}
+
+/// Scope around training step `s` (1-based, `step_0003`).
+pub fn step(s: usize) -> String {
+    format!("{STEP_PREFIX}{s:04}")
+}
+
+/// Stage after micro-batch `m` (1-based) of step `s` finished `what`
+/// (`forward` or `backward`): `step_0003_mb2_backward`.
+pub fn micro_batch(s: usize, m: usize, what: &str) -> String {
+    format!("{}_mb{m}_{what}", step(s))
+}
+
+/// Stage after step `s`'s optimizer step or zero-grad
+/// (`step_0003_optimizer_step`, `step_0003_zero_grad`).
+pub fn step_end(s: usize, what: &str) -> String {
+    format!("{}_{what}", step(s))
+}
+
+/// Parses a per-step stage: (step, micro-batch if any, what).
+pub fn parse_step(label: &str) -> Option<(usize, Option<usize>, &str)> {
+    let rest = label.strip_prefix(STEP_PREFIX)?;
+    let (num, rest) = rest.split_once('_')?;
+    let s = num.parse().ok()?;
+    if let Some(mb) = rest.strip_prefix("mb") {
+        let (m, what) = mb.split_once('_')?;
+        return Some((s, Some(m.parse().ok()?), what));
+    }
+    Some((s, None, rest))
+}
+
 /// A snapshot command's `n`th reading (`snapshot_0003`).
 pub fn snapshot(n: usize) -> String {
     format!("snapshot_{n:04}")
@@ -97,6 +145,16 @@ mod tests {
     #[test]
     fn layer_labels_keep_their_log_format() {
         assert_eq!(layer(7), "layer_07");
+        assert_eq!(micro_batch(3, 2, "forward"), "step_0003_mb2_forward");
+        assert_eq!(
+            parse_step("step_0003_mb2_forward"),
+            Some((3, Some(2), "forward"))
+        );
+        assert_eq!(
+            parse_step(&step_end(12, "zero_grad")),
+            Some((12, None, "zero_grad"))
+        );
+        assert_eq!(parse_step("layer_03_stats"), None);
         assert_eq!(layer_stats(3), "layer_03_stats");
         assert_eq!(layer_pruned(12), "layer_12_pruned");
         assert_eq!(layer_pass(0, "modified"), "layer_00_modified");

@@ -20,6 +20,7 @@ pub mod preflight;
 pub mod prune;
 pub mod snapshot;
 pub mod text;
+pub mod train;
 
 use thiserror::Error;
 

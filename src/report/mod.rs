@@ -13,6 +13,7 @@ pub mod charts_stacked;
 pub mod load;
 mod sections;
 pub mod text;
+pub mod training;
 
 use std::path::Path;
 

@@ -51,6 +51,28 @@ fn theoretical_minimum(run: &RunData) -> Option<(u64, String)> {
     let c = w.dtype.size();
     let layer = arch.layer_params() * c;
     let method = plan.method.as_deref().unwrap_or("");
+    if method == "train" {
+        // A step cannot hold less than the weights, their gradients and the
+        // optimizer's state; activations can shrink to one layer's graph.
+        let trained = w.trainable_params.unwrap_or(arch.params) * 4;
+        let state = if w.optimizer == crate::estimate::Optimizer::Sgd {
+            0
+        } else {
+            2 * trained
+        };
+        let tokens = w.batch_size * w.seqlen;
+        let boundaries = (arch.layers + 1) * tokens * arch.hidden * 4;
+        return Some((
+            arch.params * 4 + trained + state + boundaries,
+            format!(
+                "weights ({}) + gradients ({}) + optimizer state ({}) + every layer's input for checkpointed recomputation ({})",
+                format_bytes(arch.params * 4),
+                format_bytes(trained),
+                format_bytes(state),
+                format_bytes(boundaries)
+            ),
+        ));
+    }
     if method == "gradprobe" {
         // Streamed probing: one layer, the boundary activations, the head
         // for the loss, and per candidate its position and original maximum.
@@ -200,6 +222,13 @@ pub fn markdown(
     for (name, d) in rises.iter().take(5) {
         let _ = writeln!(s, "- {name}: +{}", format_bytes((*d).max(0) as u64));
     }
+    if let Some(g) = run
+        .summary
+        .as_ref()
+        .and_then(|r| crate::train::analysis::from_results(&r.results))
+    {
+        s.push_str(&super::training::gap_text(&g));
+    }
     let bars = super::breakdown::bars(run, check);
     super::sections::categories(&mut s, run, charts);
     super::sections::time(&mut s, run);
@@ -252,8 +281,13 @@ fn projection(s: &mut String, run: &RunData) {
         .map_or("none in the catalog".into(), |g| g.name);
     let _ = writeln!(
         s,
-        "\n## Projection to LLaMA 7B\n\nThe same method and settings on LLaMA 7B in f16 with CUDA: estimated peak {} (prunemem's engine); smallest GPU that fits: {gpu}.",
-        format_bytes(row.peak)
+        "\n## Projection to LLaMA 7B\n\nThe same method and settings on LLaMA 7B in f16 with CUDA: estimated peak {} ({}); smallest GPU that fits: {gpu}.",
+        format_bytes(row.peak),
+        if plan.method.as_deref() == Some("train") {
+            "PyTorch's accounting: prunemem trains on the CPU only"
+        } else {
+            "prunemem's engine"
+        }
     );
 }
 
@@ -275,6 +309,20 @@ fn setting(run: &RunData, key: &str) -> String {
             .get(k)
             .map_or("n/a".into(), |v| v.to_string().replace('"', "")),
     }
+}
+
+/// Training runs: each one's single-step peak, epoch peak and the gap's
+/// main factors, side by side (`report::training`).
+fn training_rows(s: &mut String, runs: &[RunData]) {
+    let gaps: Vec<_> = runs
+        .iter()
+        .map(|r| {
+            r.summary
+                .as_ref()
+                .and_then(|x| crate::train::analysis::from_results(&x.results))
+        })
+        .collect();
+    s.push_str(&super::training::compare_rows(&gaps));
 }
 
 /// The comparison of runs.
@@ -312,6 +360,8 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
         "seqlen",
         "nsamples",
         "grad_accum",
+        "optimizer",
+        "checkpointing",
         "dtype",
         "sparsity",
     ];
@@ -336,6 +386,7 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
             .collect::<Vec<_>>()
             .join(" | ")
     );
+    training_rows(&mut s, runs);
     // Per stage, aligned by label.
     let _ = writeln!(
         s,
@@ -396,7 +447,13 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
                 "the calibration workload: activations and calibration buffers scale with batch × seqlen and nsamples × seqlen"
             }
             "grad_accum" => {
-                "gradient accumulation: fewer samples per step, so smaller activations per step"
+                "gradient accumulation: activations scale with the micro-batch, not the effective batch; accumulating keeps the gradients alive through the next micro-batch's forward (they add into the same buffers, so they do not grow with k)"
+            }
+            "optimizer" => {
+                "the optimizer: Adam/AdamW keep two f32 moments per trained parameter from the first step on, SGD without momentum none"
+            }
+            "checkpointing" => {
+                "activation checkpointing: each layer's graph is rebuilt in the backward instead of kept from the forward"
             }
             "dtype" => "the compute dtype: f16/bf16 halve weights and activations",
             _ => "a setting",

@@ -273,8 +273,15 @@ fn draw_progress(frame: &mut Frame, area: Rect, state: &UiState) {
         ),
         None => (0.0, format!("stage {current}")),
     };
+    // Training counts optimizer steps; everything else, decoder layers.
+    let training = state
+        .run
+        .plan
+        .as_ref()
+        .is_some_and(|p| p.command == "train");
+    let title = if training { " steps " } else { " layers " };
     let gauge = Gauge::default()
-        .block(Block::bordered().title(" layers "))
+        .block(Block::bordered().title(title))
         .gauge_style(Style::new().fg(Color::Cyan))
         .ratio(ratio.clamp(0.0, 1.0))
         .label(label);

@@ -5,6 +5,7 @@
 
 pub mod gguf;
 pub mod grid;
+pub mod train_grid;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,222 @@
+//! The optimizer step, written out with Burn tensor ops so its memory can be
+//! attributed: the moment buffers are allocated under the optimizer tag, the
+//! updated parameters under the weights tag (Burn's own optimizers compute
+//! both in one call, which charges the new parameters to whatever tag is
+//! current). The formulas are `torch.optim`'s: AdamW with decoupled weight
+//! decay, Adam with L2 decay added to the gradient, SGD with optional
+//! momentum — so a step here and a step in a PyTorch script hold the same
+//! state: two f32 moments per trainable parameter for Adam/AdamW, created at
+//! the first `step()`, one momentum buffer for SGD with momentum, none
+//! without.
+
+use std::collections::HashMap;
+
+use burn::module::{ModuleMapper, Param, ParamId};
+use burn::optim::GradientsParams;
+use burn::prelude::*;
+use burn::tensor::backend::AutodiffBackend;
+
+use crate::memory::tag::{self, Category};
+
+/// Which update rule.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OptimizerKind {
+    AdamW,
+    Adam,
+    Sgd,
+}
+
+impl OptimizerKind {
+    pub fn name(self) -> &'static str {
+        match self {
+            OptimizerKind::AdamW => "adamw",
+            OptimizerKind::Adam => "adam",
+            OptimizerKind::Sgd => "sgd",
+        }
+    }
+}
+
+impl std::str::FromStr for OptimizerKind {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "adamw" => Ok(Self::AdamW),
+            "adam" => Ok(Self::Adam),
+            "sgd" => Ok(Self::Sgd),
+            other => Err(format!(
+                "unknown optimizer '{other}' (expected adamw, adam or sgd)"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for OptimizerKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Hyper-parameters, with `torch.optim`'s defaults.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct OptimizerConfig {
+    pub kind: OptimizerKind,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    pub weight_decay: f64,
+    /// SGD only.
+    pub momentum: f64,
+}
+
+impl OptimizerConfig {
+    /// `torch.optim`'s defaults for `kind` (AdamW decays 0.01, the others 0).
+    pub fn new(kind: OptimizerKind) -> Self {
+        Self {
+            kind,
+            beta1: 0.9,
+            beta2: 0.999,
+            eps: 1e-8,
+            weight_decay: if kind == OptimizerKind::AdamW {
+                0.01
+            } else {
+                0.0
+            },
+            momentum: 0.0,
+        }
+    }
+
+    /// f32 state buffers per trainable parameter once a step has run.
+    pub fn state_buffers(&self) -> u64 {
+        match self.kind {
+            OptimizerKind::AdamW | OptimizerKind::Adam => 2,
+            OptimizerKind::Sgd => u64::from(self.momentum != 0.0),
+        }
+    }
+}
+
+/// One parameter's state, flattened to rank 1 (the parameters have ranks 1
+/// and 2; one map holds both).
+struct State<B: Backend> {
+    m: Tensor<B, 1>,
+    v: Option<Tensor<B, 1>>,
+}
+
+/// The optimizer: its settings, the step count and the per-parameter state.
+pub struct Optimizer<B: Backend> {
+    pub config: OptimizerConfig,
+    steps: i32,
+    state: HashMap<ParamId, State<B>>,
+}
+
+impl<B: Backend> Optimizer<B> {
+    pub fn new(config: OptimizerConfig) -> Self {
+        Self {
+            config,
+            steps: 0,
+            state: HashMap::new(),
+        }
+    }
+
+    /// Bytes of state held now (0 before the first step).
+    pub fn state_bytes(&self) -> u64 {
+        let bytes = |t: &Tensor<B, 1>| t.dims()[0] as u64 * t.dtype().size() as u64;
+        self.state
+            .values()
+            .map(|s| bytes(&s.m) + s.v.as_ref().map_or(0, bytes))
+            .sum()
+    }
+
+    /// Applies one update to every parameter of `module` that has a
+    /// gradient in `grads` (consumed as it goes, so each gradient is freed
+    /// once its parameter is updated).
+    pub fn step<AB, M>(&mut self, lr: f64, module: M, grads: GradientsParams) -> M
+    where
+        AB: AutodiffBackend<InnerBackend = B>,
+        M: burn::module::AutodiffModule<AB>,
+    {
+        self.steps += 1;
+        let mut mapper = StepMapper {
+            opt: self,
+            grads,
+            lr,
+        };
+        module.map(&mut mapper)
+    }
+
+    /// The new value of one parameter (flattened).
+    fn update(&mut self, id: ParamId, p: Tensor<B, 1>, g: Tensor<B, 1>, lr: f64) -> Tensor<B, 1> {
+        let c = self.config;
+        let t = self.steps;
+        let (g, p) = match c.kind {
+            OptimizerKind::Adam | OptimizerKind::Sgd if c.weight_decay != 0.0 => {
+                let g = g + p.clone().mul_scalar(c.weight_decay);
+                (g, p)
+            }
+            OptimizerKind::AdamW if c.weight_decay != 0.0 => {
+                let p = tag::tagged(Category::Weights, || {
+                    p.mul_scalar(1.0 - lr * c.weight_decay)
+                });
+                (g, p)
+            }
+            _ => (g, p),
+        };
+        let _tag = tag::tag(Category::Optimizer);
+        let delta = match c.kind {
+            OptimizerKind::Sgd if c.momentum == 0.0 => g.mul_scalar(lr),
+            OptimizerKind::Sgd => {
+                let m = match self.state.remove(&id) {
+                    Some(s) => s.m.mul_scalar(c.momentum) + g,
+                    None => g,
+                };
+                let delta = m.clone().mul_scalar(lr);
+                self.state.insert(id, State { m, v: None });
+                delta
+            }
+            OptimizerKind::Adam | OptimizerKind::AdamW => {
+                let (m, v) = match self.state.remove(&id) {
+                    Some(State { m, v: Some(v) }) => (
+                        m.mul_scalar(c.beta1) + g.clone().mul_scalar(1.0 - c.beta1),
+                        v.mul_scalar(c.beta2) + g.square().mul_scalar(1.0 - c.beta2),
+                    ),
+                    _ => (
+                        g.clone().mul_scalar(1.0 - c.beta1),
+                        g.square().mul_scalar(1.0 - c.beta2),
+                    ),
+                };
+                let bc1 = 1.0 - c.beta1.powi(t);
+                let bc2 = 1.0 - c.beta2.powi(t);
+                let denom = v.clone().sqrt().div_scalar(bc2.sqrt()).add_scalar(c.eps);
+                let delta = (m.clone() / denom).mul_scalar(lr / bc1);
+                self.state.insert(id, State { m, v: Some(v) });
+                delta
+            }
+        };
+        drop(_tag);
+        tag::tagged(Category::Weights, || p - delta)
+    }
+}
+
+struct StepMapper<'a, B: Backend> {
+    opt: &'a mut Optimizer<B>,
+    grads: GradientsParams,
+    lr: f64,
+}
+
+impl<AB: AutodiffBackend> ModuleMapper<AB> for StepMapper<'_, AB::InnerBackend> {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<AB, D>>) -> Param<Tensor<AB, D>> {
+        let (id, tensor, mapper) = param.consume();
+        let Some(grad) = self.grads.remove::<AB::InnerBackend, D>(id) else {
+            return Param::from_mapped_value(id, tensor, mapper);
+        };
+        let require_grad = tensor.is_require_grad();
+        let shape = tensor.shape();
+        let n = shape.num_elements();
+        let p = tensor.inner().reshape([n]);
+        let updated = self.opt.update(id, p, grad.reshape([n]), self.lr);
+        let mut t = Tensor::<AB, D>::from_inner(updated.reshape(shape));
+        if require_grad {
+            t = t.require_grad();
+        }
+        Param::from_mapped_value(id, t, mapper)
+    }
+}

@@ -1,0 +1,188 @@
+//! One micro-batch's forward and backward on Burn autodiff, in two ways:
+//! the whole graph kept from the embedding to the loss (what a PyTorch
+//! training loop does), or checkpointed — the forward keeps only each
+//! layer's input, and the backward recomputes one layer at a time under
+//! autodiff and pushes the gradient through it (activation checkpointing
+//! per decoder layer: the memory-for-time trade of
+//! `torch.utils.checkpoint` around each layer).
+//!
+//! Gradients land in a [`GradientsAccumulator`], so k micro-batches add into
+//! the same buffers. Frozen parameters are not tracked: Burn keeps no graph
+//! for a frozen prefix, and the checkpointed backward stops at the lowest
+//! trainable layer.
+
+use burn::backend::{Autodiff, Flex};
+use burn::module::AutodiffModule;
+use burn::optim::{GradientsAccumulator, GradientsParams};
+use burn::prelude::*;
+
+use crate::memory::tag::{self, Category};
+use crate::model::llama::Llama;
+use crate::model::perplexity::token_tensor;
+use crate::model::tiny::lm_loss;
+use crate::model::{ComputeDtype, Rope};
+
+pub type Ad = Autodiff<Flex>;
+pub type Model = Llama<Ad>;
+pub type Accumulator = GradientsAccumulator<Model>;
+
+/// `b` windows of `seqlen` inputs and their next tokens.
+#[derive(Debug, Clone, PartialEq)]
+pub struct MicroBatch {
+    pub inputs: Vec<Vec<u32>>,
+    pub targets: Vec<u32>,
+}
+
+impl MicroBatch {
+    /// From windows of `seqlen + 1` tokens.
+    pub fn from_windows(windows: &[Vec<u32>]) -> Self {
+        Self {
+            inputs: windows.iter().map(|w| w[..w.len() - 1].to_vec()).collect(),
+            targets: windows
+                .iter()
+                .flat_map(|w| w[1..].iter().copied())
+                .collect(),
+        }
+    }
+    pub fn tokens(&self) -> usize {
+        self.targets.len()
+    }
+}
+
+/// Rotary tables for both backends at one length.
+pub struct Ropes {
+    pub ad: Rope<Ad>,
+    pub plain: Rope<Flex>,
+}
+
+impl Ropes {
+    pub fn new(config: &crate::model::LlamaConfig, seqlen: usize) -> Self {
+        let device = Default::default();
+        let dtype = ComputeDtype::F32.burn();
+        Self {
+            ad: Rope::new(config, seqlen, dtype, &device),
+            plain: Rope::new(config, seqlen, dtype, &device),
+        }
+    }
+}
+
+/// What the forward leaves for the backward.
+pub enum Forward {
+    /// The loss, with the whole graph behind it.
+    Full { loss: Tensor<Ad, 1> },
+    /// The inputs of every layer and of the final norm, no graph.
+    Checkpointed { boundaries: Vec<Tensor<Flex, 3>> },
+}
+
+/// Mean next-token cross-entropy of `h` (final hidden states before the
+/// norm) times `scale`, and its unscaled value.
+fn loss_of(model: &Model, x: Tensor<Ad, 3>, mb: &MicroBatch, scale: f64) -> Tensor<Ad, 1> {
+    let [b, s, d] = x.dims();
+    let h = model.model.norm.forward(x);
+    let _tag = tag::tag(Category::Logits);
+    let logits = model.head().logits(h.reshape([b * s, d]));
+    let targets: Vec<i64> = mb.targets.iter().map(|t| *t as i64).collect();
+    let targets = Tensor::<Ad, 1, Int>::from_data(TensorData::new(targets, [b * s]), &x_device());
+    lm_loss(logits, targets).mul_scalar(scale)
+}
+
+fn x_device() -> burn::tensor::Device<Ad> {
+    Default::default()
+}
+
+/// The forward of one micro-batch.
+pub fn forward(
+    model: &Model,
+    mb: &MicroBatch,
+    ropes: &Ropes,
+    checkpointed: bool,
+    scale: f64,
+) -> Forward {
+    let _tag = tag::tag(Category::Activations);
+    let device = x_device();
+    if !checkpointed {
+        let mut x = model
+            .model
+            .embed_tokens
+            .forward(token_tensor::<Ad>(&mb.inputs, &device));
+        for layer in &model.model.layers {
+            x = layer.forward(x, &ropes.ad);
+        }
+        return Forward::Full {
+            loss: loss_of(model, x, mb, scale),
+        };
+    }
+    let embed = model.model.embed_tokens.valid();
+    let mut boundaries = vec![embed.forward(token_tensor::<Flex>(&mb.inputs, &device))];
+    drop(embed);
+    for layer in &model.model.layers {
+        let plain = layer.valid();
+        let next = plain.forward(boundaries[boundaries.len() - 1].clone(), &ropes.plain);
+        boundaries.push(next);
+    }
+    Forward::Checkpointed { boundaries }
+}
+
+/// The backward of one micro-batch; gradients are added into `acc`.
+/// `first_trainable` is the lowest decoder layer with a trainable
+/// parameter (the number of layers when none), `embeddings_trainable`
+/// whether the lookup's gradient is needed. Returns the micro-batch's
+/// scaled loss.
+pub fn backward(
+    model: &Model,
+    mb: &MicroBatch,
+    fwd: Forward,
+    ropes: &Ropes,
+    acc: &mut Accumulator,
+    (first_trainable, embeddings_trainable): (usize, bool),
+    scale: f64,
+) -> f64 {
+    let _tag = tag::tag(Category::Gradients);
+    let mut boundaries = match fwd {
+        Forward::Full { loss } => {
+            let value = loss.clone().into_scalar() as f64;
+            let grads = loss.backward();
+            acc.accumulate(model, GradientsParams::from_grads(grads, model));
+            return value;
+        }
+        Forward::Checkpointed { boundaries } => boundaries,
+    };
+    let layers = model.model.layers.len();
+    let last = boundaries.pop().expect("the final norm's input");
+    let x = Tensor::<Ad, 3>::from_inner(last).require_grad();
+    let loss = tag::tagged(Category::Activations, || {
+        loss_of(model, x.clone(), mb, scale)
+    });
+    let value = loss.clone().into_scalar() as f64;
+    let grads = loss.backward();
+    let mut g = x.grad(&grads);
+    acc.accumulate(model, GradientsParams::from_grads(grads, model));
+    let stop = if embeddings_trainable {
+        0
+    } else {
+        first_trainable
+    };
+    for i in (stop..layers).rev() {
+        let (Some(dy), Some(input)) = (g.take(), boundaries.pop()) else {
+            break;
+        };
+        let x = Tensor::<Ad, 3>::from_inner(input).require_grad();
+        let y = tag::tagged(Category::Activations, || {
+            model.model.layers[i].forward(x.clone(), &ropes.ad)
+        });
+        let grads = (y * Tensor::<Ad, 3>::from_inner(dy)).sum().backward();
+        g = x.grad(&grads);
+        acc.accumulate(model, GradientsParams::from_grads(grads, model));
+    }
+    drop(boundaries);
+    if embeddings_trainable && let Some(dy) = g {
+        let device = x_device();
+        let e = model
+            .model
+            .embed_tokens
+            .forward(token_tensor::<Ad>(&mb.inputs, &device));
+        let grads = (e * Tensor::<Ad, 3>::from_inner(dy)).sum().backward();
+        acc.accumulate(model, GradientsParams::from_grads(grads, model));
+    }
+    value
+}

@@ -1,0 +1,53 @@
+//! The training estimator against the real engine: every configuration of
+//! `tests/support/train_grid.rs` (batch, accumulation, seqlen, optimizer,
+//! checkpointing, frozen layers, two shapes) is trained by the binary; the
+//! whole-run peak must lie within 5% of `estimate --method train`'s, and
+//! each category the engine holds (weights, activations, logits,
+//! gradients, optimizer state) within 10% at the peak. The runtime
+//! remainder (binary, stacks, small allocations) is printed, not held to
+//! 10%: it is one constant against 22-29 MB measured.
+
+use std::path::Path;
+
+mod support;
+
+use prunemem::memory::tag::Category;
+use support::train_grid;
+
+#[test]
+fn training_estimates_match_measured_peaks() {
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, prunemem::model::tiny::corpus(6_000, 9)).unwrap();
+    let bin = Path::new(env!("CARGO_BIN_EXE_prunemem"));
+    let cases = train_grid::cases();
+    assert!(cases.len() >= 6);
+    let mut failures = Vec::new();
+    for case in &cases {
+        let (_, cmp) = train_grid::run_case(bin, dir.path(), &text, case).unwrap();
+        let e = cmp.peak.error_percent.expect("a measured peak");
+        println!("{:<28} peak {:+.1}%", case.name, e);
+        if e.abs() > 5.0 {
+            failures.push(format!("{}: peak {e:+.1}%", case.name));
+        }
+        let later = cmp
+            .phases
+            .iter()
+            .find(|p| p.phase == "later steps")
+            .expect("a later-steps phase");
+        for c in &later.categories {
+            let m = c.measured.expect("categories measured") as f64;
+            let err = 100.0 * (c.predicted as f64 - m) / m.max(1.0);
+            println!(
+                "    {:<12} {:>11} / {:>11} {err:+.1}%",
+                c.category.name(),
+                c.predicted,
+                m
+            );
+            if c.category != Category::Runtime && err.abs() > 10.0 {
+                failures.push(format!("{}: {} {err:+.1}%", case.name, c.category.name()));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{failures:?}");
+}

@@ -1,0 +1,161 @@
+//! The training configurations the estimator of prunemem's training engine
+//! is fitted and tested on (batch, accumulation, seqlen, optimizer,
+//! checkpointing, frozen layers, two model shapes), and the runner that
+//! trains each one through the binary and compares the estimate with the
+//! measured peaks. Shared by `examples/train_grid.rs` (the calibration
+//! table) and `tests/estimate_train.rs` (the 5% / 10% check).
+
+use std::path::Path;
+use std::process::Command;
+
+use prunemem::estimate::against::{self, Comparison};
+use prunemem::events::Event;
+use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
+
+pub struct Case {
+    pub name: &'static str,
+    pub spec: SyntheticSpec,
+    pub args: &'static [&'static str],
+}
+
+fn m1() -> SyntheticSpec {
+    SyntheticSpec {
+        layers: 4,
+        hidden: 256,
+        intermediate: 704,
+        heads: 4,
+        kv_heads: 2,
+        vocab: 4096,
+        tied: true,
+        max_positions: 1024,
+        seed: 2,
+        ..Default::default()
+    }
+}
+
+fn m2() -> SyntheticSpec {
+    SyntheticSpec {
+        layers: 3,
+        hidden: 384,
+        intermediate: 1024,
+        heads: 6,
+        kv_heads: 2,
+        vocab: 8192,
+        tied: false,
+        max_positions: 1024,
+        seed: 3,
+        ..Default::default()
+    }
+}
+
+pub fn cases() -> Vec<Case> {
+    vec![
+        Case {
+            name: "adamw-m1-b4-s128",
+            spec: m1(),
+            args: &["--batch-size", "4", "--seqlen", "128"],
+        },
+        Case {
+            name: "adamw-m1-b4-s256",
+            spec: m1(),
+            args: &["--batch-size", "4", "--seqlen", "256"],
+        },
+        Case {
+            name: "adamw-m1-b8-s128-acc2",
+            spec: m1(),
+            args: &["--batch-size", "8", "--seqlen", "128", "--grad-accum", "2"],
+        },
+        Case {
+            name: "sgd-m1-b4-s128",
+            spec: m1(),
+            args: &["--batch-size", "4", "--seqlen", "128", "--optimizer", "sgd"],
+        },
+        Case {
+            name: "adamw-m1-b4-s128-ckpt",
+            spec: m1(),
+            args: &["--batch-size", "4", "--seqlen", "128", "--checkpointing"],
+        },
+        Case {
+            name: "adamw-m1-b4-s128-freeze",
+            spec: m1(),
+            args: &[
+                "--batch-size",
+                "4",
+                "--seqlen",
+                "128",
+                "--freeze",
+                "embeddings,0-1",
+            ],
+        },
+        Case {
+            name: "adam-m2-b2-s256-acc3",
+            spec: m2(),
+            args: &[
+                "--batch-size",
+                "2",
+                "--seqlen",
+                "256",
+                "--grad-accum",
+                "3",
+                "--optimizer",
+                "adam",
+            ],
+        },
+        Case {
+            name: "adamw-m2-b4-s128-ckpt-acc2",
+            spec: m2(),
+            args: &[
+                "--batch-size",
+                "4",
+                "--seqlen",
+                "128",
+                "--grad-accum",
+                "2",
+                "--checkpointing",
+            ],
+        },
+    ]
+}
+
+/// Writes the case's model under `dir`, trains it for 2 steps with `bin`
+/// (logging memory at 50 Hz), and returns the run's events and the
+/// comparison.
+pub fn run_case(
+    bin: &Path,
+    dir: &Path,
+    text: &Path,
+    case: &Case,
+) -> Result<(Vec<Event>, Comparison), String> {
+    let model = dir.join(case.name);
+    write_checkpoint(&model, &case.spec).map_err(|e| e.to_string())?;
+    let log = dir.join(format!("{}-log", case.name));
+    let out = Command::new(bin)
+        .arg("train")
+        .arg("--model")
+        .arg(&model)
+        .arg("--text")
+        .arg(text)
+        .args(case.args)
+        .args([
+            "--steps",
+            "2",
+            "--ui",
+            "none",
+            "--sample-hz",
+            "50",
+            "--log-memory",
+        ])
+        .arg(&log)
+        .output()
+        .map_err(|e| format!("running {}: {e}", bin.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{}: {}",
+            case.name,
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    let events = against::read_events(&log).map_err(|e| e.to_string())?;
+    let cmp = against::compare(&events).map_err(|e| e.to_string())?;
+    Ok((events, cmp))
+}
