@@ -47,6 +47,16 @@ fn prune(
     variant: bool,
     calibration: &[Vec<u32>],
 ) -> HashMap<String, Vec<f32>> {
+    prune_with(method, pattern, variant, false, calibration)
+}
+
+fn prune_with(
+    method: Method,
+    pattern: Pattern,
+    variant: bool,
+    per_outneuron: bool,
+    calibration: &[Vec<u32>],
+) -> HashMap<String, Vec<f32>> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let device = Default::default();
@@ -69,6 +79,8 @@ fn prune(
         dtype: ComputeDtype::F32,
         percdamp: 0.01,
         blocksize: 128,
+        ria_a: 0.5,
+        per_outneuron,
     };
     let outcome = engine::prune::<B>(
         &ckpt,
@@ -133,6 +145,21 @@ fn wanda_matches_reference() {
         println!("{config}: mask agreement {agree}");
         // Statistics are summed in a different order than the reference's
         // running mean; only exact near-ties may flip.
+        assert!(agree >= 0.9995, "{config}: {agree}");
+    }
+}
+
+#[test]
+fn ria_matches_reference() {
+    let r = reference();
+    for (config, pattern, per_outneuron) in [
+        ("ria_0.5", Pattern::Unstructured, false),
+        ("ria_outneuron_0.5", Pattern::Unstructured, true),
+        ("ria_2:4", Pattern::NM { n: 2, m: 4 }, false),
+    ] {
+        let got = prune_with(Method::Ria, pattern, false, per_outneuron, &r.calibration);
+        let agree = mask_agreement(config, &got, &r);
+        println!("{config}: mask agreement {agree}");
         assert!(agree >= 0.9995, "{config}: {agree}");
     }
 }

@@ -229,7 +229,10 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         );
         println!("  seqlen      {}", show(l.max_seqlen));
         if l.max_nsamples.is_some()
-            || matches!(w.task, Task::Wanda | Task::SparseGpt | Task::GradProbe)
+            || matches!(
+                w.task,
+                Task::Wanda | Task::Ria | Task::SparseGpt | Task::GradProbe
+            )
         {
             println!("  nsamples    {}", show(l.max_nsamples));
         }

@@ -21,7 +21,7 @@ pub struct PruneArgs {
     /// Hub revision when --model is a Hub id
     #[arg(long, default_value = "main")]
     pub revision: String,
-    /// Pruning method: magnitude, wanda, sparsegpt or gradprobe
+    /// Pruning method: magnitude, wanda, sparsegpt, gradprobe or ria
     #[arg(long, alias = "prune_method", default_value = "wanda")]
     pub method: Method,
     /// Fraction of each decoder linear's weights to remove, in [0, 1)
@@ -84,6 +84,17 @@ pub struct PruneArgs {
     /// SparseGPT column block size
     #[arg(long, default_value_t = 128)]
     pub blocksize: usize,
+    /// RIA: exponent of the activation norm in the metric
+    #[arg(
+        long = "ria-a",
+        alias = "a",
+        default_value_t = 0.5,
+        allow_negative_numbers = true
+    )]
+    pub ria_a: f64,
+    /// RIA, unstructured: compare within each output row (Wanda's group) instead of one threshold per matrix
+    #[arg(long, alias = "per_outneuron")]
+    pub per_outneuron: bool,
     /// Print the result as one JSON line
     #[arg(long)]
     pub json: bool,
@@ -174,6 +185,8 @@ impl PruneArgs {
             batch_size: self.batch_size,
             percdamp: self.percdamp,
             blocksize: self.blocksize,
+            ria_a: self.ria_a,
+            per_outneuron: self.per_outneuron,
             gradprobe: GradProbeSettings {
                 strategy: g.strategy,
                 reduction_factor: g.reduction_factor,

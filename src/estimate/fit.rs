@@ -49,7 +49,10 @@ pub fn limits(arch: &Arch, w: &Workload, budget: u64) -> Result<FitLimits, Estim
     let max_seqlen = search(arch.max_positions, |v| {
         peak_with(&|w: &mut Workload| w.seqlen = v)
     })?;
-    let calibrated = matches!(w.task, Task::Wanda | Task::SparseGpt | Task::GradProbe);
+    let calibrated = matches!(
+        w.task,
+        Task::Wanda | Task::Ria | Task::SparseGpt | Task::GradProbe
+    );
     let max_nsamples = if calibrated {
         search(1 << 20, |v| peak_with(&|w: &mut Workload| w.nsamples = v))?
     } else {

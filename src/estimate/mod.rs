@@ -120,6 +120,8 @@ pub enum Task {
     Wanda,
     SparseGpt,
     GradProbe,
+    /// RIA: Wanda's statistics, its own metric.
+    Ria,
     Inference,
     Train,
 }
@@ -130,13 +132,14 @@ impl std::str::FromStr for Task {
         Ok(match s.to_ascii_lowercase().as_str() {
             "magnitude" => Task::Magnitude,
             "wanda" => Task::Wanda,
+            "ria" => Task::Ria,
             "sparsegpt" => Task::SparseGpt,
             "gradprobe" => Task::GradProbe,
             "inference" => Task::Inference,
             "train" | "training" => Task::Train,
             other => {
                 return Err(format!(
-                    "unknown method '{other}' (expected magnitude, wanda, sparsegpt, gradprobe, inference or train)"
+                    "unknown method '{other}' (expected magnitude, wanda, sparsegpt, gradprobe, ria, inference or train)"
                 ));
             }
         })
@@ -357,7 +360,11 @@ pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     if w.batch_size == 0 || w.grad_accum == 0 {
         return bad("--batch-size and --grad-accum must be at least 1".into());
     }
-    if matches!(w.task, Task::Wanda | Task::SparseGpt | Task::GradProbe) && w.nsamples == 0 {
+    if matches!(
+        w.task,
+        Task::Wanda | Task::Ria | Task::SparseGpt | Task::GradProbe
+    ) && w.nsamples == 0
+    {
         return bad("--nsamples must be at least 1".into());
     }
     if arch.params == 0 || arch.layers == 0 || arch.hidden == 0 {

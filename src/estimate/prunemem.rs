@@ -73,6 +73,7 @@ fn method(w: &Workload) -> Option<Method> {
     match w.task {
         super::Task::Magnitude => Some(Method::Magnitude),
         super::Task::Wanda => Some(Method::Wanda),
+        super::Task::Ria => Some(Method::Ria),
         super::Task::SparseGpt => Some(Method::SparseGpt),
         _ => None,
     }
@@ -126,7 +127,9 @@ fn load_transient(a: &Arch, w: &Workload) -> u64 {
 /// Pruning one linear on the host.
 fn prune_transient(a: &Arch, m: Method) -> u64 {
     match m {
-        Method::Magnitude | Method::Wanda => a.largest_linear() * 13,
+        // RIA: Wanda's metric plus its row and column sums, and (one
+        // threshold per matrix) magnitude's sorted copy.
+        Method::Magnitude | Method::Wanda | Method::Ria => a.largest_linear() * 13,
         // Estimated whole by `reference::gradprobe_prunemem`.
         Method::GradProbe => 0,
         Method::SparseGpt => {
@@ -228,7 +231,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             "activations",
             match m {
                 Method::Magnitude | Method::GradProbe => 0,
-                Method::Wanda => forward(a, tokens) + wanda_norm_slab(a, tokens),
+                Method::Wanda | Method::Ria => forward(a, tokens) + wanda_norm_slab(a, tokens),
                 Method::SparseGpt => forward_with_hessians(a, tokens),
             },
         ),

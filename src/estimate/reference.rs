@@ -45,13 +45,16 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             }
             2 * 128 * w.seqlen * a.hidden * c
         }
-        Task::SparseGpt => 2 * w.nsamples * w.seqlen * a.hidden * c,
+        // RIA's prepare_calibration_input sizes inps/outs with args.nsamples.
+        Task::SparseGpt | Task::Ria => 2 * w.nsamples * w.seqlen * a.hidden * c,
         _ => 0,
     };
     let (stats, transient) = match w.task {
         // WrappedGPT.scaler_row per linear (f32); prune_wanda: W_metric in
         // f32, torch.sort values (f32) and int64 indices, the bool W_mask.
-        Task::Wanda => (7 * a.hidden.max(a.intermediate) * 4, big * (4 + 4 + 8 + 1)),
+        // RIA: the same statistics; its metric adds the row and column sums
+        // and sorts the flattened metric (values and int64 indices).
+        Task::Wanda | Task::Ria => (7 * a.hidden.max(a.intermediate) * 4, big * (4 + 4 + 8 + 1)),
         // SparseGPT.H for all seven linears of the layer at once (f32);
         // fasterprune: W.float() clone, cholesky / cholesky_inverse /
         // cholesky outputs, and the block buffers.

@@ -42,6 +42,8 @@ pub enum Field {
     /// `eval`: how many windows of its text.
     Windows,
     EvalDense,
+    RiaA,
+    PerOutneuron,
 }
 
 impl Field {
@@ -72,6 +74,8 @@ impl Field {
             Field::MaxPplIncrease => "max_ppl_increase",
             Field::Windows => "windows",
             Field::EvalDense => "eval_dense",
+            Field::RiaA => "ria_a",
+            Field::PerOutneuron => "per_outneuron",
         }
     }
 }
@@ -190,6 +194,11 @@ pub struct PruneJob {
     pub batch_size: Option<usize>,
     pub percdamp: f64,
     pub blocksize: usize,
+    /// RIA: the activation exponent (0.5, the authors' default).
+    pub ria_a: f64,
+    /// RIA, unstructured: compare within each output row instead of one
+    /// threshold per matrix (the authors' `--per_outneuron`).
+    pub per_outneuron: bool,
     pub gradprobe: GradProbeSettings,
     /// Run even when the estimate says it will not fit in memory.
     pub force: bool,
@@ -220,6 +229,8 @@ impl PruneJob {
             batch_size: None,
             percdamp: 0.01,
             blocksize: 128,
+            ria_a: 0.5,
+            per_outneuron: false,
             gradprobe: GradProbeSettings::default(),
             force: false,
             argv: Vec::new(),
@@ -266,7 +277,7 @@ impl PruneJob {
             }
         }
         match self.method {
-            Method::Wanda | Method::SparseGpt if self.nsamples == 0 => {
+            Method::Wanda | Method::SparseGpt | Method::Ria if self.nsamples == 0 => {
                 bad("{} must be at least 1", &[Nsamples])?
             }
             Method::GradProbe => self.validate_gradprobe()?,
@@ -309,6 +320,20 @@ impl PruneJob {
             bad(
                 "{} applies to {} wanda with unstructured sparsity",
                 &[UseVariant, Field::Method],
+            )?;
+        }
+        if self.per_outneuron
+            && (self.method != Method::Ria || self.pattern != Pattern::Unstructured)
+        {
+            bad(
+                "{} applies to {} ria with unstructured sparsity",
+                &[Field::PerOutneuron, Field::Method],
+            )?;
+        }
+        if !self.ria_a.is_finite() {
+            bad(
+                format!("{{}} must be a finite number, got {}", self.ria_a),
+                &[Field::RiaA],
             )?;
         }
         for (field, text) in [(CalibText, &self.calib), (EvalText, &self.eval)] {

@@ -155,6 +155,10 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     if job.method == Method::GradProbe {
         super::gradprobe::plan_settings(job, s);
     }
+    if job.method == Method::Ria {
+        s.insert("ria_a".into(), json!(job.ria_a));
+        s.insert("per_outneuron".into(), json!(job.per_outneuron));
+    }
     s.insert("seqlen".into(), json!(seqlen));
     plan
 }
@@ -263,6 +267,8 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
         dtype: job.dtype,
         percdamp: job.percdamp,
         blocksize: job.blocksize,
+        ria_a: job.ria_a,
+        per_outneuron: job.per_outneuron,
     })
 }
 

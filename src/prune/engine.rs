@@ -19,7 +19,7 @@ use std::time::Instant;
 use burn::module::Param;
 use burn::prelude::*;
 
-use super::methods::{apply_mask, magnitude_mask, wanda_mask, wanda_metric};
+use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::stats::{LayerStats, Stat, StatKind};
 use super::{LayerMethod, Pattern, PruneError};
@@ -47,6 +47,11 @@ pub struct PruneConfig {
     pub percdamp: f64,
     /// SparseGPT column block size.
     pub blocksize: usize,
+    /// RIA: the activation exponent `a` (0.5 in the paper).
+    pub ria_a: f64,
+    /// RIA, unstructured: per output row (Wanda's comparison group)
+    /// instead of one threshold over the matrix.
+    pub per_outneuron: bool,
 }
 
 /// What pruning one linear did.
@@ -108,7 +113,7 @@ pub enum Source<'a, B: Backend> {
 fn stat_kind(method: LayerMethod) -> Option<StatKind> {
     match method {
         LayerMethod::Magnitude => None,
-        LayerMethod::Wanda => Some(StatKind::ColumnNorms),
+        LayerMethod::Wanda | LayerMethod::Ria => Some(StatKind::ColumnNorms),
         LayerMethod::SparseGpt => Some(StatKind::Hessian),
     }
 }
@@ -399,6 +404,19 @@ fn prune_linear<B: Backend>(
             );
             apply_mask(&mut w, &mask);
             alpha = a;
+        }
+        (LayerMethod::Ria, Some(Stat::Norms(scaler_row))) => {
+            let metric = tagged(Category::Statistics, || {
+                ria_metric(&w, inp, scaler_row, config.ria_a)
+            });
+            let mask = ria_mask(
+                &metric,
+                inp,
+                config.sparsity,
+                config.pattern,
+                config.per_outneuron,
+            );
+            apply_mask(&mut w, &mask);
         }
         (LayerMethod::SparseGpt, Some(Stat::Hessian(h))) => {
             let options = SparseGptOptions {

@@ -45,21 +45,72 @@ pub fn nm_mask(metric: &[f32], cols: usize, n: usize, m: usize) -> Vec<bool> {
     mask
 }
 
+/// One threshold over the whole matrix, as magnitude and RIA take it:
+/// `sort(metric.flatten())[int(numel * ratio)]`, prune `metric <= threshold`.
+fn threshold_mask(metric: &[f32], ratio: f64) -> Vec<bool> {
+    let k = ((metric.len() as f64) * ratio) as usize;
+    if k >= metric.len() {
+        return vec![true; metric.len()];
+    }
+    let mut sorted = metric.to_vec();
+    let (_, thresh, _) = sorted.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
+    let thresh = *thresh;
+    metric.iter().map(|v| *v <= thresh).collect()
+}
+
 /// Magnitude pruning of one matrix.
 pub fn magnitude_mask(w: &[f32], cols: usize, ratio: f64, pattern: Pattern) -> Vec<bool> {
     let metric: Vec<f32> = w.iter().map(|v| v.abs()).collect();
     match pattern {
         Pattern::NM { n, m } => nm_mask(&metric, cols, n, m),
-        Pattern::Unstructured => {
-            let k = ((w.len() as f64) * ratio) as usize;
-            if k >= metric.len() {
-                return vec![true; metric.len()];
-            }
-            let mut sorted = metric.clone();
-            let (_, thresh, _) = sorted.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
-            let thresh = *thresh;
-            metric.iter().map(|v| *v <= thresh).collect()
+        Pattern::Unstructured => threshold_mask(&metric, ratio),
+    }
+}
+
+/// RIA's metric (relative importance times activations, the authors'
+/// `lib/prune.py`): `(|W_ij| / Σ_i |W_ij| + |W_ij| / Σ_j |W_ij|) *
+/// sqrt(scaler_row_j)^a` — each weight's share of its input column's and of
+/// its output row's absolute sum, scaled by the input's norm to the power
+/// `a` (0.5 in the paper). Sums are taken in f64 and rounded once.
+pub fn ria_metric(w: &[f32], cols: usize, scaler_row: &[f32], a: f64) -> Vec<f32> {
+    let rows = w.len() / cols.max(1);
+    let mut col_sum = vec![0f64; cols];
+    for row in w.chunks(cols) {
+        for (c, v) in col_sum.iter_mut().zip(row) {
+            *c += v.abs() as f64;
         }
+    }
+    let col_sum: Vec<f32> = col_sum.into_iter().map(|c| c as f32).collect();
+    let scale: Vec<f32> = scaler_row.iter().map(|s| s.sqrt().powf(a as f32)).collect();
+    let mut metric = vec![0f32; w.len()];
+    metric
+        .par_chunks_mut(cols)
+        .zip(w.par_chunks(cols))
+        .take(rows)
+        .for_each(|(out, row)| {
+            let row_sum = row.iter().map(|v| v.abs() as f64).sum::<f64>() as f32;
+            for (j, (o, v)) in out.iter_mut().zip(row).enumerate() {
+                let x = v.abs();
+                *o = (x / col_sum[j] + x / row_sum) * scale[j];
+            }
+        });
+    metric
+}
+
+/// RIA's mask: N:M per group of each row; unstructured with one threshold
+/// over the matrix (the authors' default), or per output row like Wanda
+/// (`per_outneuron`).
+pub fn ria_mask(
+    metric: &[f32],
+    cols: usize,
+    ratio: f64,
+    pattern: Pattern,
+    per_outneuron: bool,
+) -> Vec<bool> {
+    match pattern {
+        Pattern::NM { n, m } => nm_mask(metric, cols, n, m),
+        Pattern::Unstructured if per_outneuron => wanda_mask(metric, cols, ratio, pattern, false).0,
+        Pattern::Unstructured => threshold_mask(metric, ratio),
     }
 }
 

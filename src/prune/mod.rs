@@ -25,6 +25,8 @@ pub enum Method {
     Wanda,
     SparseGpt,
     GradProbe,
+    /// Relative importance and activations (RIA).
+    Ria,
 }
 
 impl FromStr for Method {
@@ -35,8 +37,9 @@ impl FromStr for Method {
             "wanda" => Ok(Method::Wanda),
             "sparsegpt" => Ok(Method::SparseGpt),
             "gradprobe" => Ok(Method::GradProbe),
+            "ria" => Ok(Method::Ria),
             other => Err(format!(
-                "unknown method '{other}' (expected magnitude, wanda, sparsegpt or gradprobe)"
+                "unknown method '{other}' (expected magnitude, wanda, sparsegpt, gradprobe or ria)"
             )),
         }
     }
@@ -49,6 +52,7 @@ impl fmt::Display for Method {
             Method::Wanda => "wanda",
             Method::SparseGpt => "sparsegpt",
             Method::GradProbe => "gradprobe",
+            Method::Ria => "ria",
         })
     }
 }
@@ -61,6 +65,7 @@ pub enum LayerMethod {
     Magnitude,
     Wanda,
     SparseGpt,
+    Ria,
 }
 
 impl TryFrom<Method> for LayerMethod {
@@ -70,6 +75,7 @@ impl TryFrom<Method> for LayerMethod {
             Method::Magnitude => Ok(LayerMethod::Magnitude),
             Method::Wanda => Ok(LayerMethod::Wanda),
             Method::SparseGpt => Ok(LayerMethod::SparseGpt),
+            Method::Ria => Ok(LayerMethod::Ria),
             Method::GradProbe => Err(PruneError::Invalid(
                 "GradProbe runs through prune::gradprobe, not the layer-by-layer engine".into(),
             )),
