@@ -413,6 +413,7 @@ mod tests {
             Task::Wanda,
             Task::SparseGpt,
             Task::GradProbe,
+            Task::Ria,
             Task::Inference,
             Task::Train,
         ];
