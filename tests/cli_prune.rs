@@ -300,6 +300,65 @@ fn interrupted_run_leaves_no_model() {
     );
 }
 
+/// `--owl`: a dense outlier pass first, then each layer at its own
+/// sparsity, averaging the target; the ratios and sparsities are in the
+/// results; magnitude and RIA take it too; a sparsity OWL pushes past 1 is
+/// clamped with a warning.
+#[test]
+fn owl_sets_per_layer_sparsities() {
+    let f = fixture(SyntheticSpec {
+        layers: 4,
+        ..SyntheticSpec::default()
+    });
+    for method in ["wanda", "magnitude", "ria"] {
+        let logs = f.root.join(format!("owl-{method}"));
+        let mut args = prune_args(
+            &f,
+            method,
+            &["--owl", "--sparsity", "0.6", "--log-memory", s(&logs)],
+        );
+        args.push("--owl-lambda");
+        args.push("0.1");
+        let (code, out, err) = run(&args);
+        assert_eq!(code, Some(0), "{method}: {err}");
+        let j = json_line(&out);
+        let layers: Vec<f64> = j["layer_sparsity"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_f64().unwrap())
+            .collect();
+        let spread = layers.iter().cloned().fold(f64::MIN, f64::max)
+            - layers.iter().cloned().fold(f64::MAX, f64::min);
+        assert!(
+            spread > 0.1,
+            "{method}: OWL left the layers uniform: {layers:?}"
+        );
+        let mean = layers.iter().sum::<f64>() / layers.len() as f64;
+        assert!(
+            (mean - 0.6).abs() < 0.02,
+            "{method}: mean {mean} ({layers:?})"
+        );
+        let text = std::fs::read_to_string(logs.join("events.jsonl")).unwrap();
+        assert!(text.contains("owl_layer_sparsity") && text.contains("03a_owl_ratios"));
+    }
+    let (code, _, err) = run(&prune_args(
+        &f,
+        "wanda",
+        &[
+            "--owl",
+            "--sparsity",
+            "0.95",
+            "--owl-lambda",
+            "0.2",
+            "--ui",
+            "plain",
+        ],
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("clamped"), "{err}");
+}
+
 #[test]
 fn bad_flags_are_one_line_errors() {
     let f = fixture(SyntheticSpec::default());
@@ -322,6 +381,10 @@ fn bad_flags_are_one_line_errors() {
             vec!["--use-variant", "--sparsity-type", "2:4"],
             "--use-variant",
         ),
+        (vec!["--owl", "--sparsity-type", "2:4"], "--owl"),
+        (vec!["--owl", "--owl-lambda", "-1"], "--owl-lambda"),
+        (vec!["--owl", "--owl-m", "0"], "--owl-m"),
+        (vec!["--per-outneuron"], "--per-outneuron"),
         (vec!["--save", s(&f.model)], "input model's folder"),
         (vec!["--save", s(&f.text)], "not a model folder"),
     ];

@@ -12,6 +12,7 @@ use prunemem::model::llama::LAYER_LINEARS;
 use prunemem::model::{Checkpoint, ComputeDtype};
 use prunemem::profiler::{Profiler, ProfilerConfig};
 use prunemem::prune::engine::{self, PruneConfig, Source, weight_out_in};
+use prunemem::prune::owl::{OwlConfig, layer_sparsities, outlier_pass};
 use prunemem::prune::{Method, Pattern};
 
 type B = Flex;
@@ -57,6 +58,19 @@ fn prune_with(
     per_outneuron: bool,
     calibration: &[Vec<u32>],
 ) -> HashMap<String, Vec<f32>> {
+    prune_full(method, pattern, variant, per_outneuron, None, calibration).0
+}
+
+/// Prunes tiny-llama at 50% (or, with OWL, at `0.7` on average with OWL's
+/// per-layer sparsities); also returns those sparsities.
+fn prune_full(
+    method: Method,
+    pattern: Pattern,
+    variant: bool,
+    per_outneuron: bool,
+    owl: Option<OwlConfig>,
+    calibration: &[Vec<u32>],
+) -> (HashMap<String, Vec<f32>>, Option<Vec<f64>>) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let device = Default::default();
@@ -69,9 +83,9 @@ fn prune_with(
             ..Default::default()
         },
     );
-    let config = PruneConfig {
+    let mut config = PruneConfig {
         method: method.try_into().unwrap(),
-        sparsity: 0.5,
+        sparsity: if owl.is_some() { 0.7 } else { 0.5 },
         pattern,
         use_variant: variant,
         seqlen: 24,
@@ -81,7 +95,22 @@ fn prune_with(
         blocksize: 128,
         ria_a: 0.5,
         per_outneuron,
+        layer_sparsity: None,
     };
+    if let Some(owl) = owl {
+        let source = Source::Resident(&mut model);
+        let ratios = outlier_pass(
+            &ckpt,
+            &source,
+            &config,
+            calibration,
+            owl,
+            &device,
+            &profiler,
+        )
+        .unwrap();
+        config.layer_sparsity = Some(layer_sparsities(&ratios, config.sparsity, owl.lambda).0);
+    }
     let outcome = engine::prune::<B>(
         &ckpt,
         Source::Resident(&mut model),
@@ -102,7 +131,7 @@ fn prune_with(
             );
         }
     }
-    out
+    (out, config.layer_sparsity)
 }
 
 /// Fraction of weights whose pruned/kept status equals the reference's.
@@ -162,6 +191,32 @@ fn ria_matches_reference() {
         println!("{config}: mask agreement {agree}");
         assert!(agree >= 0.9995, "{config}: {agree}");
     }
+}
+
+#[test]
+fn owl_matches_reference() {
+    let r = reference();
+    let owl = OwlConfig {
+        lambda: 0.08,
+        m: 3.0,
+    };
+    let (got, s) = prune_full(
+        Method::Wanda,
+        Pattern::Unstructured,
+        false,
+        false,
+        Some(owl),
+        &r.calibration,
+    );
+    // The authors' run printed "after adjustment [0.38 0.22]": densities.
+    let s = s.unwrap();
+    assert!(
+        (s[0] - 0.62).abs() < 1e-9 && (s[1] - 0.78).abs() < 1e-9,
+        "{s:?}"
+    );
+    let agree = mask_agreement("owl_wanda_0.7", &got, &r);
+    println!("owl_wanda_0.7: mask agreement {agree}");
+    assert!(agree >= 0.9995, "owl_wanda_0.7: {agree}");
 }
 
 #[test]

@@ -95,6 +95,25 @@ pub struct PruneArgs {
     /// RIA, unstructured: compare within each output row (Wanda's group) instead of one threshold per matrix
     #[arg(long, alias = "per_outneuron")]
     pub per_outneuron: bool,
+    /// OWL: per-layer sparsities from each layer's share of outliers (a dense pass first)
+    #[arg(long)]
+    pub owl: bool,
+    /// OWL: λ, how far a layer's sparsity may move from the target
+    #[arg(
+        long,
+        alias = "Lamda",
+        default_value_t = 0.08,
+        allow_negative_numbers = true
+    )]
+    pub owl_lambda: f64,
+    /// OWL: M, outliers are entries above M × the layer's mean Wanda metric
+    #[arg(
+        long,
+        alias = "Hyper_m",
+        default_value_t = 3.0,
+        allow_negative_numbers = true
+    )]
+    pub owl_m: f64,
     /// Print the result as one JSON line
     #[arg(long)]
     pub json: bool,
@@ -187,6 +206,10 @@ impl PruneArgs {
             blocksize: self.blocksize,
             ria_a: self.ria_a,
             per_outneuron: self.per_outneuron,
+            owl: self.owl.then_some(crate::prune::owl::OwlConfig {
+                lambda: self.owl_lambda,
+                m: self.owl_m,
+            }),
             gradprobe: GradProbeSettings {
                 strategy: g.strategy,
                 reduction_factor: g.reduction_factor,

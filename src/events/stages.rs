@@ -47,6 +47,11 @@ pub const GP_END: &str = "21_end";
 pub const WATCH_START: &str = "watch_start";
 pub const WATCH_END: &str = "watch_end";
 
+/// `prune --owl`: the dense pass measuring each layer's outliers, and
+/// the stage when the per-layer sparsities are known.
+pub const OWL_SCOPE: &str = "owl_outliers";
+pub const OWL_RATIOS: &str = "03a_owl_ratios";
+
 /// Scope around an evaluation.
 pub const EVAL_SCOPE: &str = "eval";
 pub const DENSE_EVAL_SCOPE: &str = "dense_eval";

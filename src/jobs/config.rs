@@ -44,6 +44,9 @@ pub enum Field {
     EvalDense,
     RiaA,
     PerOutneuron,
+    Owl,
+    OwlLambda,
+    OwlM,
 }
 
 impl Field {
@@ -76,6 +79,9 @@ impl Field {
             Field::EvalDense => "eval_dense",
             Field::RiaA => "ria_a",
             Field::PerOutneuron => "per_outneuron",
+            Field::Owl => "owl",
+            Field::OwlLambda => "owl_lambda",
+            Field::OwlM => "owl_m",
         }
     }
 }
@@ -199,6 +205,8 @@ pub struct PruneJob {
     /// RIA, unstructured: compare within each output row instead of one
     /// threshold per matrix (the authors' `--per_outneuron`).
     pub per_outneuron: bool,
+    /// OWL's per-layer sparsities around `sparsity` (`None`: uniform).
+    pub owl: Option<crate::prune::owl::OwlConfig>,
     pub gradprobe: GradProbeSettings,
     /// Run even when the estimate says it will not fit in memory.
     pub force: bool,
@@ -231,6 +239,7 @@ impl PruneJob {
             blocksize: 128,
             ria_a: 0.5,
             per_outneuron: false,
+            owl: None,
             gradprobe: GradProbeSettings::default(),
             force: false,
             argv: Vec::new(),
@@ -329,6 +338,32 @@ impl PruneJob {
                 "{} applies to {} ria with unstructured sparsity",
                 &[Field::PerOutneuron, Field::Method],
             )?;
+        }
+        if let Some(owl) = self.owl {
+            if self.method == Method::GradProbe || self.pattern != Pattern::Unstructured {
+                bad(
+                    "{} sets per-layer sparsities for unstructured magnitude, wanda, sparsegpt or ria (not {} or N:M {})",
+                    &[Field::Owl, Field::Method, Field::SparsityType],
+                )?;
+            }
+            if self.calib.is_none() {
+                bad(
+                    "{} measures outliers on calibration text: give {}",
+                    &[Field::Owl, CalibText],
+                )?;
+            }
+            if !(owl.lambda.is_finite() && owl.lambda >= 0.0) {
+                bad(
+                    format!("{{}} must be 0 or more, got {}", owl.lambda),
+                    &[Field::OwlLambda],
+                )?;
+            }
+            if !(owl.m.is_finite() && owl.m > 0.0) {
+                bad(
+                    format!("{{}} must be more than 0, got {}", owl.m),
+                    &[Field::OwlM],
+                )?;
+            }
         }
         if !self.ria_a.is_finite() {
             bad(

@@ -155,6 +155,10 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     if job.method == Method::GradProbe {
         super::gradprobe::plan_settings(job, s);
     }
+    if let Some(owl) = job.owl {
+        s.insert("owl_lambda".into(), json!(owl.lambda));
+        s.insert("owl_m".into(), json!(owl.m));
+    }
     if job.method == Method::Ria {
         s.insert("ria_a".into(), json!(job.ria_a));
         s.insert("per_outneuron".into(), json!(job.per_outneuron));
@@ -190,7 +194,7 @@ fn prune_and_eval(
     let p = run.profiler.clone();
     let device = Default::default();
     let (calib, mut text_bytes) = match (&job.calib, job.method) {
-        (Some(src), m) if m != Method::Magnitude => {
+        (Some(src), m) if m != Method::Magnitude || job.owl.is_some() => {
             text::calibration(tok, src, job.nsamples, *seqlen, job.seed)?
         }
         _ => (Vec::new(), 0),
@@ -209,7 +213,29 @@ fn prune_and_eval(
         false => None,
     };
     p.stage(stages::MODEL_LOADED);
-    let config = engine_config(job, *seqlen)?;
+    let mut config = engine_config(job, *seqlen)?;
+    if let Some(owl) = job.owl {
+        let source = match model.as_mut() {
+            Some(m) => Source::Resident(m),
+            None => Source::Streamed,
+        };
+        let ratios =
+            crate::prune::owl::outlier_pass(ckpt, &source, &config, &calib, owl, &device, &p)?;
+        let (sparsities, clamped) =
+            crate::prune::owl::layer_sparsities(&ratios, job.sparsity, owl.lambda);
+        if !clamped.is_empty() {
+            p.message(
+                Level::Warn,
+                format!(
+                    "OWL: the sparsity of layers {clamped:?} fell outside (0, 1) and was clamped to 0.01 or 0.99 (λ {} is large for sparsity {})",
+                    owl.lambda, job.sparsity
+                ),
+            );
+        }
+        run.result("owl_outlier_ratios", json!(ratios));
+        run.result("owl_layer_sparsity", json!(sparsities));
+        config.layer_sparsity = Some(sparsities);
+    }
     // Streaming evaluation reads the pruned weights back from disk: from the
     // save folder, or from a scratch copy when nothing is saved.
     let mut scratch = match eval_wins.is_some() && model.is_none() && writer.is_none() {
@@ -269,6 +295,7 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
         blocksize: job.blocksize,
         ria_a: job.ria_a,
         per_outneuron: job.per_outneuron,
+        layer_sparsity: None,
     })
 }
 

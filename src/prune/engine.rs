@@ -52,6 +52,18 @@ pub struct PruneConfig {
     /// RIA, unstructured: per output row (Wanda's comparison group)
     /// instead of one threshold over the matrix.
     pub per_outneuron: bool,
+    /// Per-layer sparsities (OWL); `None`: `sparsity` everywhere.
+    pub layer_sparsity: Option<Vec<f64>>,
+}
+
+impl PruneConfig {
+    /// The sparsity of decoder layer `i`.
+    pub fn sparsity_of(&self, i: usize) -> f64 {
+        self.layer_sparsity
+            .as_ref()
+            .and_then(|v| v.get(i).copied())
+            .unwrap_or(self.sparsity)
+    }
 }
 
 /// What pruning one linear did.
@@ -322,6 +334,18 @@ fn prune_linears<B: Backend>(
         LinearInput::Down,
     ] {
         let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
+        let layer_config;
+        let config = match &t.config.layer_sparsity {
+            None => t.config,
+            Some(_) => {
+                layer_config = PruneConfig {
+                    sparsity: t.config.sparsity_of(t.index),
+                    layer_sparsity: None,
+                    ..t.config.clone()
+                };
+                &layer_config
+            }
+        };
         for name in input.linears() {
             let full = format!("model.layers.{}.{name}.weight", t.index);
             let w = writer.as_deref_mut();
@@ -330,7 +354,7 @@ fn prune_linears<B: Backend>(
                 name,
                 &full,
                 stat.as_ref(),
-                t.config,
+                config,
                 t.device,
                 w,
                 t.ckpt,

@@ -6,6 +6,7 @@ pub mod engine;
 pub mod gradprobe;
 pub mod linalg;
 pub mod methods;
+pub mod owl;
 pub mod sparsegpt;
 pub mod stats;
 
