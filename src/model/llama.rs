@@ -83,6 +83,14 @@ pub enum LinearInput {
 }
 
 impl LinearInput {
+    /// Every input, in the order of a layer's forward (and of pruning).
+    pub const ALL: [LinearInput; 4] = [
+        LinearInput::Qkv,
+        LinearInput::O,
+        LinearInput::GateUp,
+        LinearInput::Down,
+    ];
+
     /// The linears (by checkpoint name inside a layer) fed by this input.
     pub fn linears(self) -> &'static [&'static str] {
         match self {

@@ -327,12 +327,7 @@ fn prune_linears<B: Backend>(
     mut writer: Option<&mut PrunedWriter>,
 ) -> Result<Vec<LinearReport>, PruneError> {
     let mut linears = Vec::with_capacity(7);
-    for input in [
-        LinearInput::Qkv,
-        LinearInput::O,
-        LinearInput::GateUp,
-        LinearInput::Down,
-    ] {
+    for input in LinearInput::ALL {
         let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
         let layer_config;
         let config = match &t.config.layer_sparsity {

@@ -137,12 +137,7 @@ pub fn outlier_pass<B: Backend>(
         }
         let _tag = tag::tag(Category::Statistics);
         let mut metrics = Vec::with_capacity(7);
-        for input in [
-            LinearInput::Qkv,
-            LinearInput::O,
-            LinearInput::GateUp,
-            LinearInput::Down,
-        ] {
+        for input in LinearInput::ALL {
             let Some(Stat::Norms(norms)) = stats.finish(input, calibration.len()) else {
                 continue;
             };

@@ -75,15 +75,10 @@ pub(super) fn fold_norms(acc: &mut Vec<f32>, x: &Tensor<Flex, 3>) {
 }
 
 pub(super) fn input_of(linear: &str) -> LinearInput {
-    [
-        LinearInput::Qkv,
-        LinearInput::O,
-        LinearInput::GateUp,
-        LinearInput::Down,
-    ]
-    .into_iter()
-    .find(|i| i.linears().contains(&linear))
-    .unwrap_or(LinearInput::Qkv)
+    LinearInput::ALL
+        .into_iter()
+        .find(|i| i.linears().contains(&linear))
+        .unwrap_or(LinearInput::Qkv)
 }
 
 /// Which pass.
