@@ -14,8 +14,12 @@ use std::path::PathBuf;
 
 use prunemem::events::Event;
 
-#[path = "../tests/support/train_grid.rs"]
+// Only its runner (`run_logged`) serves here.
+#[allow(dead_code)]
+#[path = "../tests/support/grid.rs"]
 mod grid;
+#[path = "../tests/support/train_grid.rs"]
+mod train_grid;
 
 fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
@@ -26,11 +30,11 @@ fn main() {
     let dir = tmp.path();
     let text = dir.join("text.txt");
     std::fs::write(&text, prunemem::model::tiny::corpus(6_000, 9)).expect("writing text");
-    for case in grid::cases()
+    for case in train_grid::cases()
         .into_iter()
         .filter(|c| c.name.contains(&filter))
     {
-        let (events, cmp) = match grid::run_case(&bin, dir, &text, &case) {
+        let (events, cmp) = match train_grid::run_case(&bin, dir, &text, &case) {
             Ok(r) => r,
             Err(e) => {
                 eprintln!("{e}");

@@ -48,17 +48,7 @@ fn prune(
     variant: bool,
     calibration: &[Vec<u32>],
 ) -> HashMap<String, Vec<f32>> {
-    prune_with(method, pattern, variant, false, calibration)
-}
-
-fn prune_with(
-    method: Method,
-    pattern: Pattern,
-    variant: bool,
-    per_outneuron: bool,
-    calibration: &[Vec<u32>],
-) -> HashMap<String, Vec<f32>> {
-    prune_full(method, pattern, variant, per_outneuron, None, calibration).0
+    prune_full(method, pattern, variant, false, None, calibration).0
 }
 
 /// Prunes tiny-llama at 50% (or, with OWL, at `0.7` on average with OWL's
@@ -148,6 +138,15 @@ fn mask_agreement(config: &str, got: &HashMap<String, Vec<f32>>, r: &Reference) 
     same as f64 / total as f64
 }
 
+/// The masks agree with the reference's `config`, but for near-ties:
+/// statistics are summed in a different order than the reference's running
+/// mean, so only exact near-ties may flip.
+fn assert_agrees(config: &str, got: &HashMap<String, Vec<f32>>, r: &Reference) {
+    let agree = mask_agreement(config, got, r);
+    println!("{config}: mask agreement {agree}");
+    assert!(agree >= 0.9995, "{config}: {agree}");
+}
+
 #[test]
 fn magnitude_matches_reference_exactly() {
     let r = reference();
@@ -170,11 +169,7 @@ fn wanda_matches_reference() {
         ("wanda_variant_0.5", Pattern::Unstructured, true),
     ] {
         let got = prune(Method::Wanda, pattern, variant, &r.calibration);
-        let agree = mask_agreement(config, &got, &r);
-        println!("{config}: mask agreement {agree}");
-        // Statistics are summed in a different order than the reference's
-        // running mean; only exact near-ties may flip.
-        assert!(agree >= 0.9995, "{config}: {agree}");
+        assert_agrees(config, &got, &r);
     }
 }
 
@@ -186,10 +181,15 @@ fn ria_matches_reference() {
         ("ria_outneuron_0.5", Pattern::Unstructured, true),
         ("ria_2:4", Pattern::NM { n: 2, m: 4 }, false),
     ] {
-        let got = prune_with(Method::Ria, pattern, false, per_outneuron, &r.calibration);
-        let agree = mask_agreement(config, &got, &r);
-        println!("{config}: mask agreement {agree}");
-        assert!(agree >= 0.9995, "{config}: {agree}");
+        let pruned = prune_full(
+            Method::Ria,
+            pattern,
+            false,
+            per_outneuron,
+            None,
+            &r.calibration,
+        );
+        assert_agrees(config, &pruned.0, &r);
     }
 }
 
@@ -214,9 +214,7 @@ fn owl_matches_reference() {
         (s[0] - 0.62).abs() < 1e-9 && (s[1] - 0.78).abs() < 1e-9,
         "{s:?}"
     );
-    let agree = mask_agreement("owl_wanda_0.7", &got, &r);
-    println!("owl_wanda_0.7: mask agreement {agree}");
-    assert!(agree >= 0.9995, "owl_wanda_0.7: {agree}");
+    assert_agrees("owl_wanda_0.7", &got, &r);
 }
 
 #[test]

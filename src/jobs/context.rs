@@ -114,6 +114,15 @@ impl Run {
         self.results.insert(key.to_string(), value.into());
     }
 
+    /// Ends the run as failed by `error`: the error as a message for the
+    /// user, then `RunFinished { Failed }`. Returns the error to pass on.
+    pub fn fail<E: std::fmt::Display>(self, error: E) -> E {
+        self.profiler
+            .message(crate::events::Level::Error, error.to_string());
+        self.finish(RunStatus::Failed(error.to_string()));
+        error
+    }
+
     /// Stops the sampler, emits `RunFinished` and flushes every sink.
     /// Returns the summary and the sink failures seen during the run.
     pub fn finish(mut self, status: RunStatus) -> (RunSummary, Vec<String>) {

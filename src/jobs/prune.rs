@@ -76,9 +76,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         p.message(Level::Warn, w);
     }
     if let Err(e) = dense_eval(job, &ckpt, &tok, seqlen, &mut run) {
-        p.message(Level::Error, e.to_string());
-        run.finish(RunStatus::Failed(e.to_string()));
-        return Err(e);
+        return Err(run.fail(e));
     }
     let gradprobe = job.method == Method::GradProbe;
     let closing = if gradprobe {
@@ -96,11 +94,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     };
     let pruned = match pruned {
         Ok(o) => o,
-        Err(e) => {
-            p.message(Level::Error, e.to_string());
-            run.finish(RunStatus::Failed(e.to_string()));
-            return Err(e);
-        }
+        Err(e) => return Err(run.fail(e)),
     };
     let saved = match writer {
         Some(w) => {

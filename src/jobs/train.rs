@@ -63,11 +63,10 @@ fn trainable_of(
     if freeze.norm {
         frozen += arch.hidden;
     }
-    let first = (0..c.num_layers)
-        .find(|i| !layers.contains(i))
-        .unwrap_or(c.num_layers);
-    let first = if freeze.embeddings { first } else { 0 };
-    Ok((arch.params.saturating_sub(frozen), first))
+    let floor = freeze
+        .backward_floor(c.num_layers)
+        .map_err(TrainError::Invalid)?;
+    Ok((arch.params.saturating_sub(frozen), floor))
 }
 
 pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
@@ -119,11 +118,7 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     })();
     let outcome = match result {
         Ok(o) => o,
-        Err(e) => {
-            p.message(Level::Error, e.to_string());
-            run.finish(RunStatus::Failed(e.to_string()));
-            return Err(e);
-        }
+        Err(e) => return Err(run.fail(e)),
     };
     p.stage(stages::TRAIN_END);
     let first = outcome.steps.first().map(|r| r.loss);

@@ -100,8 +100,15 @@ impl Freeze {
         }
     }
 
-    pub fn is_empty(&self) -> bool {
-        *self == Freeze::default()
+    /// The lowest decoder layer the backward must reach for a model of
+    /// `n` layers: 0 while the embeddings train, else the first layer not
+    /// frozen (`n` when all are) — no layer below it saves activations.
+    pub fn backward_floor(&self, n: usize) -> Result<usize, String> {
+        if !self.embeddings {
+            return Ok(0);
+        }
+        let layers = self.resolve(n)?;
+        Ok((0..n).find(|i| !layers.contains(i)).unwrap_or(n))
     }
 }
 
@@ -177,11 +184,6 @@ pub struct TrainOutcome {
     pub stages: Vec<crate::memory::MemorySnapshot>,
 }
 
-/// Counts of parameters: all, and trainable.
-fn param_counts(model: &Model) -> (u64, u64) {
-    (model.num_params() as u64, trainable_params(model))
-}
-
 /// Parameters that require a gradient.
 fn trainable_params(model: &Model) -> u64 {
     struct Count(u64);
@@ -200,7 +202,7 @@ fn trainable_params(model: &Model) -> u64 {
     c.0
 }
 
-/// Applies `freeze`; returns (lowest trainable layer, embeddings trainable).
+/// Applies `freeze`; returns (the backward's floor, embeddings trainable).
 fn apply_freeze(mut model: Model, freeze: &Freeze) -> Result<(Model, (usize, bool)), TrainError> {
     let n = model.model.layers.len();
     let layers = freeze.resolve(n).map_err(TrainError::Invalid)?;
@@ -223,8 +225,8 @@ fn apply_freeze(mut model: Model, freeze: &Freeze) -> Result<(Model, (usize, boo
     if freeze.norm {
         model.model.norm = model.model.norm.clone().no_grad();
     }
-    let first = (0..n).find(|i| !layers.contains(i)).unwrap_or(n);
-    Ok((model, (first, !freeze.embeddings)))
+    let floor = freeze.backward_floor(n).map_err(TrainError::Invalid)?;
+    Ok((model, (floor, !freeze.embeddings)))
 }
 
 /// Windows of `seqlen + 1` tokens every `seqlen` tokens (each token is a
@@ -287,7 +289,7 @@ pub fn train(
         ckpt.load_model::<step::Ad>(config.dtype, &device)
     })?;
     let (mut model, trainable) = apply_freeze(model, &config.freeze)?;
-    let (params, trainable_count) = param_counts(&model);
+    let (params, trainable_count) = (model.num_params() as u64, trainable_params(&model));
     if trainable_count == 0 {
         return Err(TrainError::Invalid(
             "--freeze leaves nothing to train".into(),

@@ -74,8 +74,8 @@ pub enum Forward {
     Checkpointed { boundaries: Vec<Tensor<Flex, 3>> },
 }
 
-/// Mean next-token cross-entropy of `h` (final hidden states before the
-/// norm) times `scale`, and its unscaled value.
+/// Mean next-token cross-entropy of `x` (the last layer's output, before
+/// the final norm) times `scale`.
 fn loss_of(model: &Model, x: Tensor<Ad, 3>, mb: &MicroBatch, scale: f64) -> Tensor<Ad, 1> {
     let [b, s, d] = x.dims();
     let h = model.model.norm.forward(x);
@@ -124,17 +124,16 @@ pub fn forward(
 }
 
 /// The backward of one micro-batch; gradients are added into `acc`.
-/// `first_trainable` is the lowest decoder layer with a trainable
-/// parameter (the number of layers when none), `embeddings_trainable`
-/// whether the lookup's gradient is needed. Returns the micro-batch's
-/// scaled loss.
+/// `floor` is the lowest decoder layer the backward must reach
+/// (`Freeze::backward_floor`), `embeddings_trainable` whether the lookup's
+/// gradient is needed. Returns the micro-batch's scaled loss.
 pub fn backward(
     model: &Model,
     mb: &MicroBatch,
     fwd: Forward,
     ropes: &Ropes,
     acc: &mut Accumulator,
-    (first_trainable, embeddings_trainable): (usize, bool),
+    (floor, embeddings_trainable): (usize, bool),
     scale: f64,
 ) -> f64 {
     let _tag = tag::tag(Category::Gradients);
@@ -157,12 +156,7 @@ pub fn backward(
     let grads = loss.backward();
     let mut g = x.grad(&grads);
     acc.accumulate(model, GradientsParams::from_grads(grads, model));
-    let stop = if embeddings_trainable {
-        0
-    } else {
-        first_trainable
-    };
-    for i in (stop..layers).rev() {
+    for i in (floor..layers).rev() {
         let (Some(dy), Some(input)) = (g.take(), boundaries.pop()) else {
             break;
         };

@@ -160,17 +160,24 @@ pub fn run_case(
     if case.args.contains(&"--eval-windows") {
         cmd.arg("--eval-text").arg(text);
     }
-    let out = cmd
-        .output()
-        .map_err(|e| format!("running {}: {e}", bin.display()))?;
+    run_logged(cmd, case.name, &log)
+}
+
+/// Runs `cmd`, a prunemem run logging to `log`, and compares its log with
+/// the estimator's prediction for its plan.
+pub fn run_logged(
+    mut cmd: Command,
+    name: &str,
+    log: &Path,
+) -> Result<(Vec<Event>, Comparison), String> {
+    let out = cmd.output().map_err(|e| format!("running {cmd:?}: {e}"))?;
     if !out.status.success() {
         return Err(format!(
-            "{}: {}",
-            case.name,
+            "{name}: {}",
             String::from_utf8_lossy(&out.stderr).trim()
         ));
     }
-    let events = against::read_events(&log).map_err(|e| e.to_string())?;
+    let events = against::read_events(log).map_err(|e| e.to_string())?;
     let cmp = against::compare(&events).map_err(|e| e.to_string())?;
     Ok((events, cmp))
 }

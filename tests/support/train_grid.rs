@@ -2,13 +2,13 @@
 //! is fitted and tested on (batch, accumulation, seqlen, optimizer,
 //! checkpointing, frozen layers, two model shapes), and the runner that
 //! trains each one through the binary and compares the estimate with the
-//! measured peaks. Shared by `examples/train_grid.rs` (the calibration
+//! measured peaks (through `grid::run_logged`). Shared by `examples/train_grid.rs` (the calibration
 //! table) and `tests/estimate_train.rs` (the 5% / 10% check).
 
 use std::path::Path;
 use std::process::Command;
 
-use prunemem::estimate::against::{self, Comparison};
+use prunemem::estimate::against::Comparison;
 use prunemem::events::Event;
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
 
@@ -129,13 +129,13 @@ pub fn run_case(
     let model = dir.join(case.name);
     write_checkpoint(&model, &case.spec).map_err(|e| e.to_string())?;
     let log = dir.join(format!("{}-log", case.name));
-    let out = Command::new(bin)
-        .arg("train")
+    let mut cmd = Command::new(bin);
+    cmd.arg("train")
         .arg("--model")
         .arg(&model)
         .arg("--text")
-        .arg(text)
-        .args(case.args)
+        .arg(text);
+    cmd.args(case.args)
         .args([
             "--steps",
             "2",
@@ -145,17 +145,6 @@ pub fn run_case(
             "50",
             "--log-memory",
         ])
-        .arg(&log)
-        .output()
-        .map_err(|e| format!("running {}: {e}", bin.display()))?;
-    if !out.status.success() {
-        return Err(format!(
-            "{}: {}",
-            case.name,
-            String::from_utf8_lossy(&out.stderr).trim()
-        ));
-    }
-    let events = against::read_events(&log).map_err(|e| e.to_string())?;
-    let cmp = against::compare(&events).map_err(|e| e.to_string())?;
-    Ok((events, cmp))
+        .arg(&log);
+    super::grid::run_logged(cmd, case.name, &log)
 }
