@@ -33,6 +33,8 @@ pub enum Work {
     Selection,
     /// SparseGPT's factorisation and blocked OBS sweep.
     Sweep,
+    /// DSnoT's swap loop over a first mask.
+    Refine,
     /// Reading and writing checkpoint tensors.
     Io,
     /// Log-softmax and losses over logits.
@@ -51,13 +53,14 @@ pub enum Phase {
     Eval,
 }
 
-const WORKS: [Work; 8] = [
+const WORKS: [Work; 9] = [
     Work::Gemm,
     Work::Attention,
     Work::Elementwise,
     Work::Statistics,
     Work::Selection,
     Work::Sweep,
+    Work::Refine,
     Work::Io,
     Work::Logits,
 ];
@@ -79,6 +82,7 @@ impl Work {
             Work::Statistics => "statistics",
             Work::Selection => "selection",
             Work::Sweep => "sparsegpt_sweep",
+            Work::Refine => "dsnot_refine",
             Work::Io => "checkpoint_io",
             Work::Logits => "logits",
         }
@@ -98,7 +102,7 @@ impl Phase {
     }
 }
 
-static WORK_NS: [AtomicU64; 8] = [const { AtomicU64::new(0) }; 8];
+static WORK_NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
 static PHASE_NS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
 
 thread_local! {
@@ -171,7 +175,7 @@ pub type Seconds = Vec<(&'static str, f64)>;
 /// The process's totals at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Totals {
-    work: [u64; 8],
+    work: [u64; 9],
     phase: [u64; 6],
 }
 

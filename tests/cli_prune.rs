@@ -360,6 +360,61 @@ fn owl_sets_per_layer_sparsities() {
 }
 
 #[test]
+fn dsnot_refines_every_method_at_the_target_sparsity() {
+    let f = fixture(SyntheticSpec::default());
+    for method in ["wanda", "magnitude", "sparsegpt", "ria"] {
+        for pattern in ["unstructured", "2:4"] {
+            let extra = [
+                "--dsnot",
+                "--dsnot-skip",
+                "none",
+                "--dsnot-threshold",
+                "0",
+                "--sparsity-type",
+                pattern,
+            ];
+            let (code, out, err) = run(&prune_args(&f, method, &extra));
+            assert_eq!(code, Some(0), "{method} {pattern}: {err}");
+            let j = json_line(&out);
+            for l in j["layer_sparsity"].as_array().unwrap() {
+                assert!(
+                    (l.as_f64().unwrap() - 0.5).abs() < 1e-9,
+                    "{method} {pattern}: {j}"
+                );
+            }
+            let changed = j["dsnot"]["changed_weights"].as_u64().unwrap();
+            assert!(
+                changed > 0,
+                "{method} {pattern}: DSnoT swapped nothing: {j}"
+            );
+            assert_eq!(j["dsnot"]["refined_linears"], 14, "{method} {pattern}");
+        }
+    }
+    // The authors' default leaves the MLP's three linears alone.
+    let (code, out, err) = run(&prune_args(&f, "wanda", &["--dsnot"]));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(json_line(&out)["dsnot"]["refined_linears"], 8);
+    // Magnitude without calibration text has no means to refine with.
+    let (code, _, err) = run(&[
+        "prune",
+        "--model",
+        s(&f.model),
+        "--method",
+        "magnitude",
+        "--dsnot",
+        "--ui",
+        "none",
+    ]);
+    assert_eq!(code, Some(2));
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("--dsnot needs") && lines[0].contains("--calib-text"),
+        "{err}"
+    );
+}
+
+#[test]
 fn bad_flags_are_one_line_errors() {
     let f = fixture(SyntheticSpec::default());
     let short = f.root.join("short.txt");
@@ -385,6 +440,12 @@ fn bad_flags_are_one_line_errors() {
         (vec!["--owl", "--owl-lambda", "-1"], "--owl-lambda"),
         (vec!["--owl", "--owl-m", "0"], "--owl-m"),
         (vec!["--per-outneuron"], "--per-outneuron"),
+        (vec!["--dsnot", "--use-variant"], "--dsnot"),
+        (
+            vec!["--dsnot", "--dsnot-threshold", "-1"],
+            "--dsnot-threshold",
+        ),
+        (vec!["--dsnot-skip", "attn"], "unknown DSnoT skip"),
         (vec!["--save", s(&f.model)], "input model's folder"),
         (vec!["--save", s(&f.text)], "not a model folder"),
     ];

@@ -11,7 +11,8 @@ use prunemem::events::Emitter;
 use prunemem::model::llama::LAYER_LINEARS;
 use prunemem::model::{Checkpoint, ComputeDtype};
 use prunemem::profiler::{Profiler, ProfilerConfig};
-use prunemem::prune::engine::{self, PruneConfig, Source, weight_out_in};
+use prunemem::prune::dsnot::{DsnotOptions, DsnotSkip};
+use prunemem::prune::engine::{self, PruneConfig, PruneOutcome, Source, weight_out_in};
 use prunemem::prune::owl::{OwlConfig, layer_sparsities, outlier_pass};
 use prunemem::prune::{Method, Pattern};
 
@@ -48,19 +49,43 @@ fn prune(
     variant: bool,
     calibration: &[Vec<u32>],
 ) -> HashMap<String, Vec<f32>> {
-    prune_full(method, pattern, variant, false, None, calibration).0
+    let setup = Setup {
+        variant,
+        ..Setup::new(method, pattern)
+    };
+    prune_full(&setup, calibration).0
 }
 
-/// Prunes tiny-llama at 50% (or, with OWL, at `0.7` on average with OWL's
-/// per-layer sparsities); also returns those sparsities.
-fn prune_full(
+/// One pruning of tiny-llama.
+struct Setup {
     method: Method,
     pattern: Pattern,
     variant: bool,
     per_outneuron: bool,
     owl: Option<OwlConfig>,
+    dsnot: Option<DsnotOptions>,
+}
+
+impl Setup {
+    fn new(method: Method, pattern: Pattern) -> Self {
+        Self {
+            method,
+            pattern,
+            variant: false,
+            per_outneuron: false,
+            owl: None,
+            dsnot: None,
+        }
+    }
+}
+
+/// Prunes tiny-llama at 50% (or, with OWL, at `0.7` on average with OWL's
+/// per-layer sparsities); also returns those sparsities and the engine's
+/// outcome.
+fn prune_full(
+    setup: &Setup,
     calibration: &[Vec<u32>],
-) -> (HashMap<String, Vec<f32>>, Option<Vec<f64>>) {
+) -> (HashMap<String, Vec<f32>>, Option<Vec<f64>>, PruneOutcome) {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama");
     let ckpt = Checkpoint::open(&dir).unwrap();
     let device = Default::default();
@@ -73,6 +98,14 @@ fn prune_full(
             ..Default::default()
         },
     );
+    let Setup {
+        method,
+        pattern,
+        variant,
+        per_outneuron,
+        owl,
+        dsnot,
+    } = *setup;
     let mut config = PruneConfig {
         method: method.try_into().unwrap(),
         sparsity: if owl.is_some() { 0.7 } else { 0.5 },
@@ -86,6 +119,7 @@ fn prune_full(
         ria_a: 0.5,
         per_outneuron,
         layer_sparsity: None,
+        dsnot,
     };
     if let Some(owl) = owl {
         let source = Source::Resident(&mut model);
@@ -121,7 +155,7 @@ fn prune_full(
             );
         }
     }
-    (out, config.layer_sparsity)
+    (out, config.layer_sparsity, outcome)
 }
 
 /// Fraction of weights whose pruned/kept status equals the reference's.
@@ -181,14 +215,11 @@ fn ria_matches_reference() {
         ("ria_outneuron_0.5", Pattern::Unstructured, true),
         ("ria_2:4", Pattern::NM { n: 2, m: 4 }, false),
     ] {
-        let pruned = prune_full(
-            Method::Ria,
-            pattern,
-            false,
+        let setup = Setup {
             per_outneuron,
-            None,
-            &r.calibration,
-        );
+            ..Setup::new(Method::Ria, pattern)
+        };
+        let pruned = prune_full(&setup, &r.calibration);
         assert_agrees(config, &pruned.0, &r);
     }
 }
@@ -200,14 +231,11 @@ fn owl_matches_reference() {
         lambda: 0.08,
         m: 3.0,
     };
-    let (got, s) = prune_full(
-        Method::Wanda,
-        Pattern::Unstructured,
-        false,
-        false,
-        Some(owl),
-        &r.calibration,
-    );
+    let setup = Setup {
+        owl: Some(owl),
+        ..Setup::new(Method::Wanda, Pattern::Unstructured)
+    };
+    let (got, s, _) = prune_full(&setup, &r.calibration);
     // The authors' run printed "after adjustment [0.38 0.22]": densities.
     let s = s.unwrap();
     assert!(
@@ -215,6 +243,71 @@ fn owl_matches_reference() {
         "{s:?}"
     );
     assert_agrees("owl_wanda_0.7", &got, &r);
+}
+
+#[test]
+fn dsnot_matches_reference() {
+    let r = reference();
+    let two_four = Pattern::NM { n: 2, m: 4 };
+    for (config, method, pattern, threshold, skip) in [
+        (
+            "dsnot_wanda_0.5",
+            Method::Wanda,
+            Pattern::Unstructured,
+            0.001,
+            DsnotSkip::None,
+        ),
+        (
+            "dsnot_magnitude_0.5",
+            Method::Magnitude,
+            Pattern::Unstructured,
+            0.001,
+            DsnotSkip::None,
+        ),
+        (
+            "dsnot_wanda_2:4",
+            Method::Wanda,
+            two_four,
+            0.001,
+            DsnotSkip::None,
+        ),
+        (
+            "dsnot_sparsegpt_0.5",
+            Method::SparseGpt,
+            Pattern::Unstructured,
+            0.001,
+            DsnotSkip::None,
+        ),
+        (
+            "dsnot_wanda_mlpskip_0.5",
+            Method::Wanda,
+            Pattern::Unstructured,
+            0.01,
+            DsnotSkip::Mlp,
+        ),
+    ] {
+        let dsnot = DsnotOptions {
+            max_cycles: 8,
+            update_threshold: threshold,
+            pow_of_var: 1.0,
+            skip,
+        };
+        let setup = Setup {
+            dsnot: Some(dsnot),
+            ..Setup::new(method, pattern)
+        };
+        let (got, _, outcome) = prune_full(&setup, &r.calibration);
+        let swapped: u64 = outcome
+            .layers
+            .iter()
+            .flat_map(|l| &l.linears)
+            .filter_map(|l| l.dsnot.map(|d| d.changed))
+            .sum();
+        println!("{config}: {swapped} weights changed state by DSnoT's swaps");
+        // The refinement did something to compare (not just the first mask).
+        assert!(swapped > 100, "{config}: {swapped}");
+        assert_agrees(config, &got, &r);
+    }
 }
 
 #[test]

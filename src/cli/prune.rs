@@ -114,6 +114,31 @@ pub struct PruneArgs {
         allow_negative_numbers = true
     )]
     pub owl_m: f64,
+    /// DSnoT: refine the method's mask (per output row / N:M group) by swapping weights towards zero expected output change
+    #[arg(long)]
+    pub dsnot: bool,
+    /// DSnoT: at most this many swaps per row
+    #[arg(long, alias = "max_cycle_time", default_value_t = 50)]
+    pub dsnot_max_cycles: usize,
+    /// DSnoT: a row stops once its |reconstruction error| is at most this
+    #[arg(
+        long,
+        alias = "update_threshold",
+        default_value_t = 0.1,
+        allow_negative_numbers = true
+    )]
+    pub dsnot_threshold: f64,
+    /// DSnoT: the regrowing score is divided by the input variance to this power (0: off)
+    #[arg(
+        long,
+        alias = "pow_of_var_regrowing",
+        default_value_t = 1.0,
+        allow_negative_numbers = true
+    )]
+    pub dsnot_pow_var: f64,
+    /// DSnoT: linears left with their first mask: mlp, self_attn or none
+    #[arg(long, alias = "skip_layer", default_value = "mlp")]
+    pub dsnot_skip: crate::prune::dsnot::DsnotSkip,
     /// Print the result as one JSON line
     #[arg(long)]
     pub json: bool,
@@ -209,6 +234,12 @@ impl PruneArgs {
             owl: self.owl.then_some(crate::prune::owl::OwlConfig {
                 lambda: self.owl_lambda,
                 m: self.owl_m,
+            }),
+            dsnot: self.dsnot.then_some(crate::prune::dsnot::DsnotOptions {
+                max_cycles: self.dsnot_max_cycles,
+                update_threshold: self.dsnot_threshold,
+                pow_of_var: self.dsnot_pow_var,
+                skip: self.dsnot_skip,
             }),
             gradprobe: GradProbeSettings {
                 strategy: g.strategy,

@@ -47,6 +47,10 @@ pub enum Field {
     Owl,
     OwlLambda,
     OwlM,
+    Dsnot,
+    DsnotMaxCycles,
+    DsnotThreshold,
+    DsnotPowVar,
 }
 
 impl Field {
@@ -82,6 +86,10 @@ impl Field {
             Field::Owl => "owl",
             Field::OwlLambda => "owl_lambda",
             Field::OwlM => "owl_m",
+            Field::Dsnot => "dsnot",
+            Field::DsnotMaxCycles => "dsnot_max_cycles",
+            Field::DsnotThreshold => "dsnot_threshold",
+            Field::DsnotPowVar => "dsnot_pow_var",
         }
     }
 }
@@ -207,6 +215,8 @@ pub struct PruneJob {
     pub per_outneuron: bool,
     /// OWL's per-layer sparsities around `sparsity` (`None`: uniform).
     pub owl: Option<crate::prune::owl::OwlConfig>,
+    /// DSnoT's refinement of the method's mask (`None`: the method's own mask).
+    pub dsnot: Option<crate::prune::dsnot::DsnotOptions>,
     pub gradprobe: GradProbeSettings,
     /// Run even when the estimate says it will not fit in memory.
     pub force: bool,
@@ -240,6 +250,7 @@ impl PruneJob {
             ria_a: 0.5,
             per_outneuron: false,
             owl: None,
+            dsnot: None,
             gradprobe: GradProbeSettings::default(),
             force: false,
             argv: Vec::new(),
@@ -365,6 +376,7 @@ impl PruneJob {
                 )?;
             }
         }
+        self.validate_dsnot()?;
         if !self.ria_a.is_finite() {
             bad(
                 format!("{{}} must be a finite number, got {}", self.ria_a),
@@ -377,6 +389,49 @@ impl PruneJob {
             {
                 bad(format!("{{}} {}: no such file", t.path.display()), &[field])?;
             }
+        }
+        Ok(())
+    }
+
+    /// DSnoT refines a magnitude, Wanda, SparseGPT or RIA mask with input
+    /// means and variances from calibration text.
+    fn validate_dsnot(&self) -> Result<(), ConfigError> {
+        use Field::{CalibText, Dsnot, DsnotPowVar, DsnotThreshold, UseVariant};
+        let Some(d) = self.dsnot else {
+            return Ok(());
+        };
+        if self.method == Method::GradProbe {
+            bad(
+                "{} refines magnitude, wanda, sparsegpt or ria masks, not {} gradprobe",
+                &[Dsnot, Field::Method],
+            )?;
+        }
+        if self.calib.is_none() {
+            bad(
+                format!(
+                    "{{}} needs the inputs' means and variances, which {} alone does not collect: give {{}}",
+                    self.method
+                ),
+                &[Dsnot, CalibText],
+            )?;
+        }
+        if self.use_variant {
+            bad(
+                "{} chooses its first mask per output row: drop {}",
+                &[Dsnot, UseVariant],
+            )?;
+        }
+        if !(d.update_threshold.is_finite() && d.update_threshold >= 0.0) {
+            bad(
+                format!("{{}} must be 0 or more, got {}", d.update_threshold),
+                &[DsnotThreshold],
+            )?;
+        }
+        if !d.pow_of_var.is_finite() {
+            bad(
+                format!("{{}} must be a finite number, got {}", d.pow_of_var),
+                &[DsnotPowVar],
+            )?;
         }
         Ok(())
     }

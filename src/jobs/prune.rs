@@ -153,6 +153,12 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
         s.insert("owl_lambda".into(), json!(owl.lambda));
         s.insert("owl_m".into(), json!(owl.m));
     }
+    if let Some(d) = job.dsnot {
+        s.insert("dsnot_max_cycles".into(), json!(d.max_cycles));
+        s.insert("dsnot_threshold".into(), json!(d.update_threshold));
+        s.insert("dsnot_pow_var".into(), json!(d.pow_of_var));
+        s.insert("dsnot_skip".into(), json!(d.skip.to_string()));
+    }
     if job.method == Method::Ria {
         s.insert("ria_a".into(), json!(job.ria_a));
         s.insert("per_outneuron".into(), json!(job.per_outneuron));
@@ -167,6 +173,9 @@ pub(super) fn layer_results(run: &mut Run, prune: &engine::PruneOutcome) {
     run.result("prune_seconds", prune.seconds);
     let sparsity: Vec<f64> = prune.layers.iter().map(|l| l.sparsity()).collect();
     run.result("layer_sparsity", sparsity);
+    if let Some(d) = prune.dsnot() {
+        run.result("dsnot", json!(d));
+    }
 }
 
 /// Records an evaluation's results.
@@ -188,7 +197,7 @@ fn prune_and_eval(
     let p = run.profiler.clone();
     let device = Default::default();
     let (calib, mut text_bytes) = match (&job.calib, job.method) {
-        (Some(src), m) if m != Method::Magnitude || job.owl.is_some() => {
+        (Some(src), m) if m != Method::Magnitude || job.owl.is_some() || job.dsnot.is_some() => {
             text::calibration(tok, src, job.nsamples, *seqlen, job.seed)?
         }
         _ => (Vec::new(), 0),
@@ -290,6 +299,7 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
         ria_a: job.ria_a,
         per_outneuron: job.per_outneuron,
         layer_sparsity: None,
+        dsnot: job.dsnot,
     })
 }
 
@@ -404,6 +414,7 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "nsamples": job.nsamples, "resident": job.resident, "layer_sparsity": layer_sparsity,
         "fp32_model_bytes": fp32,
         "peak_over_fp32_model": s.rss_peak.map(|p| p as f64 / fp32.max(1) as f64),
+        "dsnot": o.prune.dsnot(),
     })
 }
 

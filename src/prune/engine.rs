@@ -19,9 +19,10 @@ use std::time::Instant;
 use burn::module::Param;
 use burn::prelude::*;
 
+use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
 use super::sparsegpt::{SparseGptOptions, fasterprune};
-use super::stats::{LayerStats, Stat, StatKind};
+use super::stats::{LayerStats, Needs, Stat};
 use super::{LayerMethod, Pattern, PruneError};
 use crate::events::stages;
 use crate::memory::tag::{self, Category, tagged};
@@ -54,6 +55,8 @@ pub struct PruneConfig {
     pub per_outneuron: bool,
     /// Per-layer sparsities (OWL); `None`: `sparsity` everywhere.
     pub layer_sparsity: Option<Vec<f64>>,
+    /// DSnoT's mask refinement after the method's metric.
+    pub dsnot: Option<DsnotOptions>,
 }
 
 impl PruneConfig {
@@ -76,6 +79,9 @@ pub struct LinearReport {
     pub alpha: Option<f64>,
     /// SparseGPT: the reconstruction error it reports.
     pub error: Option<f64>,
+    /// DSnoT: cycles run and weights swapped (absent where it skipped).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub dsnot: Option<DsnotReport>,
 }
 
 /// What pruning one decoder layer did.
@@ -107,7 +113,33 @@ pub struct PruneOutcome {
     pub seconds: f64,
 }
 
+/// What DSnoT did over a whole run.
+#[derive(Debug, Clone, Copy, serde::Serialize)]
+pub struct DsnotSummary {
+    /// Linears it refined (not skipped).
+    pub refined_linears: usize,
+    /// Weights whose state differs from the first masks.
+    pub changed_weights: u64,
+    /// The most swaps a row made.
+    pub max_swaps_per_row: usize,
+}
+
 impl PruneOutcome {
+    /// DSnoT's totals, when it ran.
+    pub fn dsnot(&self) -> Option<DsnotSummary> {
+        let refined: Vec<DsnotReport> = self
+            .layers
+            .iter()
+            .flat_map(|l| &l.linears)
+            .filter_map(|l| l.dsnot)
+            .collect();
+        (!refined.is_empty()).then(|| DsnotSummary {
+            refined_linears: refined.len(),
+            changed_weights: refined.iter().map(|d| d.changed).sum(),
+            max_swaps_per_row: refined.iter().map(|d| d.cycles).max().unwrap_or(0),
+        })
+    }
+
     /// Fraction of zeros over every decoder linear (`check_sparsity`).
     pub fn sparsity(&self) -> f64 {
         sparsity_of(self.layers.iter().flat_map(|l| &l.linears))
@@ -122,12 +154,15 @@ pub enum Source<'a, B: Backend> {
     Resident(&'a mut Llama<B>),
 }
 
-fn stat_kind(method: LayerMethod) -> Option<StatKind> {
-    match method {
-        LayerMethod::Magnitude => None,
-        LayerMethod::Wanda | LayerMethod::Ria => Some(StatKind::ColumnNorms),
-        LayerMethod::SparseGpt => Some(StatKind::Hessian),
-    }
+/// The statistics `config` needs (`None`: no calibration pass at all).
+fn needs(config: &PruneConfig) -> Option<Needs> {
+    let dsnot = config.dsnot.is_some();
+    let needs = Needs {
+        norms: matches!(config.method, LayerMethod::Wanda | LayerMethod::Ria) || dsnot,
+        hessian: config.method == LayerMethod::SparseGpt,
+        moments: dsnot,
+    };
+    needs.any().then_some(needs)
 }
 
 /// Hidden states of the calibration windows after the embedding, in
@@ -167,7 +202,7 @@ pub fn prune<B: Backend>(
 ) -> Result<PruneOutcome, PruneError> {
     let start = Instant::now();
     let c = &ckpt.config;
-    let kind = stat_kind(config.method);
+    let kind = needs(config);
     let nsamples = calibration.len();
     let mut inps = match kind {
         Some(_) => {
@@ -223,7 +258,7 @@ struct LayerPass<'a, B: Backend> {
     device: &'a B::Device,
     profiler: &'a Profiler,
     rope: Rope<B>,
-    kind: Option<StatKind>,
+    kind: Option<Needs>,
     nsamples: usize,
     /// The run-wide components (calibration inputs, resident weights).
     components: BTreeMap<String, u64>,
@@ -406,60 +441,63 @@ fn prune_linear<B: Backend>(
     let _tag = tag::tag(Category::Masks);
     // Metrics, sorting, masks; SparseGPT's sweep and the write nest inside.
     let _span = timing::work(Work::Selection);
-    let (mut alpha, mut error) = (None, None);
-    match (config.method, stat) {
-        (LayerMethod::Magnitude, _) => {
-            let mask = magnitude_mask(&w, inp, config.sparsity, config.pattern);
-            apply_mask(&mut w, &mask);
-        }
-        (LayerMethod::Wanda, Some(Stat::Norms(scaler_row))) => {
-            let metric = tagged(Category::Statistics, || wanda_metric(&w, inp, scaler_row));
-            let (mask, a) = wanda_mask(
-                &metric,
-                inp,
-                config.sparsity,
-                config.pattern,
-                config.use_variant,
-            );
-            apply_mask(&mut w, &mask);
-            alpha = a;
-        }
-        (LayerMethod::Ria, Some(Stat::Norms(scaler_row))) => {
-            let metric = tagged(Category::Statistics, || {
-                ria_metric(&w, inp, scaler_row, config.ria_a)
-            });
-            let mask = ria_mask(
-                &metric,
-                inp,
-                config.sparsity,
-                config.pattern,
-                config.per_outneuron,
-            );
-            apply_mask(&mut w, &mask);
-        }
-        (LayerMethod::SparseGpt, Some(Stat::Hessian(h))) => {
-            let options = SparseGptOptions {
-                sparsity: config.sparsity,
-                pattern: config.pattern,
-                percdamp: config.percdamp,
-                blocksize: config.blocksize,
-            };
-            let _stats = tag::tag(Category::Statistics);
-            let _sweep = timing::work(Work::Sweep);
-            let r = fasterprune(&w, out, inp, h.clone(), options).map_err(|e| {
-                PruneError::NotPositiveDefinite {
-                    name: full_name.to_string(),
-                    index: e.index,
-                    value: e.value,
-                }
-            })?;
-            w = r.weight;
-            error = Some(r.error);
-        }
-        _ => {
-            return Err(PruneError::Invalid(format!(
-                "{full_name}: no statistics were collected"
-            )));
+    let missing = || PruneError::Invalid(format!("{full_name}: no statistics were collected"));
+    let norms = stat.and_then(|s| s.norms.as_deref());
+    let (mut alpha, mut error, mut refined) = (None, None, None);
+    if let Some(opts) = &config.dsnot {
+        let stat = stat.ok_or_else(missing)?;
+        let skip = opts.skips(name);
+        let (mask, report) = dsnot_mask(&w, inp, stat, config, opts, skip, full_name)?;
+        apply_mask(&mut w, &mask);
+        refined = (!skip).then_some(report);
+    } else {
+        match config.method {
+            LayerMethod::Magnitude => {
+                let mask = magnitude_mask(&w, inp, config.sparsity, config.pattern);
+                apply_mask(&mut w, &mask);
+            }
+            LayerMethod::Wanda => {
+                let norms = norms.ok_or_else(missing)?;
+                let metric = tagged(Category::Statistics, || wanda_metric(&w, inp, norms));
+                let (mask, a) = wanda_mask(
+                    &metric,
+                    inp,
+                    config.sparsity,
+                    config.pattern,
+                    config.use_variant,
+                );
+                apply_mask(&mut w, &mask);
+                alpha = a;
+            }
+            LayerMethod::Ria => {
+                let norms = norms.ok_or_else(missing)?;
+                let metric = tagged(Category::Statistics, || {
+                    ria_metric(&w, inp, norms, config.ria_a)
+                });
+                let mask = ria_mask(
+                    &metric,
+                    inp,
+                    config.sparsity,
+                    config.pattern,
+                    config.per_outneuron,
+                );
+                apply_mask(&mut w, &mask);
+            }
+            LayerMethod::SparseGpt => {
+                let h = stat.and_then(|s| s.hessian.clone()).ok_or_else(missing)?;
+                let options = SparseGptOptions {
+                    sparsity: config.sparsity,
+                    pattern: config.pattern,
+                    percdamp: config.percdamp,
+                    blocksize: config.blocksize,
+                };
+                let _stats = tag::tag(Category::Statistics);
+                let _sweep = timing::work(Work::Sweep);
+                let r = fasterprune(&w, out, inp, h, options)
+                    .map_err(|e| not_positive_definite(full_name, e))?;
+                w = r.weight;
+                error = Some(r.error);
+            }
         }
     }
     let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
@@ -474,5 +512,61 @@ fn prune_linear<B: Backend>(
         params: (out * inp) as u64,
         alpha,
         error,
+        dsnot: refined,
+    })
+}
+
+fn not_positive_definite(name: &str, e: super::linalg::NotPositiveDefinite) -> PruneError {
+    PruneError::NotPositiveDefinite {
+        name: name.to_string(),
+        index: e.index,
+        value: e.value,
+    }
+}
+
+/// DSnoT's mask: the method's metric as the first mask (per row, or per
+/// N:M group), refined by the swap loop unless the linear is skipped.
+/// SparseGPT contributes its saliency only, as in the authors' code: no
+/// weight update.
+fn dsnot_mask(
+    w: &[f32],
+    cols: usize,
+    stat: &Stat,
+    config: &PruneConfig,
+    opts: &DsnotOptions,
+    skip: bool,
+    full_name: &str,
+) -> Result<(Vec<bool>, DsnotReport), PruneError> {
+    let missing = || PruneError::Invalid(format!("{full_name}: no statistics were collected"));
+    let (norms, moments) = match (&stat.norms, &stat.moments) {
+        (Some(n), Some(m)) => (n, m),
+        _ => return Err(missing()),
+    };
+    let _stats = tag::tag(Category::Statistics);
+    let wanda = wanda_metric(w, cols, norms);
+    let initial = match config.method {
+        LayerMethod::Wanda => None,
+        LayerMethod::Magnitude => Some(w.iter().map(|v| v.abs()).collect()),
+        LayerMethod::Ria => Some(ria_metric(w, cols, norms, config.ria_a)),
+        LayerMethod::SparseGpt => {
+            let h = stat.hessian.clone().ok_or_else(missing)?;
+            Some(
+                dsnot::sparsegpt_metric(w, cols, h, config.percdamp)
+                    .map_err(|e| not_positive_definite(full_name, e))?,
+            )
+        }
+    };
+    let inputs = DsnotInputs {
+        w,
+        cols,
+        initial: initial.as_deref().unwrap_or(&wanda),
+        wanda: &wanda,
+        mean: &moments.mean,
+        var: &moments.var,
+    };
+    let _refine = timing::work(Work::Refine);
+    Ok(match config.pattern {
+        Pattern::Unstructured => dsnot::refine_unstructured(&inputs, config.sparsity, opts, skip),
+        Pattern::NM { n, m } => dsnot::refine_nm(&inputs, n, m, opts, skip),
     })
 }

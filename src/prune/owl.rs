@@ -16,7 +16,7 @@ use burn::prelude::*;
 use super::PruneError;
 use super::engine::{PruneConfig, Source, embed_windows, weight_out_in};
 use super::methods::wanda_metric;
-use super::stats::{LayerStats, Stat, StatKind};
+use super::stats::{LayerStats, Needs};
 use crate::events::stages;
 use crate::memory::tag::{self, Category};
 use crate::model::llama::LinearInput;
@@ -125,7 +125,7 @@ pub fn outlier_pass<B: Backend>(
                 &owned
             }
         };
-        let mut stats = LayerStats::<B>::new(StatKind::ColumnNorms);
+        let mut stats = LayerStats::<B>::new(Needs::NORMS);
         {
             let _tag = tag::tag(Category::Activations);
             for x in inps.iter_mut() {
@@ -138,7 +138,7 @@ pub fn outlier_pass<B: Backend>(
         let _tag = tag::tag(Category::Statistics);
         let mut metrics = Vec::with_capacity(7);
         for input in LinearInput::ALL {
-            let Some(Stat::Norms(norms)) = stats.finish(input, calibration.len()) else {
+            let Some(norms) = stats.finish(input, calibration.len()).and_then(|s| s.norms) else {
                 continue;
             };
             for name in input.linears() {

@@ -7,7 +7,10 @@
 //! - Wanda: `scaler_row[j] = Σ_samples ‖x_j‖² / N` (the squared L2 norm of
 //!   input column j over a sample's tokens, averaged over samples), as
 //!   `WrappedGPT.add_batch`;
-//! - SparseGPT: `H = 2/N Σ_samples Xᵀ X`, as `SparseGPT.add_batch`.
+//! - SparseGPT: `H = 2/N Σ_samples Xᵀ X`, as `SparseGPT.add_batch`;
+//! - DSnoT: `Σ_samples Σ_tokens x_j / N` and the population variance of
+//!   `x_j` over each window's tokens averaged over windows (its
+//!   `WrappedGPT.add_batch` folds one window at a time into these).
 //!
 //! Sums run on the device in f32, one batch of windows at a time; the
 //! division by N happens once at the end (the reference folds it into a
@@ -20,32 +23,63 @@ use burn::tensor::{DType, FloatDType};
 
 use crate::model::llama::LinearInput;
 
-/// Which statistic a method needs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum StatKind {
-    /// Column norms (Wanda, GradProbe's Wanda strategy).
-    ColumnNorms,
+/// Which statistics a run needs (a method's, plus DSnoT's moments).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Needs {
+    /// Column norms (Wanda, RIA, GradProbe's Wanda strategy, DSnoT).
+    pub norms: bool,
     /// Input Hessians (SparseGPT).
-    Hessian,
+    pub hessian: bool,
+    /// Per-input mean and per-window variance (DSnoT).
+    pub moments: bool,
 }
 
-enum Acc<B: Backend> {
-    Norms(Tensor<B, 1>),
-    Hessian(Tensor<B, 2>),
+impl Needs {
+    pub const NORMS: Needs = Needs {
+        norms: true,
+        hessian: false,
+        moments: false,
+    };
+
+    /// Whether anything is collected at all.
+    pub fn any(self) -> bool {
+        self.norms || self.hessian || self.moments
+    }
+}
+
+/// Running sums of one input.
+#[derive(Default)]
+struct Acc<B: Backend> {
+    norms: Option<Tensor<B, 1>>,
+    hessian: Option<Tensor<B, 2>>,
+    /// `Σ x` over every token.
+    sum: Option<Tensor<B, 1>>,
+    /// `Σ_windows var(x)` (population variance over a window's tokens).
+    var: Option<Tensor<B, 1>>,
 }
 
 /// Accumulators for one decoder layer.
 pub struct LayerStats<B: Backend> {
-    kind: StatKind,
+    needs: Needs,
     acc: HashMap<LinearInput, Acc<B>>,
 }
 
+/// DSnoT's per-input moments, on the host.
+pub struct Moments {
+    /// `Σ x_j / N` (the authors' `sum_metric_row`).
+    pub mean: Vec<f32>,
+    /// The windows' variances of `x_j`, averaged.
+    pub var: Vec<f32>,
+}
+
 /// Finished statistics of one input, on the host.
-pub enum Stat {
+#[derive(Default)]
+pub struct Stat {
     /// `scaler_row`, length `in`.
-    Norms(Vec<f32>),
+    pub norms: Option<Vec<f32>>,
     /// `H`, `in × in` row-major.
-    Hessian(Vec<f32>),
+    pub hessian: Option<Vec<f32>>,
+    pub moments: Option<Moments>,
 }
 
 /// Rows squared per step of [`column_square_sums`] (a 4 MiB f32 slab).
@@ -74,10 +108,21 @@ fn column_square_sums<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     }
 }
 
+fn add<B: Backend, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, D>) {
+    *acc = Some(match acc.take() {
+        Some(a) => a + t,
+        None => t,
+    });
+}
+
+fn host<B: Backend, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
+    t?.mul_scalar(scale).into_data().into_vec().ok()
+}
+
 impl<B: Backend> LayerStats<B> {
-    pub fn new(kind: StatKind) -> Self {
+    pub fn new(needs: Needs) -> Self {
         Self {
-            kind,
+            needs,
             acc: HashMap::new(),
         }
     }
@@ -85,20 +130,28 @@ impl<B: Backend> LayerStats<B> {
     /// Adds a batch of inputs `[batch, seq, in]` of the linears fed by `input`.
     pub fn observe(&mut self, input: LinearInput, x: &Tensor<B, 3>) {
         let [b, s, d] = x.dims();
-        let mut x2 = x.clone().reshape([b * s, d]);
-        if x2.dtype() != DType::F32 {
-            x2 = x2.cast(FloatDType::F32);
+        let mut x3 = x.clone();
+        if x3.dtype() != DType::F32 {
+            x3 = x3.cast(FloatDType::F32);
         }
-        let update = match self.kind {
-            StatKind::ColumnNorms => Acc::Norms(column_square_sums(x2)),
-            StatKind::Hessian => Acc::Hessian(x2.clone().transpose().matmul(x2)),
-        };
-        let merged = match (self.acc.remove(&input), update) {
-            (Some(Acc::Norms(a)), Acc::Norms(u)) => Acc::Norms(a + u),
-            (Some(Acc::Hessian(a)), Acc::Hessian(u)) => Acc::Hessian(a + u),
-            (_, u) => u,
-        };
-        self.acc.insert(input, merged);
+        let acc = self.acc.entry(input).or_default();
+        if self.needs.moments {
+            // One window at a time: the centred copy is one window's size.
+            for w in 0..b {
+                let xw = x3.clone().slice([w..w + 1, 0..s, 0..d]).reshape([s, d]);
+                let sum = xw.clone().sum_dim(0);
+                let centred = xw - sum.clone().div_scalar(s as f64);
+                add(&mut acc.var, centred.square().mean_dim(0).reshape([d]));
+                add(&mut acc.sum, sum.reshape([d]));
+            }
+        }
+        let x2 = x3.reshape([b * s, d]);
+        if self.needs.norms {
+            add(&mut acc.norms, column_square_sums(x2.clone()));
+        }
+        if self.needs.hessian {
+            add(&mut acc.hessian, x2.clone().transpose().matmul(x2));
+        }
     }
 
     /// Bytes the accumulators hold (for the run's accounting).
@@ -106,11 +159,16 @@ impl<B: Backend> LayerStats<B> {
     /// (The squares of a batch are never all materialised: see
     /// [`column_square_sums`].)
     pub fn bytes(&self) -> u64 {
+        let len1 = |t: &Option<Tensor<B, 1>>| t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4);
         self.acc
             .values()
-            .map(|a| match a {
-                Acc::Norms(t) => t.dims()[0] as u64 * 4,
-                Acc::Hessian(t) => (t.dims()[0] * t.dims()[1]) as u64 * 4,
+            .map(|a| {
+                len1(&a.norms)
+                    + len1(&a.sum)
+                    + len1(&a.var)
+                    + a.hessian
+                        .as_ref()
+                        .map_or(0, |t| (t.dims()[0] * t.dims()[1]) as u64 * 4)
             })
             .sum()
     }
@@ -118,11 +176,15 @@ impl<B: Backend> LayerStats<B> {
     /// The statistics of `input` over `nsamples` windows, on the host.
     pub fn finish(&mut self, input: LinearInput, nsamples: usize) -> Option<Stat> {
         let n = nsamples.max(1) as f64;
-        match self.acc.remove(&input)? {
-            Acc::Norms(t) => Some(Stat::Norms(t.div_scalar(n).into_data().into_vec().ok()?)),
-            Acc::Hessian(t) => Some(Stat::Hessian(
-                t.mul_scalar(2.0 / n).into_data().into_vec().ok()?,
-            )),
-        }
+        let a = self.acc.remove(&input)?;
+        let moments = match (host(a.sum, 1.0 / n), host(a.var, 1.0 / n)) {
+            (Some(mean), Some(var)) => Some(Moments { mean, var }),
+            _ => None,
+        };
+        Some(Stat {
+            norms: host(a.norms, 1.0 / n),
+            hessian: host(a.hessian, 2.0 / n),
+            moments,
+        })
     }
 }

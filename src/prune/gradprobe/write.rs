@@ -39,6 +39,7 @@ pub fn write_pruned(
             params: w.len() as u64,
             alpha: None,
             error: None,
+            dsnot: None,
         };
         match layer_index(&t.name) {
             Some(i) if i < layers.len() => {
