@@ -57,8 +57,8 @@ fn estimates_are_within_five_percent_of_measured_peaks() {
     }
     assert_eq!(
         methods.len(),
-        3,
-        "magnitude, wanda and sparsegpt are all covered"
+        4,
+        "magnitude, wanda, sparsegpt and ria are all covered"
     );
     assert!(
         failures.is_empty(),

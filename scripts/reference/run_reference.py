@@ -8,6 +8,10 @@ protocol, and prints one JSON line comparable to `prunemem prune --json`.
         --calib-text wiki.test.raw --calib-lines second-half \
         --eval-text wiki.test.raw --eval-lines first-half --eval-windows 40
 
+With `--dsnot-repo PATH_TO_DSNOT_CHECKOUT --dsnot` it runs DSnoT's
+`prune_DSnoT` (zyxxmu/DSnoT lib/prune.py) with `--method` as its initial
+method and its defaults (50 cycles, threshold 0.1, skip mlp) instead.
+
 The authors' code is imported from the checkout given, unmodified; the
 shims in refshim.py only let it run on CPU with current transformers, and
 `get_loaders` is replaced by the same calibration sampling on a local text
@@ -68,13 +72,15 @@ def main():
     ap.add_argument("--use-variant", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--save-model")
+    ap.add_argument("--dsnot", action="store_true")
+    ap.add_argument("--dsnot-repo")
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     t_start = time.time()
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import refshim
-    P = refshim.import_reference(a.wanda_repo)
+    P = refshim.import_reference(a.dsnot_repo if a.dsnot else a.wanda_repo)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
@@ -86,6 +92,7 @@ def main():
     def get_loaders(name, nsamples=128, seed=0, seqlen=2048, tokenizer=None):
         text = select(open(a.calib_text, encoding="utf-8", newline="").read(), a.calib_lines)
         enc = tokenizer(text, return_tensors="pt").input_ids
+        seqlen = a.seqlen  # DSnoT asks for 2048 whatever the model's window
         random.seed(seed)
         loader = []
         for _ in range(nsamples):
@@ -98,7 +105,11 @@ def main():
 
     P.get_loaders = get_loaders
     args = types.SimpleNamespace(nsamples=a.nsamples, seed=a.seed, sparsity_ratio=a.sparsity,
-                                 use_variant=a.use_variant, prune_method=a.method)
+                                 use_variant=a.use_variant, prune_method=a.method,
+                                 initial_method=a.method, max_cycle_time=50, without_DSnoT=False,
+                                 update_threshold=0.1, pow_of_var_regrowing=1.0, pow_of_var_pruning=1.0,
+                                 skip_layer="mlp", skip_sub_layer="no_skip", without_same_sign=True,
+                                 get_time_overhead=False)
     prune_n, prune_m = (0, 0) if a.sparsity_type == "unstructured" else map(int, a.sparsity_type.split(":"))
     device = torch.device("cpu")
 
@@ -115,7 +126,9 @@ def main():
     th.start()
     t0 = time.time()
     with torch.no_grad():
-        if a.method == "wanda":
+        if a.dsnot:
+            P.prune_DSnoT(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
+        elif a.method == "wanda":
             P.prune_wanda(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
         elif a.method == "magnitude":
             P.prune_magnitude(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
@@ -127,7 +140,7 @@ def main():
     prune_rss_peak = max(peak["rss"], rss_kib("VmRSS:"))
     sparsity = P.check_sparsity(model)
 
-    result = {"tool": "reference", "method": a.method, "type": a.sparsity_type, "sparsity_target": a.sparsity,
+    result = {"tool": "reference", "method": a.method, "dsnot": a.dsnot, "type": a.sparsity_type, "sparsity_target": a.sparsity,
               "sparsity": sparsity, "prune_seconds": prune_seconds, "load_seconds": t_loaded - t_start,
               "rss_after_load": rss_loaded * 1024, "rss_peak_pruning": prune_rss_peak * 1024,
               "nsamples": a.nsamples, "seqlen": a.seqlen}

@@ -48,6 +48,12 @@ pub struct EstimateArgs {
     /// Train with activation checkpointing per decoder layer (prunemem's engine)
     #[arg(long)]
     checkpointing: bool,
+    /// Pruning with OWL's outlier pass first (prunemem's engine)
+    #[arg(long)]
+    owl: bool,
+    /// Pruning with DSnoT's mask refinement (prunemem's engine)
+    #[arg(long)]
+    dsnot: bool,
     /// Compute dtype (default: f16 on cuda, f32 on cpu)
     #[arg(long)]
     dtype: Option<ComputeDtype>,
@@ -158,6 +164,8 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         Optimizer::AdamW
     };
     w.checkpointing = args.checkpointing;
+    w.owl = args.owl;
+    w.dsnot = args.dsnot;
     w.resident = args.resident;
     w.eval_windows = args.eval_windows;
     w.sparsity = args.sparsity;

@@ -69,6 +69,9 @@ pub struct PruneArgs {
     /// Save the pruned model here (Hugging Face layout, same names and dtype)
     #[arg(long, alias = "save_model", value_name = "DIR")]
     pub save: Option<PathBuf>,
+    /// How --save writes: dense (the input's layout, zeros stored) or compressed (compressed-tensors: sparse-24-bitmask for 2:4, sparse-bitmask otherwise)
+    #[arg(long, default_value = "dense")]
+    pub save_format: crate::jobs::config::SaveFormat,
     /// Keep the whole model loaded instead of streaming one layer at a time
     #[arg(long)]
     pub resident: bool,
@@ -224,6 +227,7 @@ impl PruneArgs {
             eval_dense: self.eval_dense,
             use_variant: self.use_variant,
             save: self.save.clone(),
+            save_format: self.save_format,
             resident: self.resident,
             dtype: self.dtype,
             batch_size: self.batch_size,
@@ -283,7 +287,22 @@ pub fn print_outcome(o: &jobs::prune::Outcome) {
         );
     }
     if let Some(dir) = &o.saved {
-        println!("pruned model saved to {}", dir.display());
+        let size = o
+            .saved_bytes
+            .map(crate::units::format_bytes)
+            .unwrap_or_default();
+        match &o.compressed {
+            Some(c) => println!(
+                "pruned model saved to {} ({}, {size} of weights; dense {})",
+                dir.display(),
+                c.format.name(),
+                crate::units::format_bytes(c.bytes_in)
+            ),
+            None => println!(
+                "pruned model saved to {} ({size} of weights)",
+                dir.display()
+            ),
+        }
     }
     if let Some(l) = &o.logs {
         println!("memory logs in {}", l.display());

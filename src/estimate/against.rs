@@ -107,6 +107,8 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
         .unwrap_or(false);
     w.trainable_params = get("trainable_params").and_then(|v| v.as_u64());
     w.first_trainable_layer = num("first_trainable_layer", 0);
+    w.owl = get("owl_lambda").is_some();
+    w.dsnot = get("dsnot_max_cycles").is_some();
     Ok((arch, w))
 }
 

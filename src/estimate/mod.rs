@@ -205,6 +205,10 @@ pub struct Workload {
     /// Training: the lowest decoder layer that is trained (frozen layers
     /// below it save no activations).
     pub first_trainable_layer: u64,
+    /// Pruning: OWL's outlier pass first (`--owl`).
+    pub owl: bool,
+    /// Pruning: DSnoT's refinement (`--dsnot`).
+    pub dsnot: bool,
 }
 
 impl Workload {
@@ -231,6 +235,8 @@ impl Workload {
             checkpointing: false,
             trainable_params: None,
             first_trainable_layer: 0,
+            owl: false,
+            dsnot: false,
         }
     }
 }

@@ -124,6 +124,24 @@ fn load_transient(a: &Arch, w: &Workload) -> u64 {
     a.largest_linear() * (w.stored_bytes + w.dtype.size())
 }
 
+/// Pruning one linear with DSnoT (`prune::dsnot`): the weight, Wanda's
+/// metric, the method's own metric (not for Wanda), the mask and the first
+/// mask's copy. SparseGPT's saliency first holds, beside the weight and
+/// Wanda's metric, five `in²` f32 matrices (the statistic, its working copy,
+/// the reversed factor, its inverse and `Hinv`). (DSnoT's moments are
+/// taken one window at a time while the statistics pass runs; on the grid
+/// they did not raise its peak.)
+fn dsnot_transient(a: &Arch, m: Method) -> u64 {
+    let own = if m == Method::Wanda { 0 } else { 4 };
+    let refine = a.largest_linear() * (4 + 4 + own + 2);
+    if m == Method::SparseGpt {
+        let widest_in = a.intermediate.max(a.q_dim()).max(a.hidden);
+        refine.max(5 * widest_in * widest_in * 4 + a.largest_linear() * 8)
+    } else {
+        refine
+    }
+}
+
 /// Pruning one linear on the host.
 fn prune_transient(a: &Arch, m: Method) -> u64 {
     match m {
@@ -176,7 +194,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     } else {
         "weights (one layer)"
     };
-    let calibrated = m != Method::Magnitude;
+    let calibrated = m != Method::Magnitude || w.owl || w.dsnot;
     let n = if calibrated { w.nsamples } else { 0 };
     let calibration = n * w.seqlen * a.hidden * c;
     let batch = w.batch_size.min(n.max(1));
@@ -206,23 +224,28 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
                 if w.resident { load_transient(a, w) } else { 0 },
             ),
     );
+    if w.owl {
+        out.push(owl_phase(a, w, calibration, runtime_name, runtime));
+    }
     if calibrated {
         // The embedding is decoded straight into its compute-dtype vector
         // (`model::dtype::Converted`, one copy), then the calibration
         // buffers are filled beside it.
+        let first = if w.owl {
+            stages::OWL_RATIOS
+        } else {
+            stages::MODEL_LOADED
+        };
         out.push(
-            Phase::new(
-                "calibration",
-                &[stages::MODEL_LOADED, stages::BEFORE_PRUNING],
-            )
-            .add(runtime_name, runtime)
-            .add(
-                "weights (resident)",
-                if w.resident { a.params * c } else { 0 },
-            )
-            .add("embeddings", if w.resident { 0 } else { embed })
-            .add("calibration buffers", calibration)
-            .add("compute workspace", COMPUTE_WORKSPACE),
+            Phase::new("calibration", &[first, stages::BEFORE_PRUNING])
+                .add(runtime_name, runtime)
+                .add(
+                    "weights (resident)",
+                    if w.resident { a.params * c } else { 0 },
+                )
+                .add("embeddings", if w.resident { 0 } else { embed })
+                .add("calibration buffers", calibration)
+                .add("compute workspace", COMPUTE_WORKSPACE),
         );
     }
     let (transient_name, transient) = [
@@ -230,19 +253,17 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         (
             "activations",
             match m {
-                Method::Magnitude | Method::GradProbe => 0,
-                Method::Wanda | Method::Ria => forward(a, tokens) + wanda_norm_slab(a, tokens),
+                Method::Magnitude | Method::GradProbe if !calibrated => 0,
                 Method::SparseGpt => forward_with_hessians(a, tokens),
+                _ => forward(a, tokens) + wanda_norm_slab(a, tokens),
             },
         ),
-        (
-            match m {
-                // SparseGPT's sweep runs under the statistics tag.
-                Method::SparseGpt => "OBS sweep transient",
-                _ => "pruning transient",
-            },
-            prune_transient(a, m),
-        ),
+        match (m, w.dsnot) {
+            (_, true) => ("pruning transient", dsnot_transient(a, m)),
+            // SparseGPT's sweep runs under the statistics tag.
+            (Method::SparseGpt, false) => ("OBS sweep transient", prune_transient(a, m)),
+            _ => ("pruning transient", prune_transient(a, m)),
+        },
     ]
     .into_iter()
     .max_by_key(|(_, b)| *b)
@@ -296,6 +317,47 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         out.insert(0, dense);
     }
     out
+}
+
+/// OWL's outlier pass (`prune::owl`): its own copy of the calibration
+/// hidden states, one layer, and the larger of the layer's forward and the
+/// Wanda metrics of its seven linears (held together to count outliers).
+fn owl_phase(a: &Arch, w: &Workload, calibration: u64, runtime_name: &str, runtime: u64) -> Phase {
+    let c = w.dtype.size();
+    let tokens = w.batch_size.min(w.nsamples.max(1)) * w.seqlen;
+    let metrics = (a.layer_params() + a.largest_linear()) * 4;
+    let (t_name, t) = [
+        (
+            "activations",
+            forward(a, tokens) + wanda_norm_slab(a, tokens),
+        ),
+        ("statistics (layer metrics)", metrics),
+        ("load transient", load_transient(a, w)),
+    ]
+    .into_iter()
+    .max_by_key(|(_, b)| *b)
+    .unwrap_or(("activations", 0));
+    Phase::new("owl pass", &[stages::MODEL_LOADED, stages::OWL_RATIOS])
+        .add(runtime_name, runtime)
+        .add(
+            if w.resident {
+                "weights (resident)"
+            } else {
+                "weights (one layer)"
+            },
+            if w.resident {
+                a.params * c
+            } else {
+                a.layer_params() * c
+            },
+        )
+        .add("calibration buffers", calibration)
+        .add(
+            "rotary tables",
+            rope_tables(a, w, w.batch_size.min(w.nsamples.max(1)), w.nsamples),
+        )
+        .add("compute workspace", COMPUTE_WORKSPACE)
+        .add(t_name, t)
 }
 
 /// An evaluation phase: weights (resident, or the layer streamed with the

@@ -47,6 +47,8 @@ pub enum Field {
     Owl,
     OwlLambda,
     OwlM,
+    SaveFormat,
+    Save,
     Dsnot,
     DsnotMaxCycles,
     DsnotThreshold,
@@ -86,6 +88,8 @@ impl Field {
             Field::Owl => "owl",
             Field::OwlLambda => "owl_lambda",
             Field::OwlM => "owl_m",
+            Field::SaveFormat => "save_format",
+            Field::Save => "save",
             Field::Dsnot => "dsnot",
             Field::DsnotMaxCycles => "dsnot_max_cycles",
             Field::DsnotThreshold => "dsnot_threshold",
@@ -145,6 +149,41 @@ pub struct TextSource {
     pub lines: LineRange,
 }
 
+/// How a pruned model is saved.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum SaveFormat {
+    /// The input's layout: same names, dtype and files, zeros stored.
+    Dense,
+    /// compressed-tensors: `sparse-24-bitmask` for 2:4, `sparse-bitmask` otherwise.
+    Compressed,
+}
+
+impl std::str::FromStr for SaveFormat {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "dense" => Ok(SaveFormat::Dense),
+            "compressed" => Ok(SaveFormat::Compressed),
+            other => Err(format!(
+                "unknown save format '{other}' (expected dense or compressed)"
+            )),
+        }
+    }
+}
+
+impl SaveFormat {
+    /// The compressed-tensors format for `pattern` (`None`: dense).
+    pub fn sparse_format(self, pattern: Pattern) -> Option<crate::model::compressed::SparseFormat> {
+        use crate::model::compressed::SparseFormat;
+        match (self, pattern) {
+            (SaveFormat::Dense, _) => None,
+            (SaveFormat::Compressed, Pattern::NM { n: 2, m: 4 }) => Some(SparseFormat::TwoFour),
+            (SaveFormat::Compressed, _) => Some(SparseFormat::Bitmask),
+        }
+    }
+}
+
 /// GradProbe's settings (defaults are the reference's).
 #[derive(Debug, Clone)]
 pub struct GradProbeSettings {
@@ -202,6 +241,8 @@ pub struct PruneJob {
     pub eval_dense: bool,
     pub use_variant: bool,
     pub save: Option<PathBuf>,
+    /// How `save` is written.
+    pub save_format: SaveFormat,
     pub resident: bool,
     pub dtype: ComputeDtype,
     /// Windows per forward pass (default 8; GradProbe: per gradient batch, 1).
@@ -242,6 +283,7 @@ impl PruneJob {
             eval_dense: false,
             use_variant: false,
             save: None,
+            save_format: SaveFormat::Dense,
             resident: false,
             dtype: ComputeDtype::F32,
             batch_size: None,
@@ -377,6 +419,12 @@ impl PruneJob {
             }
         }
         self.validate_dsnot()?;
+        if self.save_format == SaveFormat::Compressed && self.save.is_none() {
+            bad(
+                "{} compressed writes the saved model: give {}",
+                &[Field::SaveFormat, Field::Save],
+            )?;
+        }
         if !self.ria_a.is_finite() {
             bad(
                 format!("{{}} must be a finite number, got {}", self.ria_a),

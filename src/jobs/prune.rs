@@ -29,6 +29,10 @@ pub struct Outcome {
     pub sink_errors: Vec<String>,
     /// Where the pruned model was saved.
     pub saved: Option<PathBuf>,
+    /// Bytes of the saved model's weight files.
+    pub saved_bytes: Option<u64>,
+    /// The compressed layout written, when `--save-format compressed`.
+    pub compressed: Option<crate::model::compressed::CompressReport>,
     /// Where the logs are.
     pub logs: Option<PathBuf>,
     /// The model's parameters × 4 bytes.
@@ -96,15 +100,31 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         Ok(o) => o,
         Err(e) => return Err(run.fail(e)),
     };
+    let mut compressed = None;
     let saved = match writer {
         Some(w) => {
             p.stage(closing[0]);
-            let dir = w.finish(&opened.ckpt)?;
+            let dir = match job.save_format.sparse_format(job.pattern) {
+                None => w.finish(&opened.ckpt),
+                Some(format) => w.finish_compressed(&opened.ckpt, format).map(|(dir, r)| {
+                    compressed = Some(r);
+                    dir
+                }),
+            };
+            let dir = match dir {
+                Ok(d) => d,
+                Err(e) => return Err(run.fail(e.into())),
+            };
             p.stage(closing[1]);
             Some(dir)
         }
         None => None,
     };
+    let saved_bytes = saved.as_deref().map(weight_file_bytes);
+    if let Some(b) = saved_bytes {
+        run.result("saved_bytes", b);
+        run.result("save_format", json!(job.save_format));
+    }
     p.stage(closing[2]);
     let (summary, sink_errors) = run.finish(RunStatus::Ok);
     let logs = match (asked_logs, &saved) {
@@ -118,6 +138,8 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         summary,
         sink_errors,
         saved,
+        saved_bytes,
+        compressed,
         logs,
         fp32_model_bytes: opened.ckpt.config.param_count() * 4,
     })
@@ -140,6 +162,7 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     s.insert("use_variant".into(), json!(job.use_variant));
     let save = job.save.as_ref().map(|p| p.display().to_string());
     s.insert("save".into(), json!(save));
+    s.insert("save_format".into(), json!(job.save_format));
     s.insert("eval_windows".into(), json!(job.eval_windows));
     s.insert("eval_dense".into(), json!(job.eval_dense));
     if job.method == Method::SparseGpt {
@@ -165,6 +188,20 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     }
     s.insert("seqlen".into(), json!(seqlen));
     plan
+}
+
+/// Bytes of a folder's `.safetensors` files.
+pub fn weight_file_bytes(dir: &std::path::Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().ends_with(".safetensors"))
+                .filter_map(|e| e.metadata().ok())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// Records per-layer results of a prune.
@@ -415,6 +452,8 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "fp32_model_bytes": fp32,
         "peak_over_fp32_model": s.rss_peak.map(|p| p as f64 / fp32.max(1) as f64),
         "dsnot": o.prune.dsnot(),
+        "save_format": job.save.as_ref().map(|_| job.save_format),
+        "saved_bytes": o.saved_bytes,
     })
 }
 

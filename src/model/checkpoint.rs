@@ -84,6 +84,8 @@ pub struct Checkpoint {
     pub sharded: bool,
     /// Tensor bytes read so far (for tests and accounting).
     bytes_read: Arc<AtomicU64>,
+    /// A compressed folder's dense copy, removed with the checkpoint.
+    _decompressed: Option<Arc<crate::scratch::Guard>>,
 }
 
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -108,6 +110,9 @@ impl Checkpoint {
         }
         if !dir.is_dir() {
             return Err(ModelError::io(dir, "no such folder"));
+        }
+        if super::compressed::declared_format(dir).is_some() {
+            return Self::open_compressed(dir);
         }
         let config = LlamaConfig::from_file(&dir.join("config.json"))?;
         let index = dir.join(INDEX_FILE);
@@ -160,8 +165,21 @@ impl Checkpoint {
             tensors,
             sharded,
             bytes_read: Arc::default(),
+            _decompressed: None,
         };
         ckpt.check_required()?;
+        Ok(ckpt)
+    }
+
+    /// A compressed-tensors sparse folder: decompressed into a scratch
+    /// folder (one weight at a time; disk, not memory, holds the dense
+    /// copy), which is opened and removed when the checkpoint drops.
+    fn open_compressed(dir: &Path) -> Result<Self, ModelError> {
+        let scratch = crate::scratch::dir("decompressed").map_err(|e| ModelError::io(dir, e))?;
+        super::compressed::decompress(dir, scratch.path())?;
+        super::compressed::copy_side_files(dir, scratch.path())?;
+        let mut ckpt = Self::open(scratch.path())?;
+        ckpt._decompressed = Some(Arc::new(scratch));
         Ok(ckpt)
     }
 

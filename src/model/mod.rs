@@ -3,6 +3,7 @@
 //! evaluation engine) and the demo's tiny trained model.
 
 pub mod checkpoint;
+pub mod compressed;
 pub mod config;
 pub mod convert;
 pub mod cpu_attention;

@@ -215,10 +215,51 @@ impl PrunedWriter {
         &self.tmp
     }
 
+    /// [`PrunedWriter::complete`], then the dense shards are replaced by
+    /// the compressed-tensors layout `format` inside the partial folder,
+    /// which is then renamed into place: a run stopped at any point leaves
+    /// no model at `out`, never a half-compressed one.
+    pub fn finish_compressed(
+        mut self,
+        ckpt: &super::Checkpoint,
+        format: super::compressed::SparseFormat,
+    ) -> Result<(std::path::PathBuf, super::compressed::CompressReport), ModelError> {
+        let dense_dir = self.complete(ckpt)?;
+        let staging = dense_dir.join("compressed.partial");
+        std::fs::create_dir_all(&staging).map_err(|e| ModelError::io(&staging, e))?;
+        let mut report = {
+            let dense = super::Checkpoint::open(&dense_dir)?;
+            super::compressed::compress(&dense, &staging, format)?
+        };
+        for g in std::mem::take(&mut self.shards) {
+            let path = g.path().to_path_buf();
+            std::fs::remove_file(&path).map_err(|e| ModelError::io(&path, e))?;
+            g.keep();
+        }
+        self.files.clear();
+        let index = dense_dir.join(super::checkpoint::INDEX_FILE);
+        if index.exists() {
+            std::fs::remove_file(&index).map_err(|e| ModelError::io(&index, e))?;
+        }
+        for name in [super::checkpoint::SINGLE_FILE, "config.json"] {
+            let (from, to) = (staging.join(name), dense_dir.join(name));
+            std::fs::rename(&from, &to).map_err(|e| ModelError::io(&from, e))?;
+            // The compressed file is the folder's now: removed with it.
+            if name == super::checkpoint::SINGLE_FILE {
+                self.shards.push(crate::scratch::Guard::new(to));
+            }
+        }
+        std::fs::remove_dir(&staging).map_err(|e| ModelError::io(&staging, e))?;
+        report.out = self.out.clone();
+        Ok((self.finish(ckpt)?, report))
+    }
+
     /// [`PrunedWriter::complete`], then renames the folder into place
     /// (replacing an older `out`).
     pub fn finish(mut self, ckpt: &super::Checkpoint) -> Result<std::path::PathBuf, ModelError> {
-        self.complete(ckpt)?;
+        if !self.files.is_empty() {
+            self.complete(ckpt)?;
+        }
         if self.out.exists() {
             if !self.out.join("config.json").exists() {
                 return Err(ModelError::Checkpoint(format!(

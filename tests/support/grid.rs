@@ -138,6 +138,65 @@ pub fn cases() -> Vec<Case> {
                 "16",
             ],
         },
+        Case {
+            name: "ria-h512-l4",
+            spec: spec(4, 512, 1408, 8, 2, 8192, true),
+            args: &["--method", "ria", "--nsamples", "32", "--seqlen", "256"],
+        },
+        Case {
+            name: "owl-wanda-h768-l3",
+            spec: spec(3, 768, 2048, 12, 4, 4096, true),
+            args: &[
+                "--method",
+                "wanda",
+                "--owl",
+                "--sparsity",
+                "0.7",
+                "--nsamples",
+                "16",
+                "--seqlen",
+                "256",
+            ],
+        },
+        Case {
+            name: "dsnot-wanda-h512-l4",
+            spec: spec(4, 512, 1408, 8, 2, 8192, true),
+            args: &[
+                "--method",
+                "wanda",
+                "--dsnot",
+                "--nsamples",
+                "16",
+                "--seqlen",
+                "512",
+            ],
+        },
+        Case {
+            name: "dsnot-sparsegpt-h640-l2",
+            spec: spec(2, 640, 1728, 10, 5, 4096, true),
+            args: &[
+                "--method",
+                "sparsegpt",
+                "--dsnot",
+                "--nsamples",
+                "16",
+                "--seqlen",
+                "256",
+            ],
+        },
+        Case {
+            name: "dsnot-magnitude-h1024-l2",
+            spec: spec(2, 1024, 2816, 16, 4, 4096, false),
+            args: &[
+                "--method",
+                "magnitude",
+                "--dsnot",
+                "--nsamples",
+                "8",
+                "--seqlen",
+                "256",
+            ],
+        },
     ]
 }
 
