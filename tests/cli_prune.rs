@@ -415,6 +415,42 @@ fn dsnot_refines_every_method_at_the_target_sparsity() {
 }
 
 #[test]
+fn ria_reallocation_permutes_and_saves_as_a_bitmask() {
+    let f = fixture(SyntheticSpec::default());
+    let save = f.root.join("realloc");
+    let (code, out, err) = run(&prune_args(
+        &f,
+        "ria",
+        &[
+            "--sparsity-type",
+            "2:4",
+            "--reallocation",
+            "--lsa",
+            "--save",
+            s(&save),
+            "--save-format",
+            "compressed",
+        ],
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    let j = json_line(&out);
+    assert!((j["sparsity"].as_f64().unwrap() - 0.5).abs() < 1e-9, "{j}");
+    let r = &j["reallocation"];
+    let (before, after) = (
+        r["kept_before"].as_f64().unwrap(),
+        r["kept_after"].as_f64().unwrap(),
+    );
+    assert!(before > 0.0 && after > 0.0, "{j}");
+    // The mask is 2:4 in the permuted order only: saved as a bitmask.
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(save.join("config.json")).unwrap()).unwrap();
+    assert_eq!(
+        config["quantization_config"]["sparsity_config"]["format"],
+        "sparse-bitmask"
+    );
+}
+
+#[test]
 fn bad_flags_are_one_line_errors() {
     let f = fixture(SyntheticSpec::default());
     let short = f.root.join("short.txt");
@@ -446,6 +482,11 @@ fn bad_flags_are_one_line_errors() {
             "--dsnot-threshold",
         ),
         (vec!["--dsnot-skip", "attn"], "unknown DSnoT skip"),
+        (vec!["--lsa"], "--lsa refines --reallocation"),
+        (
+            vec!["--reallocation", "--sparsity-type", "2:4"],
+            "--reallocation permutes",
+        ),
         (vec!["--save", s(&f.model)], "input model's folder"),
         (vec!["--save", s(&f.text)], "not a model folder"),
     ];

@@ -64,6 +64,7 @@ struct Setup {
     per_outneuron: bool,
     owl: Option<OwlConfig>,
     dsnot: Option<DsnotOptions>,
+    reallocation: Option<bool>,
 }
 
 impl Setup {
@@ -75,6 +76,7 @@ impl Setup {
             per_outneuron: false,
             owl: None,
             dsnot: None,
+            reallocation: None,
         }
     }
 }
@@ -105,6 +107,7 @@ fn prune_full(
         per_outneuron,
         owl,
         dsnot,
+        reallocation,
     } = *setup;
     let mut config = PruneConfig {
         method: method.try_into().unwrap(),
@@ -120,6 +123,7 @@ fn prune_full(
         per_outneuron,
         layer_sparsity: None,
         dsnot,
+        reallocation,
     };
     if let Some(owl) = owl {
         let source = Source::Resident(&mut model);
@@ -210,13 +214,17 @@ fn wanda_matches_reference() {
 #[test]
 fn ria_matches_reference() {
     let r = reference();
-    for (config, pattern, per_outneuron) in [
-        ("ria_0.5", Pattern::Unstructured, false),
-        ("ria_outneuron_0.5", Pattern::Unstructured, true),
-        ("ria_2:4", Pattern::NM { n: 2, m: 4 }, false),
+    let two_four = Pattern::NM { n: 2, m: 4 };
+    for (config, pattern, per_outneuron, reallocation) in [
+        ("ria_0.5", Pattern::Unstructured, false, None),
+        ("ria_outneuron_0.5", Pattern::Unstructured, true, None),
+        ("ria_2:4", two_four, false, None),
+        ("ria_realloc_2:4", two_four, false, Some(false)),
+        ("ria_lsa_2:4", two_four, false, Some(true)),
     ] {
         let setup = Setup {
             per_outneuron,
+            reallocation,
             ..Setup::new(Method::Ria, pattern)
         };
         let pruned = prune_full(&setup, &r.calibration);

@@ -98,6 +98,12 @@ pub struct PruneArgs {
     /// RIA, unstructured: compare within each output row (Wanda's group) instead of one threshold per matrix
     #[arg(long, alias = "per_outneuron")]
     pub per_outneuron: bool,
+    /// RIA, N:M: the authors' heuristic channel reallocation (columns permuted before grouping)
+    #[arg(long)]
+    pub reallocation: bool,
+    /// RIA, N:M, with --reallocation: the authors' linear-sum-assignment rounds after it
+    #[arg(long)]
+    pub lsa: bool,
     /// OWL: per-layer sparsities from each layer's share of outliers (a dense pass first)
     #[arg(long)]
     pub owl: bool,
@@ -235,6 +241,8 @@ impl PruneArgs {
             blocksize: self.blocksize,
             ria_a: self.ria_a,
             per_outneuron: self.per_outneuron,
+            reallocation: self.reallocation,
+            lsa: self.lsa,
             owl: self.owl.then_some(crate::prune::owl::OwlConfig {
                 lambda: self.owl_lambda,
                 m: self.owl_m,

@@ -49,6 +49,8 @@ pub enum Field {
     OwlM,
     SaveFormat,
     Save,
+    Reallocation,
+    Lsa,
     Dsnot,
     DsnotMaxCycles,
     DsnotThreshold,
@@ -90,6 +92,8 @@ impl Field {
             Field::OwlM => "owl_m",
             Field::SaveFormat => "save_format",
             Field::Save => "save",
+            Field::Reallocation => "reallocation",
+            Field::Lsa => "lsa",
             Field::Dsnot => "dsnot",
             Field::DsnotMaxCycles => "dsnot_max_cycles",
             Field::DsnotThreshold => "dsnot_threshold",
@@ -173,12 +177,19 @@ impl std::str::FromStr for SaveFormat {
 }
 
 impl SaveFormat {
-    /// The compressed-tensors format for `pattern` (`None`: dense).
-    pub fn sparse_format(self, pattern: Pattern) -> Option<crate::model::compressed::SparseFormat> {
+    /// The compressed-tensors format for `pattern` (`None`: dense); a
+    /// `permuted` N:M mask is not N:M in the stored order.
+    pub fn sparse_format(
+        self,
+        pattern: Pattern,
+        permuted: bool,
+    ) -> Option<crate::model::compressed::SparseFormat> {
         use crate::model::compressed::SparseFormat;
         match (self, pattern) {
             (SaveFormat::Dense, _) => None,
-            (SaveFormat::Compressed, Pattern::NM { n: 2, m: 4 }) => Some(SparseFormat::TwoFour),
+            (SaveFormat::Compressed, Pattern::NM { n: 2, m: 4 }) if !permuted => {
+                Some(SparseFormat::TwoFour)
+            }
             (SaveFormat::Compressed, _) => Some(SparseFormat::Bitmask),
         }
     }
@@ -254,6 +265,10 @@ pub struct PruneJob {
     /// RIA, unstructured: compare within each output row instead of one
     /// threshold per matrix (the authors' `--per_outneuron`).
     pub per_outneuron: bool,
+    /// RIA, N:M: the authors' heuristic channel reallocation, and their
+    /// linear-sum-assignment rounds after it (`lsa`).
+    pub reallocation: bool,
+    pub lsa: bool,
     /// OWL's per-layer sparsities around `sparsity` (`None`: uniform).
     pub owl: Option<crate::prune::owl::OwlConfig>,
     /// DSnoT's refinement of the method's mask (`None`: the method's own mask).
@@ -291,6 +306,8 @@ impl PruneJob {
             blocksize: 128,
             ria_a: 0.5,
             per_outneuron: false,
+            reallocation: false,
+            lsa: false,
             owl: None,
             dsnot: None,
             gradprobe: GradProbeSettings::default(),
@@ -419,6 +436,26 @@ impl PruneJob {
             }
         }
         self.validate_dsnot()?;
+        if self.lsa && !self.reallocation {
+            bad(
+                "{} refines {}: give both",
+                &[Field::Lsa, Field::Reallocation],
+            )?;
+        }
+        if self.reallocation
+            && (self.method != Method::Ria || !matches!(self.pattern, Pattern::NM { .. }))
+        {
+            bad(
+                "{} permutes columns for {} ria with N:M sparsity",
+                &[Field::Reallocation, Field::Method],
+            )?;
+        }
+        if self.reallocation && self.dsnot.is_some() {
+            bad(
+                "{} and {} do not combine (DSnoT refines the unpermuted groups)",
+                &[Field::Reallocation, Field::Dsnot],
+            )?;
+        }
         if self.save_format == SaveFormat::Compressed && self.save.is_none() {
             bad(
                 "{} compressed writes the saved model: give {}",

@@ -104,7 +104,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     let saved = match writer {
         Some(w) => {
             p.stage(closing[0]);
-            let dir = match job.save_format.sparse_format(job.pattern) {
+            let dir = match job.save_format.sparse_format(job.pattern, job.reallocation) {
                 None => w.finish(&opened.ckpt),
                 Some(format) => w.finish_compressed(&opened.ckpt, format).map(|(dir, r)| {
                     compressed = Some(r);
@@ -185,6 +185,8 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     if job.method == Method::Ria {
         s.insert("ria_a".into(), json!(job.ria_a));
         s.insert("per_outneuron".into(), json!(job.per_outneuron));
+        s.insert("reallocation".into(), json!(job.reallocation));
+        s.insert("lsa".into(), json!(job.lsa));
     }
     s.insert("seqlen".into(), json!(seqlen));
     plan
@@ -212,6 +214,9 @@ pub(super) fn layer_results(run: &mut Run, prune: &engine::PruneOutcome) {
     run.result("layer_sparsity", sparsity);
     if let Some(d) = prune.dsnot() {
         run.result("dsnot", json!(d));
+    }
+    if let Some(r) = prune.reallocation() {
+        run.result("reallocation", json!(r));
     }
 }
 
@@ -337,6 +342,7 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
         per_outneuron: job.per_outneuron,
         layer_sparsity: None,
         dsnot: job.dsnot,
+        reallocation: job.reallocation.then_some(job.lsa),
     })
 }
 
@@ -452,6 +458,7 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "fp32_model_bytes": fp32,
         "peak_over_fp32_model": s.rss_peak.map(|p| p as f64 / fp32.max(1) as f64),
         "dsnot": o.prune.dsnot(),
+        "reallocation": o.prune.reallocation(),
         "save_format": job.save.as_ref().map(|_| job.save_format),
         "saved_bytes": o.saved_bytes,
     })

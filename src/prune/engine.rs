@@ -21,6 +21,7 @@ use burn::prelude::*;
 
 use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
+use super::reallocation::{ReallocationReport, reallocated_nm_mask};
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::stats::{LayerStats, Needs, Stat};
 use super::{LayerMethod, Pattern, PruneError};
@@ -57,6 +58,8 @@ pub struct PruneConfig {
     pub layer_sparsity: Option<Vec<f64>>,
     /// DSnoT's mask refinement after the method's metric.
     pub dsnot: Option<DsnotOptions>,
+    /// RIA, N:M: channel reallocation (`Some(lsa)`: with the assignment rounds).
+    pub reallocation: Option<bool>,
 }
 
 impl PruneConfig {
@@ -82,6 +85,9 @@ pub struct LinearReport {
     /// DSnoT: cycles run and weights swapped (absent where it skipped).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub dsnot: Option<DsnotReport>,
+    /// RIA's channel reallocation: metric kept before and after.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reallocation: Option<ReallocationReport>,
 }
 
 /// What pruning one decoder layer did.
@@ -137,6 +143,21 @@ impl PruneOutcome {
             refined_linears: refined.len(),
             changed_weights: refined.iter().map(|d| d.changed).sum(),
             max_swaps_per_row: refined.iter().map(|d| d.cycles).max().unwrap_or(0),
+        })
+    }
+
+    /// RIA's channel reallocation over the whole run: metric kept by
+    /// direct N:M and with the permutation, summed over the linears.
+    pub fn reallocation(&self) -> Option<ReallocationReport> {
+        let all: Vec<ReallocationReport> = self
+            .layers
+            .iter()
+            .flat_map(|l| &l.linears)
+            .filter_map(|l| l.reallocation)
+            .collect();
+        (!all.is_empty()).then(|| ReallocationReport {
+            kept_before: all.iter().map(|r| r.kept_before).sum(),
+            kept_after: all.iter().map(|r| r.kept_after).sum(),
         })
     }
 
@@ -443,7 +464,7 @@ fn prune_linear<B: Backend>(
     let _span = timing::work(Work::Selection);
     let missing = || PruneError::Invalid(format!("{full_name}: no statistics were collected"));
     let norms = stat.and_then(|s| s.norms.as_deref());
-    let (mut alpha, mut error, mut refined) = (None, None, None);
+    let (mut alpha, mut error, mut refined, mut realloc) = (None, None, None, None);
     if let Some(opts) = &config.dsnot {
         let stat = stat.ok_or_else(missing)?;
         let skip = opts.skips(name);
@@ -474,13 +495,20 @@ fn prune_linear<B: Backend>(
                 let metric = tagged(Category::Statistics, || {
                     ria_metric(&w, inp, norms, config.ria_a)
                 });
-                let mask = ria_mask(
-                    &metric,
-                    inp,
-                    config.sparsity,
-                    config.pattern,
-                    config.per_outneuron,
-                );
+                let mask = match (config.pattern, config.reallocation) {
+                    (Pattern::NM { n, m }, Some(lsa)) => {
+                        let (mask, r) = reallocated_nm_mask(&metric, inp, n, m, lsa);
+                        realloc = Some(r);
+                        mask
+                    }
+                    _ => ria_mask(
+                        &metric,
+                        inp,
+                        config.sparsity,
+                        config.pattern,
+                        config.per_outneuron,
+                    ),
+                };
                 apply_mask(&mut w, &mask);
             }
             LayerMethod::SparseGpt => {
@@ -513,6 +541,7 @@ fn prune_linear<B: Backend>(
         alpha,
         error,
         dsnot: refined,
+        reallocation: realloc,
     })
 }
 

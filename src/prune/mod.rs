@@ -8,6 +8,7 @@ pub mod gradprobe;
 pub mod linalg;
 pub mod methods;
 pub mod owl;
+pub mod reallocation;
 pub mod sparsegpt;
 pub mod stats;
 

@@ -40,6 +40,7 @@ pub fn write_pruned(
             alpha: None,
             error: None,
             dsnot: None,
+            reallocation: None,
         };
         match layer_index(&t.name) {
             Some(i) if i < layers.len() => {
