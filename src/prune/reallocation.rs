@@ -162,7 +162,7 @@ pub fn reallocated_nm_mask(
     lsa: bool,
 ) -> (Vec<bool>, ReallocationReport) {
     let before = kept(metric, cols, n, m);
-    if cols % m != 0 || cols < m {
+    if !cols.is_multiple_of(m) || cols < m {
         let report = ReallocationReport {
             kept_before: before,
             kept_after: before,
