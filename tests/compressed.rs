@@ -118,6 +118,38 @@ fn compressed_saves_round_trip_to_the_dense_weights() {
             assert_eq!(t[&format!("{q}.compressed")].0, dtype, "{tag}");
             assert!(t.contains_key("model.embed_tokens.weight"), "{tag}");
 
+            // The estimator's sizes of both layouts, from the architecture.
+            let (code, out, err) = run(&[
+                "estimate",
+                "--model",
+                s(&comp_dir),
+                "--method",
+                "inference",
+                "--device",
+                "cpu",
+                "--seqlen",
+                "64",
+                "--json",
+            ]);
+            assert_eq!(code, Some(0), "{tag}: {err}");
+            let saved = &json_line(&out)["estimate"]["saved_weights"];
+            assert_eq!(saved["format"], format, "{tag}");
+            let data = |m: &BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>| {
+                m.values().map(|(_, _, b)| b.len() as f64).sum::<f64>()
+            };
+            for (key, actual) in [
+                ("dense", data(&tensors(&dense_dir))),
+                ("compressed", data(&t)),
+            ] {
+                let predicted = saved[key].as_f64().unwrap();
+                let err = (predicted - actual) / actual;
+                println!(
+                    "{tag}: {key} predicted {predicted} actual {actual} ({:+.2}%)",
+                    100.0 * err
+                );
+                assert!(err.abs() < 0.01, "{tag} {key}: {predicted} vs {actual}");
+            }
+
             // Back to dense: byte-identical to the dense save.
             let back = dir.path().join(format!("back-{tag}"));
             let (code, _, err) = run(&["convert", "--model", s(&comp_dir), "--out", s(&back)]);

@@ -54,6 +54,9 @@ pub struct EstimateArgs {
     /// Pruning with DSnoT's mask refinement (prunemem's engine)
     #[arg(long)]
     dsnot: bool,
+    /// Pruning: the size of a --save-format compressed save too (sparse-24-bitmask for 2:4, sparse-bitmask otherwise)
+    #[arg(long, default_value = "dense")]
+    save_format: crate::jobs::config::SaveFormat,
     /// Compute dtype (default: f16 on cuda, f32 on cpu)
     #[arg(long)]
     dtype: Option<ComputeDtype>,
@@ -174,10 +177,21 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     if !(0.0..1.0).contains(&w.sparsity) {
         return Err(format!("--sparsity must be in [0, 1), got {}", w.sparsity).into());
     }
-    if args.sparsity_type != "unstructured" {
-        args.sparsity_type
-            .parse::<crate::prune::Pattern>()
-            .map_err(|e| -> super::CliError { e.into() })?;
+    let pattern = args
+        .sparsity_type
+        .parse::<crate::prune::Pattern>()
+        .map_err(|e| -> super::CliError { e.into() })?;
+    if let crate::prune::Pattern::NM { n, m } = pattern {
+        w.sparsity = n as f64 / m as f64;
+    }
+    w.compressed = args.save_format.sparse_format(pattern, false);
+    // A compressed model folder: its own format and sparsity.
+    if let Some(dir) = args.model.as_deref().map(Path::new).filter(|p| p.is_dir())
+        && let Some(format) = crate::model::compressed::declared_format(dir)
+    {
+        w.compressed = Some(format);
+        w.sparsity = crate::model::compressed::declared_sparsity(dir).unwrap_or(w.sparsity);
+        w.stored_bytes = crate::model::compressed::stored_width(dir).unwrap_or(w.stored_bytes);
     }
     Ok(w)
 }

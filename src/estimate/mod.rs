@@ -18,6 +18,7 @@ pub mod projection;
 pub mod prunemem;
 pub mod prunemem_train;
 pub mod reference;
+pub mod saved;
 pub mod training;
 
 use crate::memory::tag::Category;
@@ -209,6 +210,9 @@ pub struct Workload {
     pub owl: bool,
     /// Pruning: DSnoT's refinement (`--dsnot`).
     pub dsnot: bool,
+    /// The saved (pruning) or loaded (inference) checkpoint's sparse
+    /// layout; `sparsity` is its decoder linears' sparsity.
+    pub compressed: Option<crate::model::compressed::SparseFormat>,
 }
 
 impl Workload {
@@ -237,6 +241,7 @@ impl Workload {
             first_trainable_layer: 0,
             owl: false,
             dsnot: false,
+            compressed: None,
         }
     }
 }
@@ -338,6 +343,8 @@ pub struct Estimate {
     pub arch: Arch,
     pub workload: Workload,
     pub phases: Vec<Phase>,
+    /// Pruning, or inference of a compressed checkpoint: the weights on disk.
+    pub saved_weights: Option<SavedWeights>,
     /// What the estimate assumed that the user should know.
     pub notes: Vec<String>,
 }
@@ -397,11 +404,47 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
         (_, Engine::Prunemem) => prunemem::phases(arch, w, &mut notes),
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
     };
+    let saved_weights = saved_weights(arch, w, &mut notes);
     Ok(Estimate {
         arch: arch.clone(),
         workload: w.clone(),
         phases,
+        saved_weights,
         notes,
+    })
+}
+
+/// A checkpoint's weights on disk, dense and in its sparse layout.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct SavedWeights {
+    pub dense: u64,
+    /// `sparse-bitmask` or `sparse-24-bitmask`.
+    pub format: Option<&'static str>,
+    pub compressed: Option<u64>,
+}
+
+fn saved_weights(arch: &Arch, w: &Workload, notes: &mut Vec<String>) -> Option<SavedWeights> {
+    let pruning = !matches!(w.task, Task::Inference | Task::Train);
+    if !pruning && w.compressed.is_none() {
+        return None;
+    }
+    let dense = saved::weight_bytes(arch, w.stored_bytes, None, w.sparsity);
+    let compressed = w
+        .compressed
+        .map(|f| saved::weight_bytes(arch, w.stored_bytes, Some(f), w.sparsity));
+    if let (Task::Inference, Some(c), Some(f)) = (w.task, compressed, w.compressed) {
+        notes.push(format!(
+            "the {} checkpoint holds {} of weights on disk (dense {}); prunemem and transformers decompress it \
+             when loading (prunemem into a scratch folder, one weight at a time), so the weights in memory are the dense size",
+            f.name(),
+            crate::units::format_bytes(c),
+            crate::units::format_bytes(dense)
+        ));
+    }
+    Some(SavedWeights {
+        dense,
+        format: w.compressed.map(|f| f.name()),
+        compressed,
     })
 }
 

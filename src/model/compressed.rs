@@ -93,6 +93,23 @@ pub fn declared_format(dir: &Path) -> Option<SparseFormat> {
     SparseFormat::from_name(q.get("sparsity_config")?.get("format")?.as_str()?)
 }
 
+/// The `global_sparsity` a compressed folder's `config.json` declares.
+pub fn declared_sparsity(dir: &Path) -> Option<f64> {
+    let text = std::fs::read_to_string(dir.join("config.json")).ok()?;
+    let v: Value = serde_json::from_str(&text).ok()?;
+    v.get("quantization_config")?
+        .get("sparsity_config")?
+        .get("global_sparsity")?
+        .as_f64()
+}
+
+/// Bytes per element of a folder's compressed values (its weights' dtype).
+pub fn stored_width(dir: &Path) -> Option<u64> {
+    let (tensors, _) = open_raw(dir).ok()?;
+    let (_, e) = tensors.iter().find(|(n, _)| n.ends_with(".compressed"))?;
+    Some((e.dtype.bitsize() / 8).max(1) as u64)
+}
+
 /// Whether `name` is a sparsity target (a decoder linear's weight).
 fn is_target(name: &str) -> bool {
     name.starts_with("model.layers.")

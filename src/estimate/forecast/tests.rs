@@ -31,6 +31,7 @@ fn estimate() -> Estimate {
                 .add("activations", 200 * M),
             Phase::new("eval", &[stages::BEFORE_EVAL, stages::AFTER_EVAL]).add("logits", 150 * M),
         ],
+        saved_weights: None,
         notes: Vec::new(),
     }
 }

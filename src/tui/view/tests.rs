@@ -232,6 +232,7 @@ fn the_forecast_line_says_whether_the_run_fits_its_budget() {
             crate::estimate::Phase::new("eval", &["05_before_eval", "06_after_eval"])
                 .add("logits", 100 * M),
         ],
+        saved_weights: None,
         notes: Vec::new(),
     });
     s.budget = Some(1 << 30);
