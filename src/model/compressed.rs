@@ -193,6 +193,17 @@ impl View for &Lazy<'_> {
     }
 }
 
+/// A tensor copied as it is stored.
+fn copied<'a>(shards: &'a [super::checkpoint::Shard], e: &TensorEntry) -> Lazy<'a> {
+    let e2 = e.clone();
+    Lazy {
+        dtype: e.dtype,
+        shape: e.shape.clone(),
+        len: e.end - e.start,
+        make: Box::new(move || copy_releasing(&shards[e2.shard].mmap, e2.start, e2.end)),
+    }
+}
+
 fn i64_bytes(values: impl IntoIterator<Item = usize>) -> Vec<u8> {
     values
         .into_iter()
@@ -343,18 +354,7 @@ pub fn compress(
             targets += 1;
             views.extend(v);
         } else {
-            let e2 = e.clone();
-            views.push((
-                name.clone(),
-                Lazy {
-                    dtype: e.dtype,
-                    shape: e.shape.clone(),
-                    len: e.end - e.start,
-                    make: Box::new(move || {
-                        copy_releasing(&ckpt.shards[e2.shard].mmap, e2.start, e2.end)
-                    }),
-                },
-            ));
+            views.push((name.clone(), copied(&ckpt.shards, e)));
         }
     }
     let bytes_out: u64 = views.iter().map(|(_, v)| v.len as u64).sum();
@@ -458,19 +458,7 @@ pub fn decompress(dir: &Path, out_dir: &Path) -> Result<CompressReport, ModelErr
                     .is_some_and(|p| tensors.contains_key(&format!("{p}.compressed")))
             });
             if !part_of_compressed {
-                let e2 = e.clone();
-                let shards = &shards;
-                views.push((
-                    name.clone(),
-                    Lazy {
-                        dtype: e.dtype,
-                        shape: e.shape.clone(),
-                        len: e.end - e.start,
-                        make: Box::new(move || {
-                            copy_releasing(&shards[e2.shard].mmap, e2.start, e2.end)
-                        }),
-                    },
-                ));
+                views.push((name.clone(), copied(&shards, e)));
             }
             continue;
         };

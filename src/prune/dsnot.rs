@@ -31,7 +31,7 @@ use std::str::FromStr;
 
 use rayon::prelude::*;
 
-use super::linalg::{NotPositiveDefinite, inverse_upper_cholesky};
+use super::linalg::NotPositiveDefinite;
 
 /// Which linears DSnoT leaves with their first mask (the authors'
 /// `--skip_layer`, default `mlp`).
@@ -133,22 +133,10 @@ pub struct DsnotReport {
 pub fn sparsegpt_metric(
     w: &[f32],
     cols: usize,
-    mut h: Vec<f32>,
+    h: Vec<f32>,
     percdamp: f64,
 ) -> Result<Vec<f32>, NotPositiveDefinite> {
-    let mut dead = vec![false; cols];
-    for (j, d) in dead.iter_mut().enumerate() {
-        if h[j * cols + j] == 0.0 {
-            h[j * cols + j] = 1.0;
-            *d = true;
-        }
-    }
-    let mean_diag = (0..cols).map(|j| h[j * cols + j] as f64).sum::<f64>() / cols as f64;
-    let damp = (percdamp * mean_diag) as f32;
-    for j in 0..cols {
-        h[j * cols + j] += damp;
-    }
-    let hinv = inverse_upper_cholesky(&h, cols)?;
+    let (hinv, dead) = super::sparsegpt::dampened_hinv(h, cols, percdamp)?;
     let diag: Vec<f32> = (0..cols).map(|j| hinv[j * cols + j]).collect();
     Ok(w.chunks(cols)
         .flat_map(|row| {
@@ -253,8 +241,18 @@ where
         .unwrap_or(0)
 }
 
-fn changed(before: &[bool], after: &[bool]) -> u64 {
-    before.iter().zip(after).filter(|(a, b)| a != b).count() as u64
+/// The refined mask and what the swaps changed against the `first` mask.
+fn finish(first: &[bool], mask: Vec<bool>, cycles: usize) -> (Vec<bool>, DsnotReport) {
+    let changed = first.iter().zip(&mask).filter(|(a, b)| a != b).count() as u64;
+    (mask, DsnotReport { cycles, changed })
+}
+
+/// One swap: `prune` goes, `regrow` comes back, the error moves by both.
+fn swap(m: &mut [bool], d: &[f32], err: &mut f32, prune: usize, regrow: usize) {
+    m[prune] = true;
+    m[regrow] = false;
+    *err += d[prune];
+    *err -= d[regrow];
 }
 
 /// Unstructured DSnoT: the `int(cols · sparsity)` smallest of each row's
@@ -312,19 +310,12 @@ pub fn refine_unstructured(
             if err.abs() <= threshold || !m[regrow] || m[prune] {
                 return swaps;
             }
-            m[prune] = true;
-            m[regrow] = false;
-            err += st.d[prune];
-            err -= st.d[regrow];
+            swap(m, &st.d, &mut err, prune, regrow);
         }
         opts.max_cycles
     };
     let cycles = each_row(&mut mask, cols, row);
-    let report = DsnotReport {
-        cycles,
-        changed: changed(&first, &mask),
-    };
-    (mask, report)
+    finish(&first, mask, cycles)
 }
 
 /// N:M DSnoT: the `n` smallest of each group of `m`, refined unless
@@ -373,19 +364,12 @@ pub fn refine_nm(
                 return swaps;
             }
             metric[prune] = max_value;
-            mk[prune] = true;
-            mk[regrow] = false;
-            err += st.d[prune];
-            err -= st.d[regrow];
+            swap(mk, &st.d, &mut err, prune, regrow);
         }
         opts.max_cycles
     };
     let cycles = each_row(&mut mask, cols, row);
-    let report = DsnotReport {
-        cycles,
-        changed: changed(&first, &mask),
-    };
-    (mask, report)
+    finish(&first, mask, cycles)
 }
 
 #[cfg(test)]

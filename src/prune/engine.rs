@@ -131,14 +131,18 @@ pub struct DsnotSummary {
 }
 
 impl PruneOutcome {
-    /// DSnoT's totals, when it ran.
-    pub fn dsnot(&self) -> Option<DsnotSummary> {
-        let refined: Vec<DsnotReport> = self
-            .layers
+    /// What `f` reads from every linear that has it.
+    fn per_linear<T>(&self, f: impl Fn(&LinearReport) -> Option<T>) -> Vec<T> {
+        self.layers
             .iter()
             .flat_map(|l| &l.linears)
-            .filter_map(|l| l.dsnot)
-            .collect();
+            .filter_map(f)
+            .collect()
+    }
+
+    /// DSnoT's totals, when it ran.
+    pub fn dsnot(&self) -> Option<DsnotSummary> {
+        let refined = self.per_linear(|l| l.dsnot);
         (!refined.is_empty()).then(|| DsnotSummary {
             refined_linears: refined.len(),
             changed_weights: refined.iter().map(|d| d.changed).sum(),
@@ -149,12 +153,7 @@ impl PruneOutcome {
     /// RIA's channel reallocation over the whole run: metric kept by
     /// direct N:M and with the permutation, summed over the linears.
     pub fn reallocation(&self) -> Option<ReallocationReport> {
-        let all: Vec<ReallocationReport> = self
-            .layers
-            .iter()
-            .flat_map(|l| &l.linears)
-            .filter_map(|l| l.reallocation)
-            .collect();
+        let all = self.per_linear(|l| l.reallocation);
         (!all.is_empty()).then(|| ReallocationReport {
             kept_before: all.iter().map(|r| r.kept_before).sum(),
             kept_after: all.iter().map(|r| r.kept_after).sum(),

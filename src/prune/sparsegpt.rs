@@ -40,13 +40,37 @@ pub struct SparseGptOptions {
     pub blocksize: usize,
 }
 
+/// SparseGPT's `Hinv` from the Hessian `h` (`cols × cols`, consumed):
+/// dead inputs (zero diagonal) get a 1 there, the diagonal is dampened by
+/// `percdamp` of its mean, then the upper Cholesky factor of the inverse.
+/// Also returns which inputs were dead (their weights count as zero).
+pub fn dampened_hinv(
+    mut h: Vec<f32>,
+    cols: usize,
+    percdamp: f64,
+) -> Result<(Vec<f32>, Vec<bool>), NotPositiveDefinite> {
+    let mut dead = vec![false; cols];
+    for (j, d) in dead.iter_mut().enumerate() {
+        if h[j * cols + j] == 0.0 {
+            h[j * cols + j] = 1.0;
+            *d = true;
+        }
+    }
+    let mean_diag = (0..cols).map(|j| h[j * cols + j] as f64).sum::<f64>() / cols as f64;
+    let damp = (percdamp * mean_diag) as f32;
+    for j in 0..cols {
+        h[j * cols + j] += damp;
+    }
+    Ok((inverse_upper_cholesky(&h, cols)?, dead))
+}
+
 /// Runs `fasterprune` on `w` (`rows × cols`) with Hessian `h` (`cols × cols`,
 /// consumed).
 pub fn fasterprune(
     w: &[f32],
     rows: usize,
     cols: usize,
-    mut h: Vec<f32>,
+    h: Vec<f32>,
     options: SparseGptOptions,
 ) -> Result<SparseGptResult, NotPositiveDefinite> {
     let SparseGptOptions {
@@ -56,22 +80,12 @@ pub fn fasterprune(
         blocksize,
     } = options;
     let mut w = w.to_vec();
-    // Dead inputs.
-    for j in 0..cols {
-        if h[j * cols + j] == 0.0 {
-            h[j * cols + j] = 1.0;
-            for r in 0..rows {
-                w[r * cols + j] = 0.0;
-            }
+    let (hinv, dead) = dampened_hinv(h, cols, percdamp)?;
+    for (j, _) in dead.iter().enumerate().filter(|(_, d)| **d) {
+        for r in 0..rows {
+            w[r * cols + j] = 0.0;
         }
     }
-    let mean_diag = (0..cols).map(|j| h[j * cols + j] as f64).sum::<f64>() / cols as f64;
-    let damp = (percdamp * mean_diag) as f32;
-    for j in 0..cols {
-        h[j * cols + j] += damp;
-    }
-    let hinv = inverse_upper_cholesky(&h, cols)?;
-    drop(h);
 
     let mut error = 0f64;
     let mut i1 = 0;
