@@ -390,10 +390,21 @@ fn dsnot_refines_every_method_at_the_target_sparsity() {
             assert_eq!(j["dsnot"]["refined_linears"], 14, "{method} {pattern}");
         }
     }
-    // The authors' default leaves the MLP's three linears alone.
-    let (code, out, err) = run(&prune_args(&f, "wanda", &["--dsnot"]));
+    // The authors' default leaves the MLP's three linears alone; the
+    // moments are a component of each layer's statistics stage.
+    let logs = f.root.join("dsnot-logs");
+    let (code, out, err) = run(&prune_args(
+        &f,
+        "wanda",
+        &["--dsnot", "--log-memory", s(&logs)],
+    ));
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(json_line(&out)["dsnot"]["refined_linears"], 8);
+    let events = std::fs::read_to_string(logs.join("events.jsonl")).unwrap();
+    assert!(
+        events.contains("dsnot_moments") && events.contains("dsnot_refine"),
+        "{events:.300}"
+    );
     // Magnitude without calibration text has no means to refine with.
     let (code, _, err) = run(&[
         "prune",

@@ -328,6 +328,9 @@ impl<B: Backend> LayerPass<'_, B> {
         }
         if let Some(s) = &stats {
             comp.insert("statistics".to_string(), s.bytes());
+            if config.dsnot.is_some() {
+                comp.insert("dsnot_moments".to_string(), s.moment_bytes());
+            }
         }
         profiler.components(&stages::layer_stats(i), comp);
         profiler.stage(&stages::layer_stats(i));

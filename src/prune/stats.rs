@@ -173,6 +173,12 @@ impl<B: Backend> LayerStats<B> {
             .sum()
     }
 
+    /// Bytes of DSnoT's moments (part of [`LayerStats::bytes`]).
+    pub fn moment_bytes(&self) -> u64 {
+        let len1 = |t: &Option<Tensor<B, 1>>| t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4);
+        self.acc.values().map(|a| len1(&a.sum) + len1(&a.var)).sum()
+    }
+
     /// The statistics of `input` over `nsamples` windows, on the host.
     pub fn finish(&mut self, input: LinearInput, nsamples: usize) -> Option<Stat> {
         let n = nsamples.max(1) as f64;
