@@ -33,6 +33,38 @@ fn tensors(dir: &Path) -> BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)> {
     out
 }
 
+/// `src`'s compressed model as two shards and an index in `out`.
+fn shard_copy(src: &Path, out: &Path) {
+    std::fs::create_dir_all(out).unwrap();
+    for f in ["config.json", "tokenizer.json"] {
+        if src.join(f).exists() {
+            std::fs::copy(src.join(f), out.join(f)).unwrap();
+        }
+    }
+    let all = tensors(src);
+    let mut map = serde_json::Map::new();
+    let names = [
+        "model-00001-of-00002.safetensors",
+        "model-00002-of-00002.safetensors",
+    ];
+    for (k, file) in names.iter().enumerate() {
+        let part: Vec<(String, safetensors::tensor::TensorView<'_>)> = all
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| i % 2 == k)
+            .map(|(_, (name, (dtype, shape, bytes)))| {
+                map.insert(name.clone(), serde_json::json!(file));
+                let view =
+                    safetensors::tensor::TensorView::new(*dtype, shape.clone(), bytes).unwrap();
+                (name.clone(), view)
+            })
+            .collect();
+        safetensors::serialize_to_file(part, None, &out.join(file)).unwrap();
+    }
+    let index = serde_json::json!({"metadata": {}, "weight_map": map});
+    std::fs::write(out.join("model.safetensors.index.json"), index.to_string()).unwrap();
+}
+
 fn config(dir: &Path) -> serde_json::Value {
     serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap()
 }
@@ -188,6 +220,11 @@ fn compressed_saves_round_trip_to_the_dense_weights() {
                 json_line(&out)["perplexity"].as_f64().unwrap()
             };
             assert_eq!(eval(&comp_dir), eval(&dense_dir), "{tag}");
+            // llm-compressor shards its files: the same tensors over two
+            // shards and an index read the same.
+            let sharded = dir.path().join(format!("sharded-{tag}"));
+            shard_copy(&comp_dir, &sharded);
+            assert_eq!(eval(&sharded), eval(&dense_dir), "{tag}: sharded");
 
             // And the dense save compresses to the same files prune wrote.
             let again = dir.path().join(format!("again-{tag}"));

@@ -479,7 +479,9 @@ impl Checkpoint {
     }
 }
 
-fn read_index(index: &Path) -> Result<(Vec<String>, HashMap<String, String>), ModelError> {
+pub(crate) fn read_index(
+    index: &Path,
+) -> Result<(Vec<String>, HashMap<String, String>), ModelError> {
     let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| ModelError::Checkpoint(format!("{}: not valid JSON: {e}", index.display())))?;

@@ -421,19 +421,31 @@ fn write_config(
     std::fs::write(&out, text).map_err(|e| ModelError::io(&out, e))
 }
 
-/// A compressed folder's tensors, mapped (no model config checks).
+/// A compressed folder's tensors, mapped (no model config checks): one
+/// `model.safetensors`, or the shards its index names (llm-compressor
+/// writes those).
 fn open_raw(
     dir: &Path,
 ) -> Result<(BTreeMap<String, TensorEntry>, Vec<super::checkpoint::Shard>), ModelError> {
-    let path = dir.join(SINGLE_FILE);
-    if !path.is_file() {
+    let index = dir.join(super::checkpoint::INDEX_FILE);
+    let files = if index.is_file() {
+        super::checkpoint::read_index(&index)?.0
+    } else if dir.join(SINGLE_FILE).is_file() {
+        vec![SINGLE_FILE.to_string()]
+    } else {
         return Err(ModelError::Checkpoint(format!(
-            "{}: a compressed folder needs its {SINGLE_FILE}",
-            dir.display()
+            "{}: no {SINGLE_FILE} or {}",
+            dir.display(),
+            super::checkpoint::INDEX_FILE
         )));
+    };
+    let (mut tensors, mut shards) = (BTreeMap::new(), Vec::new());
+    for (i, file) in files.iter().enumerate() {
+        let (shard, entries) = super::checkpoint::map_shard(&dir.join(file), i)?;
+        tensors.extend(entries);
+        shards.push(shard);
     }
-    let (shard, entries) = super::checkpoint::map_shard(&path, 0)?;
-    Ok((entries.into_iter().collect(), vec![shard]))
+    Ok((tensors, shards))
 }
 
 /// Writes the dense model of compressed folder `dir` into `out_dir` (which
