@@ -336,6 +336,18 @@ fn compressed_views<'a>(
     Ok((views, zeros))
 }
 
+/// Writes `views` as `out_dir/model.safetensors`, one tensor's bytes made
+/// at a time; returns the tensor bytes written.
+fn write_views(views: &[(String, Lazy<'_>)], out_dir: &Path) -> Result<u64, ModelError> {
+    let path = out_dir.join(SINGLE_FILE);
+    let mut meta = std::collections::HashMap::new();
+    meta.insert("format".to_string(), "pt".to_string());
+    let refs: Vec<(String, &Lazy<'_>)> = views.iter().map(|(n, v)| (n.clone(), v)).collect();
+    safetensors::serialize_to_file(refs, Some(meta), &path)
+        .map_err(|e| ModelError::io(&path, format!("{e:?}")))?;
+    Ok(views.iter().map(|(_, v)| v.len as u64).sum())
+}
+
 /// Writes `ckpt` compressed as `format` into `out_dir` (which must exist):
 /// `model.safetensors` and `config.json` with the sparsity section; other
 /// `.json`/`.txt` files are the caller's to copy.
@@ -357,13 +369,7 @@ pub fn compress(
             views.push((name.clone(), copied(&ckpt.shards, e)));
         }
     }
-    let bytes_out: u64 = views.iter().map(|(_, v)| v.len as u64).sum();
-    let path = out_dir.join(SINGLE_FILE);
-    let mut meta = std::collections::HashMap::new();
-    meta.insert("format".to_string(), "pt".to_string());
-    let refs: Vec<(String, &Lazy<'_>)> = views.iter().map(|(n, v)| (n.clone(), v)).collect();
-    safetensors::serialize_to_file(refs, Some(meta), &path)
-        .map_err(|e| ModelError::io(&path, format!("{e:?}")))?;
+    let bytes_out = write_views(&views, out_dir)?;
     let global_sparsity = zeros as f64 / total.max(1) as f64;
     write_config(&ckpt.dir, out_dir, Some((format, global_sparsity)))?;
     Ok(CompressReport {
@@ -529,13 +535,7 @@ pub fn decompress(dir: &Path, out_dir: &Path) -> Result<CompressReport, ModelErr
         ));
     }
     let bytes_in: u64 = tensors.values().map(|e| (e.end - e.start) as u64).sum();
-    let bytes_out: u64 = views.iter().map(|(_, v)| v.len as u64).sum();
-    let path = out_dir.join(SINGLE_FILE);
-    let mut meta = std::collections::HashMap::new();
-    meta.insert("format".to_string(), "pt".to_string());
-    let refs: Vec<(String, &Lazy<'_>)> = views.iter().map(|(n, v)| (n.clone(), v)).collect();
-    safetensors::serialize_to_file(refs, Some(meta), &path)
-        .map_err(|e| ModelError::io(&path, format!("{e:?}")))?;
+    let bytes_out = write_views(&views, out_dir)?;
     write_config(dir, out_dir, None)?;
     Ok(CompressReport {
         format,

@@ -386,6 +386,24 @@ mod tests {
         (w, mean, var, scaler)
     }
 
+    /// Wanda's metric as both the first metric and the prune order.
+    fn wanda_inputs<'a>(
+        w: &'a [f32],
+        cols: usize,
+        wanda: &'a [f32],
+        mean: &'a [f32],
+        var: &'a [f32],
+    ) -> DsnotInputs<'a> {
+        DsnotInputs {
+            w,
+            cols,
+            initial: wanda,
+            wanda,
+            mean,
+            var,
+        }
+    }
+
     fn error_of(w: &[f32], mask: &[bool], mean: &[f32], cols: usize) -> Vec<f32> {
         w.chunks(cols)
             .zip(mask.chunks(cols))
@@ -405,14 +423,7 @@ mod tests {
         let (rows, cols) = (16, 256);
         let (w, mean, var, scaler) = inputs(rows, cols, 3);
         let wanda = super::super::methods::wanda_metric(&w, cols, &scaler);
-        let inp = DsnotInputs {
-            w: &w,
-            cols,
-            initial: &wanda,
-            wanda: &wanda,
-            mean: &mean,
-            var: &var,
-        };
+        let inp = wanda_inputs(&w, cols, &wanda, &mean, &var);
         let opts = DsnotOptions::default();
         let (first, none) = refine_unstructured(&inp, 0.5, &opts, true);
         assert_eq!(none.changed, 0);
@@ -437,14 +448,7 @@ mod tests {
         let (rows, cols) = (16, 128);
         let (w, mean, var, scaler) = inputs(rows, cols, 5);
         let wanda = super::super::methods::wanda_metric(&w, cols, &scaler);
-        let inp = DsnotInputs {
-            w: &w,
-            cols,
-            initial: &wanda,
-            wanda: &wanda,
-            mean: &mean,
-            var: &var,
-        };
+        let inp = wanda_inputs(&w, cols, &wanda, &mean, &var);
         let (first, _) = refine_nm(&inp, 2, 4, &DsnotOptions::default(), true);
         let (mask, report) = refine_nm(&inp, 2, 4, &DsnotOptions::default(), false);
         assert!(report.changed > 0, "{report:?}");
@@ -467,14 +471,7 @@ mod tests {
         // 8 columns, 50 cycles: the authors' code would index past the list.
         let (w, mean, var, scaler) = inputs(4, 8, 9);
         let wanda = super::super::methods::wanda_metric(&w, 8, &scaler);
-        let inp = DsnotInputs {
-            w: &w,
-            cols: 8,
-            initial: &wanda,
-            wanda: &wanda,
-            mean: &mean,
-            var: &var,
-        };
+        let inp = wanda_inputs(&w, 8, &wanda, &mean, &var);
         let opts = DsnotOptions {
             update_threshold: 0.0,
             ..DsnotOptions::default()
