@@ -40,7 +40,7 @@ pub enum Command {
     Demo(demo::DemoArgs),
     /// Print the memory status of this machine and process (GPU when present)
     Snapshot(snapshot::SnapshotArgs),
-    /// Import a llama.cpp GGUF file as a Hugging Face folder (config.json, model.safetensors, tokenizer.json)
+    /// Import a llama.cpp GGUF file as a Hugging Face folder (--gguf), or rewrite a model folder dense or compressed-tensors sparse (--model --to)
     Convert(convert::ConvertArgs),
     /// Perplexity of a model on a text (non-overlapping windows, as the Wanda/SparseGPT eval)
     Eval(eval::EvalArgs),
