@@ -69,7 +69,9 @@ impl ProcessProbe {
                 true,
                 ProcessRefreshKind::nothing().with_memory(),
             );
-            if let Some(process) = state.system.process(pid) {
+            // An exited process not yet reaped (a zombie) reads 0: that is
+            // no reading, not an empty process.
+            if let Some(process) = state.system.process(pid).filter(|p| is_live(p)) {
                 reading.rss = Some(process.memory());
             }
             let now = std::time::Instant::now();
@@ -160,6 +162,11 @@ fn parse_status_kib(text: &str, key: &str) -> Option<u64> {
     Some(kib * 1024)
 }
 
+/// Whether `p` is running: not a zombie, and with pages to count.
+fn is_live(p: &sysinfo::Process) -> bool {
+    p.status() != sysinfo::ProcessStatus::Zombie && p.memory() > 0
+}
+
 /// Resident memory of a process and all its descendants, as `watch` needs for
 /// a Python script that forks workers.
 pub struct TreeProbe {
@@ -183,7 +190,7 @@ impl TreeProbe {
             true,
             ProcessRefreshKind::nothing().with_memory(),
         );
-        self.system.process(self.root)?;
+        self.system.process(self.root).filter(|p| is_live(p))?;
         let mut children: HashMap<Pid, Vec<Pid>> = HashMap::new();
         for (pid, process) in self.system.processes() {
             if let Some(parent) = process.parent() {
@@ -212,6 +219,17 @@ impl TreeProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_exited_unreaped_process_has_no_rss_reading() {
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let pid = Pid::from_u32(child.id());
+        // Exited, not yet waited for: a zombie, whose RSS reads 0.
+        std::thread::sleep(std::time::Duration::from_millis(300));
+        assert_eq!(ProcessProbe::for_pid(Some(pid)).read().rss, None);
+        assert!(TreeProbe::new(child.id()).read().is_none());
+        child.wait().unwrap();
+    }
 
     #[test]
     fn parses_kib_fields() {
