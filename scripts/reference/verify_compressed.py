@@ -1,5 +1,6 @@
 """Checks a prunemem compressed save against the compressed-tensors package
-(0.14.0: the last release with its sparse compressors), once, by hand:
+(0.14.0; 0.14.x are the last releases with its sparse compressors, 0.15.0
+has none), once, by hand:
 
     pip install --target /tmp/ct compressed-tensors==0.14.0 loguru psutil --no-deps
     PYTHONPATH=/tmp/ct python3 scripts/reference/verify_compressed.py COMPRESSED_DIR DENSE_DIR

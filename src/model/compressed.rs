@@ -31,8 +31,8 @@ use super::ModelError;
 use super::checkpoint::{Checkpoint, SINGLE_FILE, TensorEntry, copy_releasing};
 use super::llama::LAYER_LINEARS;
 
-/// The compressed-tensors version whose layout this writes (the last
-/// release with its sparse compressors: they were removed in 0.15).
+/// The compressed-tensors version whose layout this writes (0.14.x are
+/// the last releases with its sparse compressors; 0.15.0 has none).
 pub const COMPRESSED_TENSORS_VERSION: &str = "0.14.0";
 
 /// Which compressed-tensors sparse format.
