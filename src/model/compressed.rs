@@ -211,14 +211,18 @@ fn i64_bytes(values: impl IntoIterator<Item = usize>) -> Vec<u8> {
         .collect()
 }
 
-/// The kept positions of a target weight.
-fn kept_mask(ckpt: &Checkpoint, name: &str, format: SparseFormat) -> Result<Vec<bool>, ModelError> {
-    let e = ckpt.entry(name)?;
-    let nz = nonzero(ckpt.bytes(name)?, e.dtype);
+/// The kept positions of a target weight, from its non-zeros `nz`.
+fn kept_of(nz: Vec<bool>, name: &str, format: SparseFormat) -> Result<Vec<bool>, ModelError> {
     match format {
         SparseFormat::Bitmask => Ok(nz),
         SparseFormat::TwoFour => two_four_mask(&nz, name),
     }
+}
+
+/// The kept positions of a target weight.
+fn kept_mask(ckpt: &Checkpoint, name: &str, format: SparseFormat) -> Result<Vec<bool>, ModelError> {
+    let e = ckpt.entry(name)?;
+    kept_of(nonzero(ckpt.bytes(name)?, e.dtype), name, format)
 }
 
 /// The values at `mask`'s positions, in their stored bytes.
@@ -249,13 +253,10 @@ fn compressed_views<'a>(
         )));
     }
     let width = (e.dtype.bitsize() / 8).max(1);
-    let mask = kept_mask(ckpt, name, format)?;
-    let kept = mask.iter().filter(|k| **k).count();
-    let zeros = nonzero(ckpt.bytes(name)?, e.dtype)
-        .iter()
-        .filter(|k| !**k)
-        .count() as u64;
+    let nz = nonzero(ckpt.bytes(name)?, e.dtype);
     ckpt.release(name);
+    let zeros = nz.iter().filter(|k| !**k).count() as u64;
+    let kept = kept_of(nz, name, format)?.iter().filter(|k| **k).count();
     let prefix = name.trim_end_matches(".weight").to_string();
     let (dtype, owned) = (e.dtype, name.to_string());
     let shape_tensor = match format {

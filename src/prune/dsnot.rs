@@ -404,7 +404,8 @@ mod tests {
         }
     }
 
-    fn error_of(w: &[f32], mask: &[bool], mean: &[f32], cols: usize) -> Vec<f32> {
+    /// `Σ_rows |Σ_pruned W·x̄|`: the rows' reconstruction errors, summed.
+    fn total_error(w: &[f32], mask: &[bool], mean: &[f32], cols: usize) -> f32 {
         w.chunks(cols)
             .zip(mask.chunks(cols))
             .map(|(row, m)| {
@@ -413,9 +414,10 @@ mod tests {
                     .zip(mean)
                     .filter(|((_, p), _)| **p)
                     .map(|((v, _), x)| v * x)
-                    .sum()
+                    .sum::<f32>()
+                    .abs()
             })
-            .collect()
+            .sum()
     }
 
     #[test]
@@ -432,14 +434,8 @@ mod tests {
         for row in mask.chunks(cols) {
             assert_eq!(row.iter().filter(|p| **p).count(), cols / 2);
         }
-        let before: f32 = error_of(&w, &first, &mean, cols)
-            .iter()
-            .map(|e| e.abs())
-            .sum();
-        let after: f32 = error_of(&w, &mask, &mean, cols)
-            .iter()
-            .map(|e| e.abs())
-            .sum();
+        let before = total_error(&w, &first, &mean, cols);
+        let after = total_error(&w, &mask, &mean, cols);
         assert!(after < 0.5 * before, "error {before} -> {after}");
     }
 
@@ -455,14 +451,8 @@ mod tests {
         for g in mask.chunks(4) {
             assert_eq!(g.iter().filter(|p| **p).count(), 2);
         }
-        let before: f32 = error_of(&w, &first, &mean, cols)
-            .iter()
-            .map(|e| e.abs())
-            .sum();
-        let after: f32 = error_of(&w, &mask, &mean, cols)
-            .iter()
-            .map(|e| e.abs())
-            .sum();
+        let before = total_error(&w, &first, &mean, cols);
+        let after = total_error(&w, &mask, &mean, cols);
         assert!(after < before, "error {before} -> {after}");
     }
 

@@ -115,6 +115,11 @@ fn add<B: Backend, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, 
     });
 }
 
+/// Bytes of an f32 vector accumulator (0 when not collected).
+fn f32_bytes<B: Backend>(t: &Option<Tensor<B, 1>>) -> u64 {
+    t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4)
+}
+
 fn host<B: Backend, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
     t?.mul_scalar(scale).into_data().into_vec().ok()
 }
@@ -159,13 +164,12 @@ impl<B: Backend> LayerStats<B> {
     /// (The squares of a batch are never all materialised: see
     /// [`column_square_sums`].)
     pub fn bytes(&self) -> u64 {
-        let len1 = |t: &Option<Tensor<B, 1>>| t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4);
         self.acc
             .values()
             .map(|a| {
-                len1(&a.norms)
-                    + len1(&a.sum)
-                    + len1(&a.var)
+                f32_bytes(&a.norms)
+                    + f32_bytes(&a.sum)
+                    + f32_bytes(&a.var)
                     + a.hessian
                         .as_ref()
                         .map_or(0, |t| (t.dims()[0] * t.dims()[1]) as u64 * 4)
@@ -175,8 +179,10 @@ impl<B: Backend> LayerStats<B> {
 
     /// Bytes of DSnoT's moments (part of [`LayerStats::bytes`]).
     pub fn moment_bytes(&self) -> u64 {
-        let len1 = |t: &Option<Tensor<B, 1>>| t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4);
-        self.acc.values().map(|a| len1(&a.sum) + len1(&a.var)).sum()
+        self.acc
+            .values()
+            .map(|a| f32_bytes(&a.sum) + f32_bytes(&a.var))
+            .sum()
     }
 
     /// The statistics of `input` over `nsamples` windows, on the host.
