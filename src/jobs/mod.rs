@@ -11,6 +11,7 @@
 //! (`prune`, `model::perplexity`) and returns what happened. Jobs know the
 //! engines and the sinks; the engines know neither jobs nor sinks.
 
+mod checks;
 pub mod config;
 pub mod context;
 pub mod demo;
