@@ -16,23 +16,23 @@
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-use burn::module::Param;
 use burn::prelude::*;
 
-use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
-use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
-use super::reallocation::{ReallocationReport, reallocated_nm_mask};
-use super::sparsegpt::{SparseGptOptions, fasterprune};
-use super::stats::{LayerStats, Needs, Stat};
+use super::dsnot::{DsnotOptions, DsnotReport};
+use super::reallocation::ReallocationReport;
+use super::stats::{LayerStats, Needs};
 use super::{LayerMethod, Pattern, PruneError};
 use crate::events::stages;
-use crate::memory::tag::{self, Category, tagged};
-use crate::model::llama::{DecoderLayer, LinearInput};
+use crate::memory::tag::{self, Category};
+use crate::model::llama::DecoderLayer;
 use crate::model::perplexity::token_tensor;
 use crate::model::save::PrunedWriter;
 use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
 use crate::profiler::Profiler;
 use crate::timing::{self, Work};
+
+use super::linear::{LayerTarget, prune_linears};
+pub use super::linear::{set_weight, weight_out_in};
 
 /// How to prune.
 #[derive(Debug, Clone)]
@@ -365,239 +365,4 @@ impl<B: Backend> LayerPass<'_, B> {
             linears,
         })
     }
-}
-
-/// Where a layer's linears come from and go.
-struct LayerTarget<'a, B: Backend> {
-    ckpt: &'a Checkpoint,
-    index: usize,
-    config: &'a PruneConfig,
-    device: &'a B::Device,
-}
-
-/// Prunes a layer's seven linears, input group by input group (each
-/// group's statistics are finished, used and dropped in turn).
-fn prune_linears<B: Backend>(
-    layer: &mut DecoderLayer<B>,
-    t: &LayerTarget<'_, B>,
-    mut stats: Option<LayerStats<B>>,
-    nsamples: usize,
-    mut writer: Option<&mut PrunedWriter>,
-) -> Result<Vec<LinearReport>, PruneError> {
-    let mut linears = Vec::with_capacity(7);
-    for input in LinearInput::ALL {
-        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
-        let layer_config;
-        let config = match &t.config.layer_sparsity {
-            None => t.config,
-            Some(_) => {
-                layer_config = PruneConfig {
-                    sparsity: t.config.sparsity_of(t.index),
-                    layer_sparsity: None,
-                    ..t.config.clone()
-                };
-                &layer_config
-            }
-        };
-        for name in input.linears() {
-            let full = format!("model.layers.{}.{name}.weight", t.index);
-            let w = writer.as_deref_mut();
-            let report = prune_linear(
-                layer,
-                name,
-                &full,
-                stat.as_ref(),
-                config,
-                t.device,
-                w,
-                t.ckpt,
-            )?;
-            linears.push(report);
-        }
-    }
-    Ok(linears)
-}
-
-/// The weight of a linear as host f32 in PyTorch orientation `[out, in]`.
-pub fn weight_out_in<B: Backend>(layer: &DecoderLayer<B>, name: &str) -> (Vec<f32>, usize, usize) {
-    let Some(lin) = layer.linear(name) else {
-        return (Vec::new(), 0, 0);
-    };
-    let w = lin.weight.val();
-    let [inp, out] = w.dims();
-    let data = w
-        .transpose()
-        .into_data()
-        .convert_dtype(burn::tensor::DType::F32);
-    (data.into_vec().unwrap_or_default(), out, inp)
-}
-
-/// Replaces a linear's weight with `values` (`[out, in]`).
-pub fn set_weight<B: Backend>(
-    layer: &mut DecoderLayer<B>,
-    name: &str,
-    values: Vec<f32>,
-    out: usize,
-    inp: usize,
-    dtype: ComputeDtype,
-    device: &B::Device,
-) {
-    if let Some(lin) = layer.linear_mut(name) {
-        let t =
-            Tensor::<B, 2>::from_data(TensorData::new(values, [out, inp]), (device, dtype.burn()));
-        lin.weight = Param::from_tensor(t.transpose());
-    }
-}
-
-#[allow(clippy::too_many_arguments)]
-fn prune_linear<B: Backend>(
-    layer: &mut DecoderLayer<B>,
-    name: &str,
-    full_name: &str,
-    stat: Option<&Stat>,
-    config: &PruneConfig,
-    device: &B::Device,
-    writer: Option<&mut PrunedWriter>,
-    ckpt: &Checkpoint,
-) -> Result<LinearReport, PruneError> {
-    let (mut w, out, inp) = tagged(Category::Weights, || weight_out_in(layer, name));
-    let _tag = tag::tag(Category::Masks);
-    // Metrics, sorting, masks; SparseGPT's sweep and the write nest inside.
-    let _span = timing::work(Work::Selection);
-    let missing = || PruneError::Invalid(format!("{full_name}: no statistics were collected"));
-    let norms = stat.and_then(|s| s.norms.as_deref());
-    let (mut alpha, mut error, mut refined, mut realloc) = (None, None, None, None);
-    if let Some(opts) = &config.dsnot {
-        let stat = stat.ok_or_else(missing)?;
-        let skip = opts.skips(name);
-        let (mask, report) = dsnot_mask(&w, inp, stat, config, opts, skip, full_name)?;
-        apply_mask(&mut w, &mask);
-        refined = (!skip).then_some(report);
-    } else {
-        match config.method {
-            LayerMethod::Magnitude => {
-                let mask = magnitude_mask(&w, inp, config.sparsity, config.pattern);
-                apply_mask(&mut w, &mask);
-            }
-            LayerMethod::Wanda => {
-                let norms = norms.ok_or_else(missing)?;
-                let metric = tagged(Category::Statistics, || wanda_metric(&w, inp, norms));
-                let (mask, a) = wanda_mask(
-                    &metric,
-                    inp,
-                    config.sparsity,
-                    config.pattern,
-                    config.use_variant,
-                );
-                apply_mask(&mut w, &mask);
-                alpha = a;
-            }
-            LayerMethod::Ria => {
-                let norms = norms.ok_or_else(missing)?;
-                let metric = tagged(Category::Statistics, || {
-                    ria_metric(&w, inp, norms, config.ria_a)
-                });
-                let mask = match (config.pattern, config.reallocation) {
-                    (Pattern::NM { n, m }, Some(lsa)) => {
-                        let (mask, r) = reallocated_nm_mask(&metric, inp, n, m, lsa);
-                        realloc = Some(r);
-                        mask
-                    }
-                    _ => ria_mask(
-                        &metric,
-                        inp,
-                        config.sparsity,
-                        config.pattern,
-                        config.per_outneuron,
-                    ),
-                };
-                apply_mask(&mut w, &mask);
-            }
-            LayerMethod::SparseGpt => {
-                let h = stat.and_then(|s| s.hessian.clone()).ok_or_else(missing)?;
-                let options = SparseGptOptions {
-                    sparsity: config.sparsity,
-                    pattern: config.pattern,
-                    percdamp: config.percdamp,
-                    blocksize: config.blocksize,
-                };
-                let _stats = tag::tag(Category::Statistics);
-                let _sweep = timing::work(Work::Sweep);
-                let r = fasterprune(&w, out, inp, h, options)
-                    .map_err(|e| not_positive_definite(full_name, e))?;
-                w = r.weight;
-                error = Some(r.error);
-            }
-        }
-    }
-    let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
-    if let Some(writer) = writer {
-        let _io = timing::work(Work::Io);
-        writer.write_f32(ckpt, full_name, &w)?;
-    }
-    set_weight(layer, name, w, out, inp, config.dtype, device);
-    Ok(LinearReport {
-        name: full_name.to_string(),
-        zeros,
-        params: (out * inp) as u64,
-        alpha,
-        error,
-        dsnot: refined,
-        reallocation: realloc,
-    })
-}
-
-fn not_positive_definite(name: &str, e: super::linalg::NotPositiveDefinite) -> PruneError {
-    PruneError::NotPositiveDefinite {
-        name: name.to_string(),
-        index: e.index,
-        value: e.value,
-    }
-}
-
-/// DSnoT's mask: the method's metric as the first mask (per row, or per
-/// N:M group), refined by the swap loop unless the linear is skipped.
-/// SparseGPT contributes its saliency only, as in the authors' code: no
-/// weight update.
-fn dsnot_mask(
-    w: &[f32],
-    cols: usize,
-    stat: &Stat,
-    config: &PruneConfig,
-    opts: &DsnotOptions,
-    skip: bool,
-    full_name: &str,
-) -> Result<(Vec<bool>, DsnotReport), PruneError> {
-    let missing = || PruneError::Invalid(format!("{full_name}: no statistics were collected"));
-    let (norms, moments) = match (&stat.norms, &stat.moments) {
-        (Some(n), Some(m)) => (n, m),
-        _ => return Err(missing()),
-    };
-    let _stats = tag::tag(Category::Statistics);
-    let wanda = wanda_metric(w, cols, norms);
-    let initial = match config.method {
-        LayerMethod::Wanda => None,
-        LayerMethod::Magnitude => Some(w.iter().map(|v| v.abs()).collect()),
-        LayerMethod::Ria => Some(ria_metric(w, cols, norms, config.ria_a)),
-        LayerMethod::SparseGpt => {
-            let h = stat.hessian.clone().ok_or_else(missing)?;
-            Some(
-                dsnot::sparsegpt_metric(w, cols, h, config.percdamp)
-                    .map_err(|e| not_positive_definite(full_name, e))?,
-            )
-        }
-    };
-    let inputs = DsnotInputs {
-        w,
-        cols,
-        initial: initial.as_deref().unwrap_or(&wanda),
-        wanda: &wanda,
-        mean: &moments.mean,
-        var: &moments.var,
-    };
-    let _refine = timing::work(Work::Refine);
-    Ok(match config.pattern {
-        Pattern::Unstructured => dsnot::refine_unstructured(&inputs, config.sparsity, opts, skip),
-        Pattern::NM { n, m } => dsnot::refine_nm(&inputs, n, m, opts, skip),
-    })
 }

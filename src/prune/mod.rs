@@ -6,6 +6,7 @@ pub mod dsnot;
 pub mod engine;
 pub mod gradprobe;
 pub mod linalg;
+pub mod linear;
 pub mod methods;
 pub mod owl;
 pub mod reallocation;
