@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# Runs the pruning benchmark (examples/bench_prune.rs protocol) for prunemem
-# (streaming and --resident) and for the Wanda authors' code
-# (scripts/reference/run_reference.py), interleaved, appending JSON lines to
-# OUT. Needs a release build of the example, the model, the text, a Python
-# with torch + transformers, and a checkout of locuslab/wanda.
+# Side-by-side benchmark (issue 17): prunemem (examples/bench_prune.rs
+# protocol) against the Wanda authors' code (scripts/reference/run_reference.py)
+# for Wanda unstructured, Wanda 2:4, SparseGPT and magnitude, and against
+# GradProbe's own pruner for its profiling configuration. Runs one at a time,
+# alternating which tool goes first in each round, appends JSON lines to OUT
+# and prints the ratio table (scripts/reference/ratio_table.py).
 #
-#   WANDA_REPO=/path/to/wanda PYTHON=/path/to/python scripts/reference/bench_all.sh OUT.jsonl
+#   WANDA_REPO=/path/to/wanda GRADPROBE_REPO=/path/to/GradProbe PYTHON=python3 \
+#     ROUNDS=2 scripts/reference/bench_all.sh OUT.jsonl
+#
+# Needs `cargo build --release --examples --bins`, the model
+# (scripts/fetch-smollm2.sh), the text, and a Python with torch +
+# transformers. CONFIGS narrows the run ("wanda:unstructured wanda:2:4
+# sparsegpt:unstructured magnitude:unstructured gradprobe gradprobe-emb").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 OUT=${1:-reports/bench/prune.jsonl}
@@ -13,31 +20,49 @@ mkdir -p "$(dirname "$OUT")"
 TEXT=${PRUNEMEM_TEXT:-../shared/data/wikitext-2-raw/wiki.test.raw}
 MODEL=${PRUNEMEM_MODEL:-models/smollm2-135m}
 PY=${PYTHON:-python3}
+ROUNDS=${ROUNDS:-1}
 BENCH=target/release/examples/bench_prune
-# Also needs target/release/prunemem (cargo build --release) for the reference eval.
-for cfg in "wanda unstructured" "wanda 2:4" "magnitude unstructured" "sparsegpt unstructured"; do
-  set -- $cfg
-  echo "== $1 $2" >&2
-  $BENCH "$1" "$2" | sed 's/^{/{"tool":"prunemem","mode":"streaming",/' >> "$OUT"
-  $BENCH "$1" "$2" --resident | sed 's/^{/{"tool":"prunemem","mode":"resident",/' >> "$OUT"
-  "$PY" scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" --model "$MODEL" --method "$1" \
-    --sparsity 0.5 --sparsity-type "$2" --nsamples 32 --seqlen 512 --seed 0 \
-    --calib-text "$TEXT" --calib-lines second-half --eval-text "$TEXT" --eval-lines first-half \
-    --eval-windows 40 --threads 2 2>/dev/null | tail -n 1 >> "$OUT"
+CONFIGS=${CONFIGS:-"wanda:unstructured wanda:2:4 sparsegpt:unstructured magnitude:unstructured gradprobe gradprobe-emb"}
+: "${WANDA_REPO:?set WANDA_REPO to a checkout of locuslab/wanda}"
+
+tagged() { sed "s/^{/{\"tool\":\"$1\",\"config\":\"$2\",\"round\":$3,/"; }
+
+prunemem_run() { # config round
+  case $1 in
+    gradprobe) $BENCH gradprobe - ;;
+    gradprobe-emb) $BENCH gradprobe - --include-embeddings ;;
+    *) $BENCH "${1%%:*}" "${1#*:}" ;;
+  esac | tail -n 1 | tagged prunemem "$1" "$2" >> "$OUT"
+}
+
+reference_run() { # config round
+  case $1 in
+    gradprobe | gradprobe-emb)
+      [[ -n "${GRADPROBE_REPO:-}" ]] || return 0
+      local emb="" dir
+      [[ $1 == gradprobe-emb ]] && emb=--include-embeddings
+      dir=$(mktemp -d)
+      "$PY" scripts/reference/run_gradprobe_reference.py --gradprobe-repo "$GRADPROBE_REPO" \
+        --model "$MODEL" --calib-text "$TEXT" --calib-lines second-half $emb --out "$dir" \
+        2>/dev/null | tail -n 1 | sed 's/"tool": *"[^"]*", *//' | tagged reference "$1" "$2" >> "$OUT"
+      rm -rf "$dir" ;;
+    *)
+      "$PY" scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" --model "$MODEL" \
+        --method "${1%%:*}" --sparsity 0.5 --sparsity-type "${1#*:}" --nsamples 32 --seqlen 512 \
+        --seed 0 --calib-text "$TEXT" --calib-lines second-half --eval-text "$TEXT" \
+        --eval-lines first-half --eval-windows 40 --threads 2 2>/dev/null | tail -n 1 \
+        | sed 's/"tool": *"[^"]*", *//' | tagged reference "$1" "$2" >> "$OUT" ;;
+  esac
+}
+
+for round in $(seq 1 "$ROUNDS"); do
+  for cfg in $CONFIGS; do
+    echo "== round $round: $cfg" >&2
+    if (( round % 2 == 1 )); then
+      prunemem_run "$cfg" "$round"; reference_run "$cfg" "$round"
+    else
+      reference_run "$cfg" "$round"; prunemem_run "$cfg" "$round"
+    fi
+  done
 done
-# GradProbe: its profiling configuration, prunemem and the reference pruner
-# (GRADPROBE_REPO: a checkout of dcifrian/GradProbe), with and without
-# embeddings.
-for emb in "" "--include-embeddings"; do
-  echo "== gradprobe $emb" >&2
-  $BENCH gradprobe - $emb | sed 's/^{/{"tool":"prunemem","mode":"streaming",/' >> "$OUT"
-  if [[ -n "${GRADPROBE_REPO:-}" ]]; then
-    REF_OUT=$(mktemp -d)
-    "$PY" scripts/reference/run_gradprobe_reference.py --gradprobe-repo "$GRADPROBE_REPO" --model "$MODEL" \
-      --calib-text "$TEXT" --calib-lines second-half $emb --out "$REF_OUT" 2>/dev/null | tail -n 1 >> "$OUT"
-    target/release/prunemem eval --model "$REF_OUT/model" --text "$TEXT" --lines first-half --seqlen 128 \
-      --windows 40 --json 2>/dev/null | sed 's/^{/{"tool":"gradprobe-reference-eval",/' >> "$OUT"
-    rm -rf "$REF_OUT"
-  fi
-done
-echo "results in $OUT" >&2
+"$PY" scripts/reference/ratio_table.py "$OUT"

@@ -25,6 +25,7 @@
 
 use super::{Arch, Component, Device, Phase, Workload};
 use crate::events::stages;
+use crate::model::ComputeDtype;
 use crate::prune::Method;
 
 /// How the constants were measured, and how well the estimates fit.
@@ -44,7 +45,9 @@ wanda-b2-h512-l8-s1024 +0.6, sparsegpt-eval-h640-l3 +2.9). Re-measured 2026-11-2
 calibration phase lost its embedding-load transient (tensors decode as one copy): wanda-h512-l4 +1.6, \
 wanda-h768-l2-s512 -0.9, sparsegpt-h512-l3 -0.1, sparsegpt-h1024-l2 +0.6, magnitude-h1024-l6 -2.6, \
 wanda-eval-h512-l4 +0.3, wanda-resident-h768-l4 -1.3, wanda-b2-h512-l8-s1024 +0.3, \
-sparsegpt-eval-h640-l3 +2.9.";
+sparsegpt-eval-h640-l3 +2.9. Re-measured 2026-11-23 after the CPU's f32 forward stopped caching \
+full-shape rotary tables (`model::cpu_ops`): all 14 grid cases -4.8% to +3.2% (magnitude-h1024-l6 -4.8, \
+ria-h512-l4 +3.2, dsnot-sparsegpt-h640-l2 -3.2, the rest within 3.0).";
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
@@ -107,8 +110,13 @@ fn forward_with_hessians(a: &Arch, tokens: u64) -> u64 {
 /// Cached full-shape rotary tables (`model::llama::Rope`): cos and sin for
 /// each input shape seen, q's and k's (one shared when their widths agree),
 /// for full batches of `batch` windows and for the last, shorter batch of
-/// `windows` when there is one.
+/// `windows` when there is one. The CPU's f32 forward rotates with the
+/// fused kernel (`model::cpu_ops`) from `[seq, head_dim]` tables and caches
+/// none.
 fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
+    if w.device == Device::Cpu && w.dtype == ComputeDtype::F32 {
+        return 0;
+    }
     let widths = if a.q_dim() == a.kv_dim() {
         a.q_dim()
     } else {

@@ -108,11 +108,12 @@ fn step(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], optimizer: u64) -
                 BACKWARD_PER_LOGIT * logits,
             );
     }
-    // Checkpointed: every layer's input, and the rotary tables of both
-    // backends; then the larger of the head's backward (first) and a
+    // Checkpointed: every layer's input, and the autodiff backend's rotary
+    // tables (the plain CPU forward rotates with `model::cpu_ops` and caches
+    // none); then the larger of the head's backward (first) and a
     // recomputed layer's (with nearly every gradient made).
     let inputs = (a.layers + 1) * tokens * a.hidden * 4;
-    let rotary = 2 * 2 * (a.q_dim() + a.kv_dim()) * tokens * 4;
+    let rotary = 2 * (a.q_dim() + a.kv_dim()) * tokens * 4;
     let base = base
         .add("checkpointed layer inputs (activations)", inputs)
         .add("rotary tables (activations)", rotary);

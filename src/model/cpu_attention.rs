@@ -209,10 +209,16 @@ fn softmax_span(x: &mut [f32], scale: f32) {
     }
 }
 
-/// `x = exp(x)` element-wise, dispatched to AVX2+FMA where available.
+/// `x = exp(x)` element-wise, dispatched to AVX-512 or AVX2+FMA where
+/// available.
 pub fn exp_in_place(x: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU supports the features the function is built for.
+            unsafe { exp_avx512(x) };
+            return;
+        }
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
             // SAFETY: the CPU supports the features the function is built for.
@@ -220,6 +226,12 @@ pub fn exp_in_place(x: &mut [f32]) {
             return;
         }
     }
+    exp_portable(x);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn exp_avx512(x: &mut [f32]) {
     exp_portable(x);
 }
 
@@ -239,7 +251,8 @@ fn exp_portable(x: &mut [f32]) {
     const ROUND: f32 = 12_582_912.0; // 1.5 * 2^23: adds and subtracts to round
     for v in x.iter_mut() {
         let a = v.clamp(-87.0, 88.0);
-        let n = (a * LOG2E + ROUND) - ROUND;
+        let t = a * LOG2E + ROUND;
+        let n = t - ROUND;
         let r = a - n * LN2_HI - n * LN2_LO;
         let p = 1.0
             + r * (1.0
@@ -247,7 +260,9 @@ fn exp_portable(x: &mut [f32]) {
                     + r * (0.166_666_67
                         + r * (0.041_666_668
                             + r * (0.008_333_334 + r * (0.001_388_889 + r * 0.000_198_412_7))))));
-        let bits = ((n as i32 + 127) as u32) << 23;
+        // `t`'s low mantissa bits hold `n` (as 1.5·2^23 + n): the exponent
+        // field 2^n in integer arithmetic, no float-to-int conversion.
+        let bits = t.to_bits().wrapping_sub(0x4B40_0000).wrapping_add(127) << 23;
         *v = p * f32::from_bits(bits);
     }
 }

@@ -16,10 +16,10 @@ use burn::prelude::*;
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::{DType, FloatDType, TensorPrimitive};
 
 use super::config::{LlamaConfig, RopeScaling};
-use super::cpu_attention;
+use super::{cpu_attention, cpu_ops, matmul};
 
 /// RMS normalisation, computed in f32 whatever the model dtype (as
 /// transformers' `LlamaRMSNorm` does).
@@ -38,6 +38,12 @@ impl<B: Backend> LlamaRmsNorm<B> {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
+        if host_f32(&x) {
+            let (dims, device) = (x.dims(), x.device());
+            let w = to_host(self.weight.val());
+            let out = cpu_ops::rms_norm(&to_host(x), &w, self.eps);
+            return from_host(out, dims, &device);
+        }
         let dtype = x.dtype();
         let xf = to_f32(x);
         let variance = xf.clone().square().mean_dim(D - 1);
@@ -49,6 +55,26 @@ impl<B: Backend> LlamaRmsNorm<B> {
         };
         normed * self.weight.val().unsqueeze::<D>()
     }
+}
+
+/// True when `t` takes the fused host kernels: f32 on Burn's CPU backend.
+fn host_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
+    uses_cpu_kernel::<B>() && t.dtype() == DType::F32
+}
+
+/// The values of an f32 tensor (no copy when the tensor is not shared).
+fn to_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
+    t.into_data()
+        .into_vec()
+        .expect("to_host is only called on f32 tensors")
+}
+
+fn from_host<B: Backend, const D: usize>(
+    v: Vec<f32>,
+    dims: [usize; D],
+    device: &B::Device,
+) -> Tensor<B, D> {
+    Tensor::from_data(TensorData::new(v, dims), (device, DType::F32))
 }
 
 fn to_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
@@ -126,6 +152,8 @@ pub struct Rope<B: Backend> {
     pub sin: Tensor<B, 2>,
     rot: Tensor<B, 2>,
     expanded: Arc<Mutex<HashMap<[usize; 3], RopeTables<B>>>>,
+    /// The f32 cos/sin tables `[seq, head_dim]` for the fused host kernel.
+    host: Arc<(Vec<f32>, Vec<f32>)>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -150,6 +178,7 @@ impl<B: Backend> Rope<B> {
             rot[(j + half) * d + j] = -1.0;
             rot[j * d + j + half] = 1.0;
         }
+        let host = Arc::new((cos.clone(), sin.clone()));
         let make = |v: Vec<f32>, rows: usize| {
             let t = Tensor::<B, 2>::from_data(TensorData::new(v, [rows, d]), device);
             if dtype == DType::F32 {
@@ -163,6 +192,7 @@ impl<B: Backend> Rope<B> {
             sin: make(sin, seq),
             rot: make(rot, d),
             expanded: Arc::default(),
+            host,
         }
     }
 
@@ -194,6 +224,12 @@ impl<B: Backend> Rope<B> {
     /// projections produce, contiguous, so every op here is dense).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [b, s, n, d] = x.dims();
+        if host_f32(&x) {
+            let device = x.device();
+            let mut v = to_host(x);
+            cpu_ops::rope_in_place(&mut v, &self.host.0, &self.host.1, s, n, d);
+            return from_host(v, [b, s, n, d], &device);
+        }
         let (cos, sin) = self.tables(b, s, n, d);
         let rotated = x
             .clone()
@@ -316,10 +352,58 @@ impl<B: Backend> LlamaAttention<B> {
     }
 }
 
-/// A linear layer's forward, timed as a matrix product.
+/// A linear layer's forward, timed as a matrix product. On Burn's CPU
+/// backend in f32 without bias it is [`matmul::sgemm`] on the tensors' own
+/// storage (no copies).
 fn gemm<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let _span = timing::work(Work::Gemm);
-    linear.forward(x)
+    let weight = linear.weight.val();
+    if linear.bias.is_some() || !host_f32(&x) || weight.dtype() != DType::F32 {
+        return linear.forward(x);
+    }
+    let ([b, s, k], n, device) = (x.dims(), weight.dims()[1], x.device());
+    let (Some(x), Some(w)) = (as_flex(x), as_flex(weight)) else {
+        unreachable!("host_f32 holds only on Burn's CPU backend");
+    };
+    let (x, w) = (x.into_primitive(), w.into_primitive());
+    let (TensorPrimitive::Float(x), TensorPrimitive::Float(w)) = (x, w) else {
+        unreachable!("f32 tensors are not quantized");
+    };
+    let x = x.to_contiguous();
+    let w = if w.layout().strides().iter().all(|s| *s >= 0) {
+        w
+    } else {
+        w.to_contiguous()
+    };
+    let out = matmul::sgemm(
+        matmul::MatRef::row_major(&x.storage::<f32>()[..b * s * k], b * s, k),
+        flex_view(&w, k, n),
+    );
+    from_host(out, [b, s, n], &device)
+}
+
+/// The last two dimensions of a CPU tensor as a strided matrix (the caller
+/// made its strides non-negative).
+fn flex_view(t: &burn_flex::FlexTensor, rows: usize, cols: usize) -> matmul::MatRef<'_> {
+    let st = t.layout().strides();
+    let stride = |i: usize| usize::try_from(st[i]).expect("non-negative strides");
+    let (rs, cs) = (stride(st.len() - 2), stride(st.len() - 1));
+    let data = &t.storage::<f32>()[t.layout().start_offset()..];
+    matmul::MatRef {
+        data,
+        rows,
+        cols,
+        rs,
+        cs,
+    }
+}
+
+/// The same tensor typed for Burn's CPU backend, when `B` is that backend.
+fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Option<Tensor<burn::backend::Flex, D>> {
+    let any: Box<dyn std::any::Any> = Box::new(t);
+    any.downcast::<Tensor<burn::backend::Flex, D>>()
+        .ok()
+        .map(|t| *t)
 }
 
 /// True on Burn's CPU backend, whose attention op the hand-written kernel
@@ -417,7 +501,15 @@ impl<B: Backend> LlamaMlp<B> {
         x: Tensor<B, 3>,
         trace: &mut dyn FnMut(LinearInput, &Tensor<B, 3>),
     ) -> Tensor<B, 3> {
-        let h = silu(gemm(&self.gate_proj, x.clone())) * gemm(&self.up_proj, x);
+        let (gate, up) = (gemm(&self.gate_proj, x.clone()), gemm(&self.up_proj, x));
+        let h = if host_f32(&gate) {
+            let (dims, device) = (gate.dims(), gate.device());
+            let mut g = to_host(gate);
+            cpu_ops::swiglu_in_place(&mut g, &to_host(up));
+            from_host(g, dims, &device)
+        } else {
+            silu(gate) * up
+        };
         trace(LinearInput::Down, &h);
         gemm(&self.down_proj, h)
     }
