@@ -130,8 +130,20 @@ pub fn available_memory() -> Option<u64> {
     let mut sys = System::new_with_specifics(RefreshKind::nothing());
     sys.refresh_memory();
     let available = Some(sys.available_memory()).filter(|a| *a > 0);
-    let cgroup = sys.cgroup_limits().map(|c| c.free_memory);
+    let cgroup = sys
+        .cgroup_limits()
+        .and_then(|c| cgroup_room(sys.total_memory(), c.total_memory, c.rss));
     [available, cgroup].into_iter().flatten().min()
+}
+
+/// Room under a cgroup limit: `None` when the limit is no lower than the
+/// machine's memory (no limit set), else the limit less the group's
+/// anonymous memory. sysinfo's `free_memory` subtracts the group's whole
+/// usage, page cache included; with no limit set that reported 1.4 GiB
+/// "free" on a 24 GiB machine whose cache was full, and refused runs. The
+/// kernel reclaims cache before it runs out, so cache is not counted.
+fn cgroup_room(machine: u64, limit: u64, anon: u64) -> Option<u64> {
+    (limit < machine).then(|| limit.saturating_sub(anon))
 }
 
 /// Resident set size of this process from `/proc/self/status` (`VmRSS`).
@@ -219,6 +231,16 @@ impl TreeProbe {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cgroup_room_ignores_page_cache_and_absent_limits() {
+        const GIB: u64 = 1 << 30;
+        // No limit (the limit is the machine's memory): no cgroup reading.
+        assert_eq!(cgroup_room(24 * GIB, 24 * GIB, 2 * GIB), None);
+        // A real limit: the limit less anonymous memory.
+        assert_eq!(cgroup_room(24 * GIB, 8 * GIB, 3 * GIB), Some(5 * GIB));
+        assert_eq!(cgroup_room(24 * GIB, 8 * GIB, 9 * GIB), Some(0));
+    }
 
     #[test]
     fn an_exited_unreaped_process_has_no_rss_reading() {
