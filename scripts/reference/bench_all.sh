@@ -11,7 +11,8 @@
 #
 # Needs `cargo build --release --examples --bins`, the model
 # (scripts/fetch-smollm2.sh), the text, and a Python with torch +
-# transformers. CONFIGS narrows the run ("wanda:unstructured wanda:2:4
+# transformers. FROM_ROUND=2 ROUNDS=2 runs only the second round (the
+# reference first) to add to an earlier OUT. CONFIGS narrows the run ("wanda:unstructured wanda:2:4
 # sparsegpt:unstructured magnitude:unstructured gradprobe gradprobe-emb").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -21,6 +22,7 @@ TEXT=${PRUNEMEM_TEXT:-../shared/data/wikitext-2-raw/wiki.test.raw}
 MODEL=${PRUNEMEM_MODEL:-models/smollm2-135m}
 PY=${PYTHON:-python3}
 ROUNDS=${ROUNDS:-1}
+FROM_ROUND=${FROM_ROUND:-1}
 BENCH=target/release/examples/bench_prune
 CONFIGS=${CONFIGS:-"wanda:unstructured wanda:2:4 sparsegpt:unstructured magnitude:unstructured gradprobe gradprobe-emb"}
 : "${WANDA_REPO:?set WANDA_REPO to a checkout of locuslab/wanda}"
@@ -55,7 +57,7 @@ reference_run() { # config round
   esac
 }
 
-for round in $(seq 1 "$ROUNDS"); do
+for round in $(seq "$FROM_ROUND" "$ROUNDS"); do
   for cfg in $CONFIGS; do
     echo "== round $round: $cfg" >&2
     if (( round % 2 == 1 )); then
