@@ -1,4 +1,4 @@
-//! GFLOP/s of the forward's matrix product (`prunemem::model::blas::sgemm`)
+//! GFLOP/s of the forward's matrix product (`prunemem::model::matmul::sgemm`)
 //! on SmolLM2-135M's linear shapes for 8 windows of 512 tokens and its LM
 //! head, as one product over all rows (4096 unless given):
 //!

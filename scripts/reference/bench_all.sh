@@ -12,7 +12,8 @@
 # Needs `cargo build --release --examples --bins`, the model
 # (scripts/fetch-smollm2.sh), the text, and a Python with torch +
 # transformers. FROM_ROUND=2 ROUNDS=2 runs only the second round (the
-# reference first) to add to an earlier OUT. CONFIGS narrows the run ("wanda:unstructured wanda:2:4
+# reference first) to add to an earlier OUT. CONFIGS narrows the run
+# ("wanda:unstructured wanda:2:4
 # sparsegpt:unstructured magnitude:unstructured gradprobe gradprobe-emb").
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -28,6 +29,8 @@ CONFIGS=${CONFIGS:-"wanda:unstructured wanda:2:4 sparsegpt:unstructured magnitud
 : "${WANDA_REPO:?set WANDA_REPO to a checkout of locuslab/wanda}"
 
 tagged() { sed "s/^{/{\"tool\":\"$1\",\"config\":\"$2\",\"round\":$3,/"; }
+# A reference script's last line, its own "tool" key replaced by the tags.
+reference_line() { tail -n 1 | sed 's/"tool": *"[^"]*", *//' | tagged reference "$1" "$2"; }
 
 prunemem_run() { # config round
   case $1 in
@@ -46,14 +49,14 @@ reference_run() { # config round
       dir=$(mktemp -d)
       "$PY" scripts/reference/run_gradprobe_reference.py --gradprobe-repo "$GRADPROBE_REPO" \
         --model "$MODEL" --calib-text "$TEXT" --calib-lines second-half $emb --out "$dir" \
-        2>/dev/null | tail -n 1 | sed 's/"tool": *"[^"]*", *//' | tagged reference "$1" "$2" >> "$OUT"
+        2>/dev/null | reference_line "$1" "$2" >> "$OUT"
       rm -rf "$dir" ;;
     *)
       "$PY" scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" --model "$MODEL" \
         --method "${1%%:*}" --sparsity 0.5 --sparsity-type "${1#*:}" --nsamples 32 --seqlen 512 \
         --seed 0 --calib-text "$TEXT" --calib-lines second-half --eval-text "$TEXT" \
-        --eval-lines first-half --eval-windows 40 --threads 2 2>/dev/null | tail -n 1 \
-        | sed 's/"tool": *"[^"]*", *//' | tagged reference "$1" "$2" >> "$OUT" ;;
+        --eval-lines first-half --eval-windows 40 --threads 2 2>/dev/null \
+        | reference_line "$1" "$2" >> "$OUT" ;;
   esac
 }
 

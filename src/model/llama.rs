@@ -16,10 +16,10 @@ use burn::prelude::*;
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{DType, FloatDType, TensorPrimitive};
+use burn::tensor::{DType, FloatDType};
 
 use super::config::{LlamaConfig, RopeScaling};
-use super::{cpu_attention, cpu_ops, matmul};
+use super::{cpu_attention, cpu_ops, host};
 
 /// RMS normalisation, computed in f32 whatever the model dtype (as
 /// transformers' `LlamaRMSNorm` does).
@@ -38,11 +38,11 @@ impl<B: Backend> LlamaRmsNorm<B> {
     }
 
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        if host_f32(&x) {
+        if host::is_f32(&x) {
             let (dims, device) = (x.dims(), x.device());
-            let w = to_host(self.weight.val());
-            let out = cpu_ops::rms_norm(&to_host(x), &w, self.eps);
-            return from_host(out, dims, &device);
+            let w = host::values(self.weight.val());
+            let out = cpu_ops::rms_norm(&host::values(x), &w, self.eps);
+            return host::tensor(out, dims, &device);
         }
         let dtype = x.dtype();
         let xf = to_f32(x);
@@ -55,26 +55,6 @@ impl<B: Backend> LlamaRmsNorm<B> {
         };
         normed * self.weight.val().unsqueeze::<D>()
     }
-}
-
-/// True when `t` takes the fused host kernels: f32 on Burn's CPU backend.
-fn host_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
-    uses_cpu_kernel::<B>() && t.dtype() == DType::F32
-}
-
-/// The values of an f32 tensor (no copy when the tensor is not shared).
-fn to_host<B: Backend, const D: usize>(t: Tensor<B, D>) -> Vec<f32> {
-    t.into_data()
-        .into_vec()
-        .expect("to_host is only called on f32 tensors")
-}
-
-fn from_host<B: Backend, const D: usize>(
-    v: Vec<f32>,
-    dims: [usize; D],
-    device: &B::Device,
-) -> Tensor<B, D> {
-    Tensor::from_data(TensorData::new(v, dims), (device, DType::F32))
 }
 
 fn to_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
@@ -224,11 +204,11 @@ impl<B: Backend> Rope<B> {
     /// projections produce, contiguous, so every op here is dense).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [b, s, n, d] = x.dims();
-        if host_f32(&x) {
+        if host::is_f32(&x) {
             let device = x.device();
-            let mut v = to_host(x);
+            let mut v = host::values(x);
             cpu_ops::rope_in_place(&mut v, &self.host.0, &self.host.1, s, n, d);
-            return from_host(v, [b, s, n, d], &device);
+            return host::tensor(v, [b, s, n, d], &device);
         }
         let (cos, sin) = self.tables(b, s, n, d);
         let rotated = x
@@ -328,7 +308,7 @@ impl<B: Backend> LlamaAttention<B> {
         let attention_span = timing::work(Work::Attention);
         let window =
             (self.sliding_window > 0 && s > self.sliding_window).then_some(self.sliding_window);
-        let out = if uses_cpu_kernel::<B>() {
+        let out = if host::is_cpu::<B>() {
             let shape = cpu_attention::AttentionShape {
                 batch: b,
                 seq: s,
@@ -337,7 +317,7 @@ impl<B: Backend> LlamaAttention<B> {
                 head_dim: hd,
                 window,
             };
-            host_attention(q, k, v, shape)
+            host::attention(q, k, v, shape)
         } else {
             let q = q.swap_dims(1, 2);
             let k = self.repeat_kv(k.swap_dims(1, 2));
@@ -352,88 +332,11 @@ impl<B: Backend> LlamaAttention<B> {
     }
 }
 
-/// A linear layer's forward, timed as a matrix product. On Burn's CPU
-/// backend in f32 without bias it is [`matmul::sgemm`] on the tensors' own
-/// storage (no copies).
+/// A linear layer's forward, timed as a matrix product (on Burn's CPU
+/// backend in f32, [`host::linear`]).
 fn gemm<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let _span = timing::work(Work::Gemm);
-    let weight = linear.weight.val();
-    if linear.bias.is_some() || !host_f32(&x) || weight.dtype() != DType::F32 {
-        return linear.forward(x);
-    }
-    let ([b, s, k], n, device) = (x.dims(), weight.dims()[1], x.device());
-    let (Some(x), Some(w)) = (as_flex(x), as_flex(weight)) else {
-        unreachable!("host_f32 holds only on Burn's CPU backend");
-    };
-    let (x, w) = (x.into_primitive(), w.into_primitive());
-    let (TensorPrimitive::Float(x), TensorPrimitive::Float(w)) = (x, w) else {
-        unreachable!("f32 tensors are not quantized");
-    };
-    let x = x.to_contiguous();
-    let w = if w.layout().strides().iter().all(|s| *s >= 0) {
-        w
-    } else {
-        w.to_contiguous()
-    };
-    let out = matmul::sgemm(
-        matmul::MatRef::row_major(&x.storage::<f32>()[..b * s * k], b * s, k),
-        flex_view(&w, k, n),
-    );
-    from_host(out, [b, s, n], &device)
-}
-
-/// The last two dimensions of a CPU tensor as a strided matrix (the caller
-/// made its strides non-negative).
-fn flex_view(t: &burn_flex::FlexTensor, rows: usize, cols: usize) -> matmul::MatRef<'_> {
-    let st = t.layout().strides();
-    let stride = |i: usize| usize::try_from(st[i]).expect("non-negative strides");
-    let (rs, cs) = (stride(st.len() - 2), stride(st.len() - 1));
-    let data = &t.storage::<f32>()[t.layout().start_offset()..];
-    matmul::MatRef {
-        data,
-        rows,
-        cols,
-        rs,
-        cs,
-    }
-}
-
-/// The same tensor typed for Burn's CPU backend, when `B` is that backend.
-fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Option<Tensor<burn::backend::Flex, D>> {
-    let any: Box<dyn std::any::Any> = Box::new(t);
-    any.downcast::<Tensor<burn::backend::Flex, D>>()
-        .ok()
-        .map(|t| *t)
-}
-
-/// True on Burn's CPU backend, whose attention op the hand-written kernel
-/// replaces (autodiff and GPU backends keep Burn's op).
-fn uses_cpu_kernel<B: Backend>() -> bool {
-    std::any::TypeId::of::<B>() == std::any::TypeId::of::<burn::backend::Flex>()
-}
-
-/// Runs [`cpu_attention::attention`] on host copies of `q`, `k`, `v`
-/// (`[b, s, heads, d]` layouts) and returns `[b, s, heads * d]`.
-fn host_attention<B: Backend>(
-    q: Tensor<B, 4>,
-    k: Tensor<B, 4>,
-    v: Tensor<B, 4>,
-    shape: cpu_attention::AttentionShape,
-) -> Tensor<B, 3> {
-    let dtype = q.dtype();
-    let device = q.device();
-    let host = |t: Tensor<B, 4>| -> Vec<f32> {
-        let data = t.into_data();
-        let data = if data.dtype == DType::F32 {
-            data
-        } else {
-            data.convert_dtype(DType::F32)
-        };
-        data.into_vec().unwrap_or_default()
-    };
-    let out = cpu_attention::attention(&host(q), &host(k), &host(v), shape);
-    let dims = [shape.batch, shape.seq, shape.heads * shape.head_dim];
-    Tensor::from_data(TensorData::new(out, dims), (&device, dtype))
+    host::linear(linear, x)
 }
 
 /// Burn's attention op run on chunks of the (batch x head) dimension on
@@ -502,11 +405,11 @@ impl<B: Backend> LlamaMlp<B> {
         trace: &mut dyn FnMut(LinearInput, &Tensor<B, 3>),
     ) -> Tensor<B, 3> {
         let (gate, up) = (gemm(&self.gate_proj, x.clone()), gemm(&self.up_proj, x));
-        let h = if host_f32(&gate) {
+        let h = if host::is_f32(&gate) {
             let (dims, device) = (gate.dims(), gate.device());
-            let mut g = to_host(gate);
-            cpu_ops::swiglu_in_place(&mut g, &to_host(up));
-            from_host(g, dims, &device)
+            let mut g = host::values(gate);
+            cpu_ops::swiglu_in_place(&mut g, &host::values(up));
+            host::tensor(g, dims, &device)
         } else {
             silu(gate) * up
         };

@@ -10,6 +10,7 @@ pub mod cpu_attention;
 pub mod cpu_ops;
 pub mod dtype;
 pub mod gguf;
+pub mod host;
 pub mod hub;
 pub mod llama;
 pub mod lock;
