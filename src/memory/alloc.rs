@@ -7,25 +7,30 @@
 //! two atomics. The binary installs it with `#[global_allocator]`; a program
 //! that does not install it reads `None`.
 //!
-//! It also decides where tensors live. Allocations of 4 MiB and more (every
+//! It also decides where tensors live. Allocations of 1 MiB and more (every
 //! activation or weight buffer worth talking about) get their own anonymous
-//! mapping with transparent huge pages requested, and go back to the OS the
-//! moment they are freed; smaller ones go to the system allocator. With
-//! glibc's defaults, freed tensor buffers stayed resident in malloc's arenas
-//! by an amount that depended on history (18-51 MiB over the live heap on the
+//! mapping with transparent huge pages requested ([`super::mapping`]);
+//! smaller ones go to the system allocator. A freed mapping goes back to the
+//! OS, or to a small cache that serves the next request of its size already
+//! resident; the cache stays under the heap's high-water mark and is emptied
+//! by [`trim`], which the engines call at every layer. With glibc's
+//! defaults, freed tensor buffers stayed resident in malloc's arenas by an
+//! amount that depended on history (18-51 MiB over the live heap on the
 //! estimator's calibration runs); with this policy the resident set stays
-//! within a few MiB of the live heap, and huge pages made pruning a few
-//! percent faster (fewer page faults and TLB misses). Installing the
+//! within a few MiB of the live heap between layers. Installing the
 //! allocator also fixes glibc's mmap threshold at 1 MiB (see
 //! `fix_malloc_thresholds`).
 
 use std::alloc::{GlobalAlloc, Layout, System};
 
-use super::tag;
+use super::{mapping, tag};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 static ALLOCATED: AtomicU64 = AtomicU64::new(0);
 static PEAK: AtomicU64 = AtomicU64::new(0);
+/// The highest live heap of the process (never reset): the mapping cache
+/// stays under it.
+static HIGH: AtomicU64 = AtomicU64::new(0);
 static INSTALLED: AtomicBool = AtomicBool::new(false);
 
 /// A global allocator that counts live heap bytes and their peak.
@@ -42,6 +47,9 @@ fn grow(bytes: u64) -> u64 {
     let now = ALLOCATED.fetch_add(bytes, Ordering::Relaxed) + bytes;
     if now > PEAK.load(Ordering::Relaxed) {
         PEAK.fetch_max(now, Ordering::Relaxed);
+    }
+    if now > HIGH.load(Ordering::Relaxed) {
+        HIGH.fetch_max(now, Ordering::Relaxed);
     }
     now
 }
@@ -62,79 +70,28 @@ fn shrink(bytes: u64) {
     ALLOCATED.fetch_sub(bytes, Ordering::Relaxed);
 }
 
-/// Allocations at least this large get their own mapping.
-const LARGE: usize = 4 << 20;
-const PAGE: usize = 4096;
-
 #[inline]
 fn is_large(size: usize, align: usize) -> bool {
-    cfg!(target_os = "linux") && size >= LARGE && align <= PAGE
+    cfg!(target_os = "linux") && size >= mapping::LARGE && align <= 4096
 }
 
+/// A large block from [`mapping::take`], given the heap's state now.
 #[inline]
-fn round_up(size: usize) -> usize {
-    size.div_ceil(PAGE) * PAGE
+unsafe fn map_large(size: usize, zeroed: bool) -> *mut u8 {
+    let (live, high) = (
+        ALLOCATED.load(Ordering::Relaxed),
+        HIGH.load(Ordering::Relaxed),
+    );
+    unsafe { mapping::take(size, live, high, zeroed) }
 }
 
-#[cfg(target_os = "linux")]
-unsafe fn map_large(size: usize) -> *mut u8 {
-    let len = round_up(size);
-    // SAFETY: an anonymous private mapping; the kernel returns zeroed pages.
-    let p = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ | libc::PROT_WRITE,
-            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
-            -1,
-            0,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        return std::ptr::null_mut();
-    }
-    // SAFETY: advice on the mapping just created; failure only means no THP.
-    unsafe {
-        libc::madvise(p, len, libc::MADV_HUGEPAGE);
-    }
-    p as *mut u8
-}
-
-#[cfg(target_os = "linux")]
+/// Frees a large block to [`mapping::free`] (before the counters shrink).
+#[inline]
 unsafe fn unmap_large(ptr: *mut u8, size: usize) {
-    // SAFETY: `ptr` came from `map_large(size)`.
-    unsafe {
-        libc::munmap(ptr as *mut libc::c_void, round_up(size));
-    }
-}
-
-#[cfg(target_os = "linux")]
-unsafe fn remap_large(ptr: *mut u8, old: usize, new: usize) -> *mut u8 {
-    // SAFETY: `ptr` came from `map_large(old)`; the kernel moves it if needed.
-    let p = unsafe {
-        libc::mremap(
-            ptr as *mut libc::c_void,
-            round_up(old),
-            round_up(new),
-            libc::MREMAP_MAYMOVE,
-        )
-    };
-    if p == libc::MAP_FAILED {
-        std::ptr::null_mut()
-    } else {
-        p as *mut u8
-    }
-}
-
-#[cfg(not(target_os = "linux"))]
-unsafe fn map_large(_size: usize) -> *mut u8 {
-    std::ptr::null_mut()
-}
-#[cfg(not(target_os = "linux"))]
-unsafe fn unmap_large(_ptr: *mut u8, _size: usize) {}
-#[cfg(not(target_os = "linux"))]
-unsafe fn remap_large(_ptr: *mut u8, _old: usize, _new: usize) -> *mut u8 {
-    std::ptr::null_mut()
+    let live = ALLOCATED
+        .load(Ordering::Relaxed)
+        .saturating_sub(size as u64);
+    unsafe { mapping::free(ptr, size, live, HIGH.load(Ordering::Relaxed)) }
 }
 
 #[inline]
@@ -144,11 +101,12 @@ fn mark_installed() {
     }
 }
 
-/// Requests from 1 MiB up to [`LARGE`] still go to glibc. By default glibc
-/// raises its mmap threshold each time such a chunk is freed, after which
-/// they are carved from arenas that keep the freed pages (SparseGPT's
-/// per-block buffers left 8-9 MiB resident over the live heap). A fixed
-/// threshold keeps them in mappings returned on free.
+/// Requests of 1 MiB and more that glibc still serves (alignment over a
+/// page; before [`mapping::LARGE`] came down to 1 MiB, every block up to
+/// 4 MiB): by default glibc raises its mmap threshold each time such a chunk
+/// is freed, after which they are carved from arenas that keep the freed
+/// pages (SparseGPT's per-block buffers left 8-9 MiB resident over the live
+/// heap). A fixed threshold keeps them in mappings returned on free.
 fn fix_malloc_thresholds() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: mallopt only changes glibc's tunables; it does not allocate
@@ -165,7 +123,7 @@ fn fix_malloc_thresholds() {
 unsafe impl GlobalAlloc for CountingAllocator {
     unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
         let ptr = if is_large(layout.size(), layout.align()) {
-            unsafe { map_large(layout.size()) }
+            unsafe { map_large(layout.size(), false) }
         } else {
             unsafe { System.alloc(layout) }
         };
@@ -178,7 +136,7 @@ unsafe impl GlobalAlloc for CountingAllocator {
 
     unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
         let ptr = if is_large(layout.size(), layout.align()) {
-            unsafe { map_large(layout.size()) }
+            unsafe { map_large(layout.size(), true) }
         } else {
             unsafe { System.alloc_zeroed(layout) }
         };
@@ -204,14 +162,14 @@ unsafe impl GlobalAlloc for CountingAllocator {
         let (was_large, now_large) = (is_large(layout.size(), align), is_large(new_size, align));
         let new_ptr = match (was_large, now_large) {
             (false, false) => unsafe { System.realloc(ptr, layout, new_size) },
-            (true, true) => unsafe { remap_large(ptr, layout.size(), new_size) },
+            (true, true) => unsafe { mapping::resize(ptr, layout.size(), new_size) },
             _ => {
                 // Crossing the size classes: allocate, copy, free.
                 let Ok(new_layout) = Layout::from_size_align(new_size, align) else {
                     return std::ptr::null_mut();
                 };
                 let fresh = if now_large {
-                    unsafe { map_large(new_size) }
+                    unsafe { map_large(new_size, false) }
                 } else {
                     unsafe { System.alloc(new_layout) }
                 };
@@ -266,14 +224,15 @@ pub fn reset_heap_peak() {
     PEAK.store(ALLOCATED.load(Ordering::Relaxed), Ordering::Relaxed);
 }
 
-/// Malloc-held bytes: what the C allocator has taken from the OS, used and
-/// free, the CPU analogue of `torch.cuda.memory_reserved`. glibc only.
+/// Heap-held bytes: what the C allocator has taken from the OS, used and
+/// free, plus the large blocks' mappings, live and cached; the CPU analogue
+/// of `torch.cuda.memory_reserved`. glibc only.
 pub fn malloc_reserved() -> Option<u64> {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: mallinfo2 only reads allocator statistics.
         let info = unsafe { libc::mallinfo2() };
-        Some(info.arena as u64 + info.hblkhd as u64)
+        Some(info.arena as u64 + info.hblkhd as u64 + mapping::mapped_bytes())
     }
     #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
     {
@@ -281,10 +240,12 @@ pub fn malloc_reserved() -> Option<u64> {
     }
 }
 
-/// Returns free heap memory to the OS (glibc `malloc_trim`), so that the
-/// resident set follows the live heap across phases instead of keeping the
-/// high-water mark of every earlier phase. A no-op elsewhere.
+/// Returns free heap memory to the OS (the cached large mappings, and
+/// glibc's free pages through `malloc_trim`), so that the resident set
+/// follows the live heap across layers and phases instead of keeping the
+/// high-water mark of every earlier one.
 pub fn trim() {
+    mapping::release();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     // SAFETY: malloc_trim only releases free pages held by malloc.
     unsafe {

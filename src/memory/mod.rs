@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod device;
 pub mod gpu;
+pub mod mapping;
 pub mod process;
 pub mod tag;
 

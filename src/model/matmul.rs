@@ -43,23 +43,29 @@ impl<'a> MatRef<'a> {
 pub fn sgemm(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {
     assert_eq!(a.cols, b.rows, "sgemm: inner dimensions differ");
     assert!(a.fits() && b.fits(), "sgemm: strides run past the data");
-    let mut out = vec![0f32; a.rows * b.cols];
     if a.rows == 0 || b.cols == 0 || a.cols == 0 {
-        return out;
+        return vec![0f32; a.rows * b.cols];
     }
-    gemm_crate(a, b, &mut out);
+    // Not zeroed first: the product overwrites every element without reading
+    // it (a reused buffer then costs no pass over memory).
+    let mut out = Vec::with_capacity(a.rows * b.cols);
+    gemm_crate(a, b, out.spare_capacity_mut().as_mut_ptr().cast());
+    // SAFETY: `gemm_crate` wrote all m×n elements.
+    unsafe { out.set_len(a.rows * b.cols) };
     out
 }
 
-fn gemm_crate(a: MatRef<'_>, b: MatRef<'_>, out: &mut [f32]) {
+/// `out = a · b` into `m×n` row-major memory that is written, never read.
+fn gemm_crate(a: MatRef<'_>, b: MatRef<'_>, out: *mut f32) {
     let (m, n, k) = (a.rows, b.cols, a.cols);
-    // SAFETY: `fits` checked every index the strides reach; `out` is m×n.
+    // SAFETY: `fits` checked every index the strides reach; `out` has room
+    // for m×n values, and `read_dst` is false so it is only written.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out.as_mut_ptr(),
+            out,
             1,
             n as isize,
             false,

@@ -75,6 +75,10 @@ impl Profiler {
     /// A profiler emitting to `emitter`. The sampler starts with
     /// [`Profiler::start_sampler`].
     pub fn new(emitter: Arc<Emitter>, config: ProfilerConfig) -> Self {
+        // A run starts with no cached heap mappings or free malloc pages, so
+        // that its resident set and peaks are its own, not what an earlier
+        // run freed.
+        memory::alloc::trim();
         // The run's composition at its peak starts now, like its peaks.
         memory::tag::reset_peak(memory::alloc::heap_allocated().unwrap_or(0));
         let device_peak: Box<dyn PeakSource> = if config.device.is_host_heap() {
