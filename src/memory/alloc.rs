@@ -70,9 +70,12 @@ fn shrink(bytes: u64) {
     ALLOCATED.fetch_sub(bytes, Ordering::Relaxed);
 }
 
+/// Mappings are page-aligned: a block asking for more goes to glibc.
+const PAGE: usize = 4096;
+
 #[inline]
 fn is_large(size: usize, align: usize) -> bool {
-    cfg!(target_os = "linux") && size >= mapping::LARGE && align <= 4096
+    cfg!(target_os = "linux") && size >= mapping::LARGE && align <= PAGE
 }
 
 /// A large block from [`mapping::take`], given the heap's state now.
