@@ -13,7 +13,8 @@
 //! smaller ones go to the system allocator. A freed mapping goes back to the
 //! OS, or to a small cache that serves the next request of its size already
 //! resident; the cache stays under the heap's high-water mark and is emptied
-//! by [`trim`], which the engines call at every layer. With glibc's
+//! by [`trim`], which the engines call at every layer and training at
+//! every step. With glibc's
 //! defaults, freed tensor buffers stayed resident in malloc's arenas by an
 //! amount that depended on history (18-51 MiB over the live heap on the
 //! estimator's calibration runs); with this policy the resident set stays

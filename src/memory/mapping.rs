@@ -20,8 +20,8 @@
 //! - a cached block that no request reused within [`STALE`] large requests
 //!   is unmapped;
 //! - [`release`] empties the cache, and `alloc::trim` calls it: the engines
-//!   trim at every layer and phase, so cached blocks never outlive the
-//!   layer that freed them. (Keeping them across layers measured no faster,
+//!   trim at every layer and phase, and training at every step, so cached
+//!   blocks never outlive the layer (or step) that freed them. (Keeping them across layers measured no faster,
 //!   and raised a streamed magnitude run's peak RSS by 8 MiB: the cache sat
 //!   full while the next layer's checkpoint pages were read.)
 //!

@@ -362,6 +362,9 @@ pub fn train(
             // Gradients went as the step consumed them; what a zero_grad()
             // frees here is whatever the accumulator still held.
             drop(acc);
+            // The step's freed buffers go back to the system, as the pruning
+            // engines' do at every layer (`memory::mapping`).
+            crate::memory::alloc::trim();
             let label = stages::step_end(s, "zero_grad");
             p.components(&label, account(false, &opt, 0));
             taken.push(p.stage(&label));
