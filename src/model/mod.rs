@@ -17,6 +17,7 @@ pub mod lock;
 pub mod matmul;
 pub mod perplexity;
 pub mod save;
+pub mod shard;
 pub mod synthetic;
 pub mod tiny;
 pub mod tokenizer;
