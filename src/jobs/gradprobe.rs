@@ -98,6 +98,9 @@ pub(super) fn prune_and_eval(
     p.stage(stages::GP_PRUNING_APPLIED);
     let perplexity = match (&eval_wins, &written.path, perplexity) {
         (Some(wins), Some(path), None) => {
+            // What the probing freed goes back to the system first: the
+            // evaluation's peak is then its own, not the probe's leftovers.
+            crate::memory::alloc::trim();
             p.stage(stages::GP_BEFORE_EVAL);
             let r = iterate::evaluate(path, wins, &p)?;
             p.stage(stages::GP_AFTER_EVAL);

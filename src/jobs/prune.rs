@@ -354,6 +354,8 @@ fn evaluate(
     run: &mut Run,
 ) -> Result<Perplexity, JobError> {
     let p = run.profiler.clone();
+    // What pruning freed goes back to the system before the evaluation.
+    crate::memory::alloc::trim();
     p.stage(stages::BEFORE_EVAL);
     let result = scoped_perplexity(job, weights, windows, &p, stages::EVAL_SCOPE)?;
     p.stage(stages::AFTER_EVAL);

@@ -145,6 +145,9 @@ pub fn perplexity<B: Backend>(
                     p.progress(i, c.num_layers, &format!("eval model.layers.{i}"));
                 }
             }
+            // The last layer's freed buffers go back before the head's
+            // logits, as every layer's do before the next.
+            crate::memory::alloc::trim();
             let norm = ckpt.load_norm::<B>(dtype, device)?;
             let head = match &head_linear {
                 Some(l) => Head::Linear(l),

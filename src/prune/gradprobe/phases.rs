@@ -188,6 +188,8 @@ impl<'a> Pass<'a> {
         state: &mut State,
         last: Vec<Tensor<Flex, 3>>,
     ) -> Result<HeadOut, PruneError> {
+        // The last layer's freed buffers go back first, as each layer's do.
+        crate::memory::alloc::trim();
         let Input {
             ckpt,
             batches,
@@ -361,6 +363,7 @@ impl<'a> Pass<'a> {
     /// Embedding: the lookup gradient (plus the held head part when tied);
     /// a separate probed head is finished too. Returns the mean loss.
     pub fn embeddings(&self, state: &mut State, mut head: HeadOut) -> f64 {
+        crate::memory::alloc::trim();
         let Input {
             ckpt,
             config,
