@@ -50,7 +50,11 @@ full-shape rotary tables (`model::cpu_ops`): all 14 grid cases -4.8% to +3.2% (m
 ria-h512-l4 +3.2, dsnot-sparsegpt-h640-l2 -3.2, the rest within 3.0). Re-measured 2026-11-23 (debug build, \
 as fitted) after blocks of 1-4 MiB moved into the allocator's own mappings with a per-layer reuse \
 cache (`memory::mapping`): all 14 within -4.4% to +3.1% with the constants unchanged; a release \
-build's peaks are 2-3 MB lower (ria-h512-l4 +6.9%).";
+build's peaks are 2-3 MB lower (ria-h512-l4 +6.9%). magnitude-h1024-l6 then drifted to -4.9..-5.1% \
+over three debug runs: its prune phase had no thread workspace although its sort and select threads \
+raise RSS minus heap from 10 to 15.1 MiB. With THREAD_WORKSPACE (6 MiB of COMPUTE_WORKSPACE's 8) \
+there, and the cache emptied before evaluation and before the head's logits, all 14 within -1.9% to \
++3.3% (magnitude-h1024-l6 +1.2%), 2026-11-23.";
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
@@ -64,10 +68,14 @@ const OBSERVABILITY: u64 = 2 << 20;
 const HEAP_BASE: u64 = 5 << 19;
 /// Resident memory added once compute has run: per-thread matmul packing
 /// buffers and attention scratch (2 MiB of live heap on every grid run), and
-/// the compute and tokenizer threads' stacks and allocator arenas (RSS minus
-/// heap rises from about 10 to about 16 MiB at the first batch and stays
-/// there), see [`CALIBRATION`].
-const COMPUTE_WORKSPACE: u64 = 8 << 20;
+/// [`THREAD_WORKSPACE`], see [`CALIBRATION`].
+const COMPUTE_WORKSPACE: u64 = THREAD_WORKSPACE + (2 << 20);
+/// The compute threads' stacks and allocator arenas: RSS minus heap rises
+/// from about 10 to about 16 MiB once the worker threads have run and stays
+/// there. A run without calibration (magnitude) has no matmul scratch but
+/// its pruning threads add these pages too (15.1 MiB at the peak of
+/// magnitude-h1024-l6, 2026-11-23), see [`CALIBRATION`].
+const THREAD_WORKSPACE: u64 = 6 << 20;
 /// Resident bytes per byte of text while it is read and tokenised: the
 /// file, the selected lines, the tokenizer's per-word encodings and the id
 /// vector (fitted on the grid's 1.2 MB text, see [`CALIBRATION`]).
@@ -294,7 +302,11 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             )
             .add(
                 "compute workspace",
-                if calibrated { COMPUTE_WORKSPACE } else { 0 },
+                if calibrated {
+                    COMPUTE_WORKSPACE
+                } else {
+                    THREAD_WORKSPACE
+                },
             )
             .add(transient_name, transient),
     );
