@@ -7,11 +7,9 @@
 #
 #   scripts/bench/methods_table.sh reports/bench/methods.jsonl
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${1:-reports/bench/methods.jsonl}
-mkdir -p "$(dirname "$OUT")"
-W=${PRUNEMEM_TEXT:-../shared/data/wikitext-2-raw/wiki.test.raw}
-MODEL=${PRUNEMEM_MODEL:-models/smollm2-135m}
+# shellcheck source=scripts/bench/env.sh
+source "$(dirname "$0")/env.sh" reports/bench/methods.jsonl "$@"
+W=$TEXT
 BIN=${PRUNEMEM:-target/release/prunemem}
 SAVE=$(mktemp -d)/model
 trap 'rm -rf "$(dirname "$SAVE")"' EXIT

@@ -16,12 +16,8 @@
 # ("wanda:unstructured wanda:2:4
 # sparsegpt:unstructured magnitude:unstructured gradprobe gradprobe-emb").
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-OUT=${1:-reports/bench/prune.jsonl}
-mkdir -p "$(dirname "$OUT")"
-TEXT=${PRUNEMEM_TEXT:-../shared/data/wikitext-2-raw/wiki.test.raw}
-MODEL=${PRUNEMEM_MODEL:-models/smollm2-135m}
-PY=${PYTHON:-python3}
+# shellcheck source=scripts/bench/env.sh
+source "$(dirname "$0")/../bench/env.sh" reports/bench/prune.jsonl "$@"
 ROUNDS=${ROUNDS:-1}
 FROM_ROUND=${FROM_ROUND:-1}
 BENCH=target/release/examples/bench_prune

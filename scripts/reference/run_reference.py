@@ -71,6 +71,8 @@ def main():
     ap.add_argument("--eval-windows", type=int)
     ap.add_argument("--use-variant", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager"],
+                    help="transformers' attention path (both compute the same softmax attention)")
     ap.add_argument("--save-model")
     ap.add_argument("--dsnot", action="store_true")
     ap.add_argument("--dsnot-repo")
@@ -83,7 +85,8 @@ def main():
     P = refshim.import_reference(a.dsnot_repo if a.dsnot else a.wanda_repo)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    model = AutoModelForCausalLM.from_pretrained(a.model, dtype=torch.float32).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        a.model, dtype=torch.float32, attn_implementation=a.attn_implementation).eval()
     refshim.prepare_model(model, a.seqlen)
     tok = AutoTokenizer.from_pretrained(a.model)
     t_loaded = time.time()
