@@ -24,7 +24,7 @@ use super::ModelError;
 use super::config::LlamaConfig;
 use super::dtype::{self, ComputeDtype};
 use super::llama::{DecoderLayer, Llama, LlamaAttention, LlamaMlp, LlamaModel, LlamaRmsNorm};
-pub(crate) use super::shard::read_index;
+use super::shard::read_index;
 pub use super::shard::{Shard, TensorEntry, copy_releasing, map_shard, release_range};
 
 /// An opened checkpoint.

@@ -177,8 +177,7 @@ impl PrunedWriter {
             .collect();
         for name in names {
             let e = ckpt.entry(&name)?;
-            let bytes =
-                super::checkpoint::copy_releasing(&ckpt.shards[e.shard].mmap, e.start, e.end);
+            let bytes = super::shard::copy_releasing(&ckpt.shards[e.shard].mmap, e.start, e.end);
             self.put(ckpt, &name, &bytes)?;
         }
         Ok(())

@@ -30,8 +30,9 @@ mod read;
 pub use read::{declared_format, declared_sparsity, decompress, stored_width};
 
 use super::ModelError;
-use super::checkpoint::{Checkpoint, SINGLE_FILE, TensorEntry, copy_releasing};
+use super::checkpoint::{Checkpoint, SINGLE_FILE};
 use super::llama::LAYER_LINEARS;
+use super::shard::{Shard, TensorEntry, copy_releasing};
 
 /// The compressed-tensors version whose layout this writes (0.14.x are
 /// the last releases with its sparse compressors; 0.15.0 has none).
@@ -168,7 +169,7 @@ impl View for &Lazy<'_> {
 }
 
 /// A tensor copied as it is stored.
-fn copied<'a>(shards: &'a [super::checkpoint::Shard], e: &TensorEntry) -> Lazy<'a> {
+fn copied<'a>(shards: &'a [Shard], e: &TensorEntry) -> Lazy<'a> {
     let e2 = e.clone();
     Lazy {
         dtype: e.dtype,

@@ -9,7 +9,8 @@ use serde_json::Value;
 
 use super::{CompressReport, Lazy, SparseFormat, copied, nonzero, write_config, write_views};
 use crate::model::ModelError;
-use crate::model::checkpoint::{SINGLE_FILE, TensorEntry};
+use crate::model::checkpoint::SINGLE_FILE;
+use crate::model::shard::{self, Shard, TensorEntry};
 
 /// The sparse format a folder's `config.json` declares, if any.
 pub fn declared_format(dir: &Path) -> Option<SparseFormat> {
@@ -42,18 +43,10 @@ pub fn stored_width(dir: &Path) -> Option<u64> {
 /// A compressed folder's tensors, mapped (no model config checks): one
 /// `model.safetensors`, or the shards its index names (llm-compressor
 /// writes those).
-fn open_raw(
-    dir: &Path,
-) -> Result<
-    (
-        BTreeMap<String, TensorEntry>,
-        Vec<crate::model::checkpoint::Shard>,
-    ),
-    ModelError,
-> {
+fn open_raw(dir: &Path) -> Result<(BTreeMap<String, TensorEntry>, Vec<Shard>), ModelError> {
     let index = dir.join(crate::model::checkpoint::INDEX_FILE);
     let files = if index.is_file() {
-        crate::model::checkpoint::read_index(&index)?.0
+        shard::read_index(&index)?.0
     } else if dir.join(SINGLE_FILE).is_file() {
         vec![SINGLE_FILE.to_string()]
     } else {
@@ -65,7 +58,7 @@ fn open_raw(
     };
     let (mut tensors, mut shards) = (BTreeMap::new(), Vec::new());
     for (i, file) in files.iter().enumerate() {
-        let (shard, entries) = crate::model::checkpoint::map_shard(&dir.join(file), i)?;
+        let (shard, entries) = shard::map_shard(&dir.join(file), i)?;
         tensors.extend(entries);
         shards.push(shard);
     }
