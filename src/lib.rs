@@ -19,6 +19,7 @@
 pub mod data;
 pub mod estimate;
 pub mod events;
+pub mod exec;
 pub mod jobs;
 pub mod memory;
 pub mod model;

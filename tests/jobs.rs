@@ -39,7 +39,7 @@ fn options(seen: &Arc<Mutex<Vec<Event>>>) -> RunOptions {
             ..Default::default()
         },
         handle_signals: false,
-        budget: None,
+        ..Default::default()
     }
 }
 

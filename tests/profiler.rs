@@ -139,6 +139,7 @@ fn log_dir_formats_round_trip() {
         },
         handle_signals: false,
         budget: Some(1 << 30),
+        ..Default::default()
     };
     let plan = RunPlan {
         command: "test".into(),

@@ -6,6 +6,8 @@
 use std::io::IsTerminal;
 use std::path::PathBuf;
 
+use crate::exec::DeviceSpec;
+use crate::model::ComputeDtype;
 use clap::{Args, ValueEnum};
 
 use super::{CliError, CliResult};
@@ -132,6 +134,35 @@ pub struct RunFlags {
     /// total, else the machine's memory); recorded in the log
     #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
     pub budget: Option<u64>,
+    #[command(flatten)]
+    pub device: DeviceFlags,
+}
+
+/// Where a run computes.
+#[derive(Args, Debug, Clone, Default)]
+pub struct DeviceFlags {
+    /// Compute device: cpu, wgpu (the best wgpu adapter: Vulkan, Metal, DX12), wgpu:N (N-th discrete GPU), wgpu:cpu (a software adapter such as lavapipe), cuda or cuda:N
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    pub device: DeviceSpec,
+    /// Device memory the run may hold (8GiB, 80GB); past it the run ends with status oom and exit code 3
+    #[arg(long, value_name = "SIZE", value_parser = parse_budget)]
+    pub device_memory: Option<u64>,
+}
+
+impl DeviceFlags {
+    /// `--dtype`, or the device's default: f16 on a GPU device (as the
+    /// reference scripts), f32 on the CPU.
+    pub fn dtype(&self, asked: Option<ComputeDtype>) -> ComputeDtype {
+        asked.unwrap_or(match self.device.is_device() {
+            true => ComputeDtype::F16,
+            false => ComputeDtype::F32,
+        })
+    }
+}
+
+/// `--device`'s value.
+pub fn parse_device(text: &str) -> Result<DeviceSpec, String> {
+    text.parse()
 }
 
 /// `--budget`'s value: a size with its unit.
@@ -163,6 +194,8 @@ impl RunFlags {
             },
             handle_signals: true,
             budget: self.budget,
+            device: self.device.device,
+            device_memory: self.device.device_memory,
         })
     }
 }
@@ -174,6 +207,11 @@ pub fn flag(f: Field) -> String {
 
 /// A job's error for this CLI: configuration errors name its flags.
 pub fn job_error(e: JobError) -> CliError {
+    if e.device_oom().is_some() {
+        return Box::new(super::OutOfMemory(format!(
+            "{e}; lower --batch-size, --nsamples or --seqlen, or raise --device-memory (prunemem estimate --device ... says what fits)"
+        )));
+    }
     match e {
         JobError::Config(c) => c.render(flag).into(),
         JobError::WontFit(w) => format!("{w}; --force runs it anyway").into(),

@@ -28,6 +28,8 @@ pub struct DemoArgs {
     /// Memory the run should fit in (24GiB, 80GB), for the live forecast
     #[arg(long, value_name = "SIZE", value_parser = super::common::parse_budget)]
     budget: Option<u64>,
+    #[command(flatten)]
+    device: super::common::DeviceFlags,
 }
 
 pub fn run(args: DemoArgs) -> CliResult<i32> {
@@ -35,11 +37,15 @@ pub fn run(args: DemoArgs) -> CliResult<i32> {
         out: args.out,
         steps: args.steps,
         tiny: args.tiny,
+        dtype: args.device.dtype(None),
+        device: args.device.device,
         ..DemoJob::default()
     };
     let options = RunOptions {
         sinks: for_ui(args.ui, Role::Run)?.sinks,
         budget: args.budget,
+        device: args.device.device,
+        device_memory: args.device.device_memory,
         ..RunOptions::default()
     };
     // Under the live view, what the demo says waits until the view closes:

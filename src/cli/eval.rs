@@ -35,9 +35,9 @@ pub struct EvalArgs {
     /// Windows per forward pass
     #[arg(long, default_value_t = 4)]
     batch_size: usize,
-    /// Compute dtype
-    #[arg(long, default_value = "f32")]
-    dtype: ComputeDtype,
+    /// Compute dtype (default: f32 on the CPU, f16 on a GPU device)
+    #[arg(long)]
+    dtype: Option<ComputeDtype>,
     /// Keep the whole model loaded instead of streaming one layer at a time
     #[arg(long)]
     resident: bool,
@@ -62,7 +62,7 @@ pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
         seqlen: args.seqlen,
         windows: args.windows,
         batch_size: args.batch_size,
-        dtype: args.dtype,
+        dtype: args.run.device.dtype(args.dtype),
         resident: args.resident,
         force: args.force,
         argv,

@@ -58,9 +58,30 @@ pub enum Command {
     Replay(watch::ReplayArgs),
 }
 
+/// Exit status of a run that ran out of device memory (`--device-memory` or
+/// a failed device allocation); its logs are complete up to that point.
+pub const EXIT_OOM: i32 = 3;
+
+/// A run that ended out of device memory: the job's one line.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct OutOfMemory(pub String);
+
 /// Parses `std::env::args`, runs the command and returns the exit status.
 pub fn main() -> i32 {
+    quiet_wayland_probe();
     run_from(std::env::args().collect())
+}
+
+/// wgpu's Vulkan instance asks libwayland whether a compositor runs; with
+/// no `XDG_RUNTIME_DIR` (a server, a container, CI) libwayland prints an
+/// `error:` line to stderr for nothing. Pointing it at the temp folder keeps
+/// the answer (no compositor) and the terminal clean.
+fn quiet_wayland_probe() {
+    if std::env::var_os("XDG_RUNTIME_DIR").is_none() {
+        // SAFETY: called first thing in `main`, before any thread exists.
+        unsafe { std::env::set_var("XDG_RUNTIME_DIR", std::env::temp_dir()) };
+    }
 }
 
 /// Runs the command line `argv` (`argv[0]` is the program name) and returns
@@ -112,7 +133,10 @@ pub fn run_from(argv: Vec<String>) -> i32 {
         Ok(code) => code,
         Err(e) => {
             eprintln!("error: {}", one_line(&*e));
-            EXIT_USAGE
+            match e.downcast_ref::<OutOfMemory>() {
+                Some(_) => EXIT_OOM,
+                None => EXIT_USAGE,
+            }
         }
     }
 }

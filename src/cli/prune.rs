@@ -75,9 +75,9 @@ pub struct PruneArgs {
     /// Keep the whole model loaded instead of streaming one layer at a time
     #[arg(long)]
     pub resident: bool,
-    /// Compute dtype
-    #[arg(long, default_value = "f32")]
-    pub dtype: ComputeDtype,
+    /// Compute dtype (default: f32 on the CPU, f16 on a GPU device, as the reference scripts)
+    #[arg(long)]
+    pub dtype: Option<ComputeDtype>,
     /// Windows per forward pass (default 8; gradprobe: windows per gradient batch, default 1)
     #[arg(long)]
     pub batch_size: Option<usize>,
@@ -235,7 +235,7 @@ impl PruneArgs {
             save: self.save.clone(),
             save_format: self.save_format,
             resident: self.resident,
-            dtype: self.dtype,
+            dtype: self.run.device.dtype(self.dtype),
             batch_size: self.batch_size,
             percdamp: self.percdamp,
             blocksize: self.blocksize,

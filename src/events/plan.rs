@@ -80,6 +80,9 @@ pub enum RunStatus {
     Ok,
     Failed(String),
     Interrupted,
+    /// Out of device memory (`--device-memory` or a failed device
+    /// allocation): where, and how much was in use.
+    Oom(String),
 }
 
 /// The closing account of a run.

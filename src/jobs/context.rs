@@ -17,6 +17,7 @@ use serde_json::Value;
 use thiserror::Error;
 
 use crate::events::{Emitter, Event, EventSink, RunPlan, RunStatus, RunSummary, SinkError};
+use crate::exec::{DeviceSpec, Exec};
 use crate::profiler::{Profiler, ProfilerConfig};
 use crate::sinks;
 
@@ -26,6 +27,8 @@ pub enum RunError {
     Sink(#[from] SinkError),
     #[error("cannot install the Ctrl-C handler: {0}")]
     Signal(std::io::Error),
+    #[error(transparent)]
+    Exec(#[from] crate::exec::ExecError),
 }
 
 /// How a run reports: the caller's sinks and the log folder.
@@ -41,6 +44,11 @@ pub struct RunOptions {
     /// Memory the run should fit in, recorded in the plan
     /// (`memory_budget`) for the live view's forecast.
     pub budget: Option<u64>,
+    /// The device the run computes on (`--device`).
+    pub device: DeviceSpec,
+    /// Device bytes the run may hold (`--device-memory`); past it the run
+    /// ends with status `oom`.
+    pub device_memory: Option<u64>,
 }
 
 impl Default for RunOptions {
@@ -51,6 +59,8 @@ impl Default for RunOptions {
             profiler: ProfilerConfig::default(),
             handle_signals: true,
             budget: None,
+            device: DeviceSpec::Cpu,
+            device_memory: None,
         }
     }
 }
@@ -64,11 +74,24 @@ pub struct Run {
     pub log_dir: Option<PathBuf>,
     /// Where the time went is measured from here (`timing`).
     timing: crate::timing::Totals,
+    /// The backend, device and rank the run computes with.
+    pub exec: Exec,
 }
 
 impl Run {
     /// Attaches the sinks, emits `RunStarted` and starts the sampler.
-    pub fn start(mut plan: RunPlan, options: RunOptions) -> Result<Self, RunError> {
+    pub fn start(mut plan: RunPlan, mut options: RunOptions) -> Result<Self, RunError> {
+        // The device opens first, on this thread (the one that computes):
+        // a missing driver is one line before any log is written.
+        let exec = Exec::open(options.device, options.device_memory)?;
+        if exec.is_device() {
+            options.profiler.device = exec.probe();
+            plan.settings
+                .insert("adapter".into(), exec.adapter().into());
+            if let Some(cap) = options.device_memory {
+                plan.settings.insert("device_memory".into(), cap.into());
+            }
+        }
         let emitter = Arc::new(Emitter::new());
         if let Some(dir) = &options.log_dir {
             sinks::attach_log_dir(&emitter, dir)?;
@@ -102,6 +125,7 @@ impl Run {
             finished: false,
             log_dir: options.log_dir,
             timing: crate::timing::Totals::now(),
+            exec,
         })
     }
 
@@ -115,11 +139,16 @@ impl Run {
     }
 
     /// Ends the run as failed by `error`: the error as a message for the
-    /// user, then `RunFinished { Failed }`. Returns the error to pass on.
-    pub fn fail<E: std::fmt::Display>(self, error: E) -> E {
+    /// user, then `RunFinished { Failed }` (`{ Oom }` when the device ran
+    /// out of memory). Returns the error to pass on.
+    pub fn fail(self, error: super::JobError) -> super::JobError {
         self.profiler
             .message(crate::events::Level::Error, error.to_string());
-        self.finish(RunStatus::Failed(error.to_string()));
+        let status = match error.device_oom() {
+            Some(_) => RunStatus::Oom(error.to_string()),
+            None => RunStatus::Failed(error.to_string()),
+        };
+        self.finish(status);
         error
     }
 

@@ -30,6 +30,11 @@ pub struct DemoJob {
     pub tiny: bool,
     pub smollm2: PathBuf,
     pub wikitext: PathBuf,
+    /// The prune run's compute dtype (f16 on a GPU device).
+    pub dtype: crate::model::ComputeDtype,
+    /// `--device` for the recorded command line (the run's device itself
+    /// comes with its options).
+    pub device: crate::exec::DeviceSpec,
 }
 
 impl Default for DemoJob {
@@ -40,6 +45,8 @@ impl Default for DemoJob {
             tiny: false,
             smollm2: "models/smollm2-135m".into(),
             wikitext: "../shared/data/wikitext-2-raw/wiki.test.raw".into(),
+            dtype: crate::model::ComputeDtype::F32,
+            device: crate::exec::DeviceSpec::Cpu,
         }
     }
 }
@@ -173,6 +180,7 @@ fn prune_job(job: &DemoJob, s: &Setup, ui: &str) -> PruneJob {
     // its first second, and its memory is in the same log.
     p.eval_dense = true;
     p.batch_size = Some(s.batch);
+    p.dtype = job.dtype;
     p.save = Some(job.out.join("model-wanda-0.5"));
     let path = |p: &Path| p.display().to_string();
     let argv = [
@@ -207,6 +215,10 @@ fn prune_job(job: &DemoJob, s: &Setup, ui: &str) -> PruneJob {
         path(&job.out.join("logs")),
         "--ui".into(),
         ui.to_string(),
+        "--device".into(),
+        job.device.to_string(),
+        "--dtype".into(),
+        job.dtype.name().into(),
     ];
     p.argv = argv.to_vec();
     p

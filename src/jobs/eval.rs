@@ -1,13 +1,15 @@
 //! The eval job: perplexity of a model on a text, streamed one layer at a
 //! time (or resident), with stage snapshots around it.
 
-use burn::backend::Flex;
+use burn::prelude::Backend;
 use serde_json::json;
 
 use super::config::EvalJob;
 use super::context::{Run, RunOptions};
 use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
+use crate::exec::OnDevice;
+use crate::model::Checkpoint;
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 
 /// What an eval run found.
@@ -42,28 +44,21 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
         p.message(Level::Warn, w);
     }
     p.stage(stages::START);
+    if let Err(e) = run.exec.check_dtype(job.dtype) {
+        return Err(run.fail(e.into()));
+    }
     let (windows, _) = text::evaluation(&tok, &job.text, seqlen, job.windows)?;
-    let device = Default::default();
-    let model = match job.resident {
-        true => Some(ckpt.load_model::<Flex>(job.dtype, &device)?),
-        false => None,
+    let exec = run.exec.clone();
+    let result = exec.run(Evaluate {
+        job,
+        ckpt: &ckpt,
+        windows: &windows,
+        run: &mut run,
+    });
+    let result = match result {
+        Ok(r) => r,
+        Err(e) => return Err(run.fail(e)),
     };
-    p.stage(stages::MODEL_LOADED);
-    let options = EvalOptions {
-        batch_size: job.batch_size,
-        dtype: job.dtype,
-    };
-    p.stage(stages::BEFORE_EVAL);
-    let weights = match &model {
-        Some(m) => Weights::Resident(m, &ckpt.config),
-        None => Weights::Streamed(&ckpt),
-    };
-    let result = {
-        let _scope = p.scope(stages::EVAL_SCOPE);
-        perplexity::perplexity::<Flex>(weights, &windows, &options, &device, Some(&p))?
-    };
-    p.stage(stages::AFTER_EVAL);
-    drop(model);
     p.stage(stages::END);
     run.result("perplexity", result.perplexity);
     run.result("eval_windows", result.windows);
@@ -77,4 +72,51 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
         summary,
         sink_errors,
     })
+}
+
+/// The evaluation on the run's backend.
+struct Evaluate<'a> {
+    job: &'a EvalJob,
+    ckpt: &'a Checkpoint,
+    windows: &'a [Vec<u32>],
+    run: &'a mut Run,
+}
+
+impl OnDevice for Evaluate<'_> {
+    type Output = Result<Perplexity, JobError>;
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        evaluate::<B>(self, device)
+    }
+}
+
+/// Loads (when resident) and evaluates, between the eval stages.
+fn evaluate<B: Backend>(e: Evaluate<'_>, device: &B::Device) -> Result<Perplexity, JobError> {
+    let Evaluate {
+        job,
+        ckpt,
+        windows,
+        run,
+    } = e;
+    let p = run.profiler.clone();
+    let model = match job.resident {
+        true => Some(ckpt.load_model::<B>(job.dtype, device)?),
+        false => None,
+    };
+    p.stage(stages::MODEL_LOADED);
+    let options = EvalOptions {
+        batch_size: job.batch_size,
+        dtype: job.dtype,
+    };
+    p.stage(stages::BEFORE_EVAL);
+    let weights = match &model {
+        Some(m) => Weights::Resident(m, &ckpt.config),
+        None => Weights::Streamed(ckpt),
+    };
+    let result = {
+        let _scope = p.scope(stages::EVAL_SCOPE);
+        perplexity::perplexity::<B>(weights, windows, &options, device, Some(&p))?
+    };
+    p.stage(stages::AFTER_EVAL);
+    drop(model);
+    Ok(result)
 }

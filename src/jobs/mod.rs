@@ -48,6 +48,8 @@ pub enum JobError {
     Prune(#[from] PruneError),
     #[error(transparent)]
     WontFit(#[from] preflight::WontFit),
+    #[error(transparent)]
+    Exec(#[from] crate::exec::ExecError),
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -57,6 +59,15 @@ pub enum JobError {
 }
 
 impl JobError {
+    /// The device's out-of-memory report, when that is what ended the job.
+    pub fn device_oom(&self) -> Option<&crate::memory::DeviceOom> {
+        match self {
+            JobError::Model(ModelError::DeviceOom(e))
+            | JobError::Prune(PruneError::Model(ModelError::DeviceOom(e))) => Some(e),
+            _ => None,
+        }
+    }
+
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {
         JobError::Io {
             path: path.display().to_string(),

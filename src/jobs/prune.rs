@@ -4,13 +4,14 @@
 
 use std::path::PathBuf;
 
-use burn::backend::Flex;
+use burn::prelude::Backend;
 use serde_json::{Value, json};
 
 use super::config::PruneJob;
 use super::context::{Run, RunOptions};
 use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
+use crate::exec::OnDevice;
 use crate::model::Checkpoint;
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 use crate::model::save::PrunedWriter;
@@ -79,7 +80,27 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     if let Some(w) = capped {
         p.message(Level::Warn, w);
     }
-    if let Err(e) = dense_eval(job, &ckpt, &tok, seqlen, &mut run) {
+    if let Err(e) = run.exec.check_dtype(job.dtype) {
+        return Err(run.fail(e.into()));
+    }
+    if job.method == Method::GradProbe && run.exec.is_device() {
+        let e = crate::exec::ExecError::Unsupported {
+            device: run.exec.spec().to_string(),
+            what: "GradProbe".into(),
+            hint: "its gradient passes run on Burn's CPU backend in this release: use --device cpu"
+                .into(),
+        };
+        return Err(run.fail(e.into()));
+    }
+    let exec = run.exec.clone();
+    let dense = DenseEval {
+        job,
+        ckpt: &ckpt,
+        tok: &tok,
+        seqlen,
+        run: &mut run,
+    };
+    if let Err(e) = exec.run(dense) {
         return Err(run.fail(e));
     }
     let gradprobe = job.method == Method::GradProbe;
@@ -94,7 +115,12 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     let pruned = if gradprobe {
         super::gradprobe::prune_and_eval(job, &opened, writer.as_mut(), &mut run)
     } else {
-        prune_and_eval(job, &opened, writer.as_mut(), &mut run)
+        exec.run(Sequential {
+            job,
+            opened: &opened,
+            writer: writer.as_mut(),
+            run: &mut run,
+        })
     };
     let pruned = match pruned {
         Ok(o) => o,
@@ -227,17 +253,50 @@ pub(super) fn eval_results(run: &mut Run, r: &Perplexity) {
     run.result("eval_seconds", r.seconds);
 }
 
-/// Magnitude, Wanda and SparseGPT: the layer-by-layer engine, then the
-/// evaluation streamed from what was written (or from the resident model).
-fn prune_and_eval(
+/// The sequential methods' device part: [`prune_and_eval`] on the run's
+/// backend.
+struct Sequential<'a, 'w> {
+    job: &'a PruneJob,
+    opened: &'a Opened,
+    writer: Option<&'w mut PrunedWriter>,
+    run: &'a mut Run,
+}
+
+impl OnDevice for Sequential<'_, '_> {
+    type Output = Result<Pruned, JobError>;
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        prune_and_eval::<B>(self.job, self.opened, self.writer, self.run, device)
+    }
+}
+
+/// `--eval-dense` on the run's backend ([`dense_eval`]).
+struct DenseEval<'a> {
+    job: &'a PruneJob,
+    ckpt: &'a Checkpoint,
+    tok: &'a Tokenizer,
+    seqlen: usize,
+    run: &'a mut Run,
+}
+
+impl OnDevice for DenseEval<'_> {
+    type Output = Result<(), JobError>;
+    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+        dense_eval::<B>(self.job, self.ckpt, self.tok, self.seqlen, self.run, device)
+    }
+}
+
+/// Magnitude, Wanda, SparseGPT, RIA (with OWL and DSnoT): the
+/// layer-by-layer engine, then the evaluation streamed from what was written
+/// (or from the resident model).
+fn prune_and_eval<B: Backend>(
     job: &PruneJob,
     opened: &Opened,
     mut writer: Option<&mut PrunedWriter>,
     run: &mut Run,
+    device: &B::Device,
 ) -> Result<Pruned, JobError> {
     let Opened { ckpt, tok, seqlen } = opened;
     let p = run.profiler.clone();
-    let device = Default::default();
     let (calib, mut text_bytes) = match (&job.calib, job.method) {
         (Some(src), m) if m != Method::Magnitude || job.owl.is_some() || job.dsnot.is_some() => {
             text::calibration(tok, src, job.nsamples, *seqlen, job.seed)?
@@ -254,7 +313,7 @@ fn prune_and_eval(
         None => None,
     };
     let mut model = match job.resident {
-        true => Some(ckpt.load_model::<Flex>(job.dtype, &device)?),
+        true => Some(ckpt.load_model::<B>(job.dtype, device)?),
         false => None,
     };
     p.stage(stages::MODEL_LOADED);
@@ -265,7 +324,7 @@ fn prune_and_eval(
             None => Source::Streamed,
         };
         let ratios =
-            crate::prune::owl::outlier_pass(ckpt, &source, &config, &calib, owl, &device, &p)?;
+            crate::prune::owl::outlier_pass(ckpt, &source, &config, &calib, owl, device, &p)?;
         let (sparsities, clamped) =
             crate::prune::owl::layer_sparsities(&ratios, job.sparsity, owl.lambda);
         if !clamped.is_empty() {
@@ -296,7 +355,7 @@ fn prune_and_eval(
         (None, Some((_, w))) => Some(w),
         _ => None,
     };
-    let prune = engine::prune::<Flex>(ckpt, source, &config, &calib, target, &device, &p)?;
+    let prune = engine::prune::<B>(ckpt, source, &config, &calib, target, device, &p)?;
     layer_results(run, &prune);
     run.result("text_bytes", text_bytes);
     let seconds: Vec<f64> = prune.layers.iter().map(|l| l.seconds).collect();
@@ -319,7 +378,7 @@ fn prune_and_eval(
         (None, Some(c)) => Weights::Streamed(c),
         (None, None) => return Err(internal("nothing to evaluate")),
     };
-    let result = evaluate(job, weights, windows, run)?;
+    let result = evaluate(job, weights, windows, run, device)?;
     Ok(Pruned {
         prune,
         perplexity: Some(result),
@@ -347,17 +406,18 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
 }
 
 /// The pruned model's perplexity, between the eval stages.
-fn evaluate(
+fn evaluate<B: Backend>(
     job: &PruneJob,
-    weights: Weights<'_, Flex>,
+    weights: Weights<'_, B>,
     windows: &[Vec<u32>],
     run: &mut Run,
+    device: &B::Device,
 ) -> Result<Perplexity, JobError> {
     let p = run.profiler.clone();
     // What pruning freed goes back to the system before the evaluation.
     crate::memory::alloc::trim();
     p.stage(stages::BEFORE_EVAL);
-    let result = scoped_perplexity(job, weights, windows, &p, stages::EVAL_SCOPE)?;
+    let result = scoped_perplexity(job, weights, windows, &p, stages::EVAL_SCOPE, device)?;
     p.stage(stages::AFTER_EVAL);
     eval_results(run, &result);
     Ok(result)
@@ -365,24 +425,24 @@ fn evaluate(
 
 /// Perplexity of `windows` with the job's batch size and dtype, inside the
 /// profiler scope `scope`.
-fn scoped_perplexity(
+fn scoped_perplexity<B: Backend>(
     job: &PruneJob,
-    weights: Weights<'_, Flex>,
+    weights: Weights<'_, B>,
     windows: &[Vec<u32>],
     p: &Profiler,
     scope: &str,
+    device: &B::Device,
 ) -> Result<Perplexity, JobError> {
     let options = EvalOptions {
         batch_size: job.batch_size(),
         dtype: job.dtype,
     };
     let _scope = p.scope(scope);
-    let device = Default::default();
-    Ok(perplexity::perplexity::<Flex>(
+    Ok(perplexity::perplexity::<B>(
         weights,
         windows,
         &options,
-        &device,
+        device,
         Some(p),
     )?)
 }
@@ -391,12 +451,13 @@ fn scoped_perplexity(
 /// windows, streamed from the checkpoint, before the run's first stage (its
 /// windows are made again for the pruned model; only one set is held at a
 /// time).
-fn dense_eval(
+fn dense_eval<B: Backend>(
     job: &PruneJob,
     ckpt: &Checkpoint,
     tok: &Tokenizer,
     seqlen: usize,
     run: &mut Run,
+    device: &B::Device,
 ) -> Result<(), JobError> {
     let (true, Some(src)) = (job.eval_dense, &job.eval) else {
         return Ok(());
@@ -404,8 +465,8 @@ fn dense_eval(
     let p = run.profiler.clone();
     p.stage(stages::BEFORE_DENSE_EVAL);
     let (windows, _) = text::evaluation(tok, src, seqlen, job.eval_windows)?;
-    let weights = Weights::Streamed(ckpt);
-    let result = scoped_perplexity(job, weights, &windows, &p, stages::DENSE_EVAL_SCOPE)?;
+    let weights = Weights::<B>::Streamed(ckpt);
+    let result = scoped_perplexity(job, weights, &windows, &p, stages::DENSE_EVAL_SCOPE, device)?;
     drop(windows);
     // What the evaluation freed goes back to the system before pruning.
     crate::memory::alloc::trim();

@@ -104,6 +104,14 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     let text_path = Some(job.text.path.as_path());
     super::preflight(&mut plan, text_path, None, None, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
+    if run.exec.is_device() {
+        let e = crate::exec::ExecError::Unsupported {
+            device: run.exec.spec().to_string(),
+            what: "train".into(),
+            hint: "training runs on Burn's CPU backend in this release: use --device cpu".into(),
+        };
+        return Err(run.fail(e.into()));
+    }
     let p = run.profiler.clone();
     if let Some(w) = capped {
         p.message(Level::Warn, w);

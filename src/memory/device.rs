@@ -3,8 +3,8 @@
 //!
 //! On the CPU backend (Burn's flex) there is no pool: allocated is the
 //! process heap counted by [`super::alloc`], reserved is what malloc holds
-//! from the OS. With the `cuda` feature, cubecl's memory pool reports bytes in
-//! use and bytes reserved; peaks are tracked by the profiler because cubecl
+//! from the OS. On wgpu and CUDA (features `wgpu`, `cuda`), cubecl's memory pool
+//! reports bytes in use and bytes reserved; peaks are tracked by the profiler because cubecl
 //! keeps none.
 
 use super::alloc;
@@ -14,6 +14,24 @@ use super::alloc;
 pub struct DeviceReading {
     pub allocated: Option<u64>,
     pub reserved: Option<u64>,
+}
+
+/// A device run that passed its memory cap (`--device-memory`): where, how
+/// much it held, and the cap. Checked at every reading on the computing
+/// thread (each layer's passes, each evaluation batch), not at every
+/// allocation: a run can pass the cap by at most what one pass allocates.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error(
+    "out of device memory on {device} at {at}: {} in use passes --device-memory {}",
+    crate::units::format_bytes(*in_use),
+    crate::units::format_bytes(*cap)
+)]
+pub struct DeviceOom {
+    pub device: String,
+    /// The stage or pass (`layer 3 statistics pass`).
+    pub at: String,
+    pub in_use: u64,
+    pub cap: u64,
 }
 
 /// Reads the memory of the device a run computes on.
@@ -26,6 +44,10 @@ pub trait DeviceProbe: Send + Sync {
     /// peak is exact; otherwise the profiler tracks peaks from readings.
     fn is_host_heap(&self) -> bool {
         false
+    }
+    /// Device bytes the run may hold (`--device-memory`); `None`: no cap.
+    fn cap(&self) -> Option<u64> {
+        None
     }
 }
 
@@ -48,37 +70,62 @@ impl DeviceProbe for HostHeapProbe {
     }
 }
 
-#[cfg(feature = "cuda")]
-pub use cuda::CudaProbe;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub use cube::CubeProbe;
 
-#[cfg(feature = "cuda")]
-mod cuda {
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube {
+    use std::sync::Mutex;
+    use std::thread::ThreadId;
+
     use super::{DeviceProbe, DeviceReading};
-    use burn::backend::cuda::CudaDevice;
-    use cubecl::Runtime;
-    use cubecl::cuda::CudaRuntime;
+    use burn::cubecl::Runtime;
 
-    /// cubecl's memory pool on one CUDA device.
-    pub struct CudaProbe {
-        device: CudaDevice,
+    /// cubecl's memory pool on one device (wgpu or CUDA).
+    ///
+    /// cubecl keeps one pool per stream and one stream per thread, so the
+    /// pool is read on the thread that created the probe (the one that
+    /// computes); a reading from any other thread (the sampler) returns the
+    /// compute thread's latest reading instead of an empty pool.
+    pub struct CubeProbe<R: Runtime> {
+        device: R::Device,
+        name: String,
+        owner: ThreadId,
+        latest: Mutex<DeviceReading>,
+        cap: Option<u64>,
     }
 
-    impl CudaProbe {
-        pub fn new(device: CudaDevice) -> Self {
-            Self { device }
+    impl<R: Runtime> CubeProbe<R> {
+        /// A probe for `device`, read on the calling thread.
+        pub fn new(device: R::Device, name: String, cap: Option<u64>) -> Self {
+            Self {
+                device,
+                name,
+                owner: std::thread::current().id(),
+                latest: Mutex::new(DeviceReading::default()),
+                cap,
+            }
         }
     }
 
-    impl DeviceProbe for CudaProbe {
+    impl<R: Runtime> DeviceProbe for CubeProbe<R> {
         fn name(&self) -> String {
-            format!("cuda:{}", self.device.index)
+            self.name.clone()
         }
         fn read(&self) -> DeviceReading {
-            let usage = CudaRuntime::client(&self.device).memory_usage();
-            DeviceReading {
-                allocated: Some(usage.bytes_in_use),
-                reserved: Some(usage.bytes_reserved),
+            let mut latest = self.latest.lock().unwrap_or_else(|p| p.into_inner());
+            if std::thread::current().id() == self.owner
+                && let Ok(usage) = R::client(&self.device).memory_usage()
+            {
+                *latest = DeviceReading {
+                    allocated: Some(usage.bytes_in_use),
+                    reserved: Some(usage.bytes_reserved),
+                };
             }
+            *latest
+        }
+        fn cap(&self) -> Option<u64> {
+            self.cap
         }
     }
 }

@@ -17,7 +17,7 @@ pub mod tag;
 use serde::{Deserialize, Serialize};
 
 pub use alloc::CountingAllocator;
-pub use device::{DeviceProbe, DeviceReading, HostHeapProbe};
+pub use device::{DeviceOom, DeviceProbe, DeviceReading, HostHeapProbe};
 
 /// Everything measured at one instant, with the stage it belongs to.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -58,6 +58,8 @@ pub enum ModelError {
     Gguf { path: String, reason: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    #[error(transparent)]
+    DeviceOom(#[from] crate::memory::DeviceOom),
 }
 
 impl ModelError {

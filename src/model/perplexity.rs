@@ -118,6 +118,7 @@ pub fn perplexity<B: Backend>(
                 };
                 nll.extend(window_nll(h, batch, &model.head(), config.vocab_size));
                 if let Some(p) = profiler {
+                    p.device_tick(|| format!("eval batch {}", k + 1))?;
                     p.progress(k, batches.len(), &format!("eval batch {}", k + 1));
                 }
             }
@@ -142,6 +143,7 @@ pub fn perplexity<B: Backend>(
                 let _tag = tag::tag(Category::Activations);
                 xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
                 if let Some(p) = profiler {
+                    p.device_tick(|| format!("eval model.layers.{i}"))?;
                     p.progress(i, c.num_layers, &format!("eval model.layers.{i}"));
                 }
             }
@@ -158,6 +160,7 @@ pub fn perplexity<B: Backend>(
             for (k, (x, batch)) in xs.into_iter().zip(&batches).enumerate() {
                 nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
                 if let Some(p) = profiler {
+                    p.device_tick(|| format!("eval logits batch {}", k + 1))?;
                     p.progress(k, batches.len(), &format!("eval logits batch {}", k + 1));
                 }
             }

@@ -10,7 +10,7 @@
 
 use std::path::Path;
 
-use burn::backend::{Autodiff, Flex};
+use crate::exec::{Cpu, CpuAutodiff};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
@@ -81,8 +81,8 @@ pub fn train(
     batch: usize,
     seq: usize,
     seed: u64,
-) -> Result<(Llama<Flex>, f64), ModelError> {
-    type AD = Autodiff<Flex>;
+) -> Result<(Llama<Cpu>, f64), ModelError> {
+    type AD = CpuAutodiff;
     let device = Default::default();
     let ckpt = Checkpoint::open(spec_dir)?;
     let mut model = ckpt.load_model::<AD>(ComputeDtype::F32, &device)?;
@@ -119,7 +119,7 @@ pub fn train(
 
 /// Writes a trained model as a Hugging Face folder (f32, PyTorch
 /// orientation), with the synthetic spec's config and tokenizer.
-pub fn export(model: &Llama<Flex>, spec: &SyntheticSpec, dir: &Path) -> Result<(), ModelError> {
+pub fn export(model: &Llama<Cpu>, spec: &SyntheticSpec, dir: &Path) -> Result<(), ModelError> {
     std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     let json = |name: &str, v: &serde_json::Value| {
         let p = dir.join(name);
@@ -131,7 +131,7 @@ pub fn export(model: &Llama<Flex>, spec: &SyntheticSpec, dir: &Path) -> Result<(
         "tokenizer.json",
         &crate::model::tokenizer::byte_level_tokenizer_json(spec.vocab),
     )?;
-    let f32s = |t: Tensor<Flex, 2>| -> (Vec<usize>, Vec<f32>) {
+    let f32s = |t: Tensor<Cpu, 2>| -> (Vec<usize>, Vec<f32>) {
         let d = t.dims().to_vec();
         (d, t.into_data().into_vec().unwrap_or_default())
     };

@@ -162,6 +162,35 @@ impl Profiler {
         snapshot
     }
 
+    /// Reads the device pool now, on the computing thread, so that its peak
+    /// between stages is seen (cubecl keeps no peak and its pools are per
+    /// thread), and checks the run's device memory cap. A no-op on the CPU
+    /// backend, whose heap peak is exact.
+    pub fn device_tick(&self, at: impl FnOnce() -> String) -> Result<(), memory::DeviceOom> {
+        let device = &self.inner.device;
+        if device.is_host_heap() {
+            return Ok(());
+        }
+        let reading = device.read();
+        if let Ok(peaks) = self.inner.peaks.lock() {
+            peaks.device.observe(reading.allocated);
+        }
+        match (device.cap(), reading.allocated) {
+            (Some(cap), Some(in_use)) if in_use > cap => Err(memory::DeviceOom {
+                device: device.name(),
+                at: at(),
+                in_use,
+                cap,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// True when the run computes on a device with its own pool.
+    pub fn on_device(&self) -> bool {
+        !self.inner.device.is_host_heap()
+    }
+
     /// Opens a scope; when the guard drops, a [`Event::ScopeEnd`] reports the
     /// peaks reached inside it. Scopes nest; they belong to one thread.
     pub fn scope(&self, label: &str) -> ScopeGuard {

@@ -319,6 +319,7 @@ impl<B: Backend> LayerPass<'_, B> {
                     let _span = timing::work(Work::Statistics);
                     stats.observe(k, t)
                 });
+                profiler.device_tick(|| format!("model.layers.{i} statistics pass"))?;
             }
         }
         let mut comp = self.components.clone();
@@ -346,11 +347,13 @@ impl<B: Backend> LayerPass<'_, B> {
         };
         crate::memory::alloc::trim();
         profiler.stage(&stages::layer_pruned(i));
+        profiler.device_tick(|| format!("model.layers.{i} pruned"))?;
         if self.kind.is_some() && i + 1 < c.num_layers {
             let _phase = timing::phase(timing::Phase::OutputPass);
             let _tag = tag::tag(Category::Activations);
             for x in inps.iter_mut() {
                 *x = layer.forward(x.clone(), &self.rope);
+                profiler.device_tick(|| format!("model.layers.{i} output pass"))?;
             }
         }
         if let Some(w) = writer {

@@ -138,6 +138,12 @@ pub enum PruneError {
     },
 }
 
+impl From<crate::memory::DeviceOom> for PruneError {
+    fn from(e: crate::memory::DeviceOom) -> Self {
+        PruneError::Model(ModelError::DeviceOom(e))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -179,7 +179,7 @@ pub struct TrainOutcome {
     pub trainable_params: u64,
     pub steps_per_epoch: usize,
     /// The trained model (plain backend), for saving.
-    pub model: crate::model::llama::Llama<burn::backend::Flex>,
+    pub model: crate::model::llama::Llama<crate::exec::Cpu>,
     /// Every stage snapshot the steps took, in order (for [`analysis`]).
     pub stages: Vec<crate::memory::MemorySnapshot>,
 }
@@ -297,10 +297,10 @@ pub fn train(
     }
     let mut taken = vec![p.stage(stages::TRAIN_MODEL_LOADED)];
     let ropes = Ropes::new(&ckpt.config, config.seqlen);
-    let mut opt = optim::Optimizer::<burn::backend::Flex>::new(config.optimizer);
+    let mut opt = optim::Optimizer::<crate::exec::Cpu>::new(config.optimizer);
     let scale = 1.0 / config.grad_accum as f64;
     let mut records = Vec::new();
-    let account = |grads: bool, opt: &optim::Optimizer<burn::backend::Flex>, boundaries: u64| {
+    let account = |grads: bool, opt: &optim::Optimizer<crate::exec::Cpu>, boundaries: u64| {
         let mut m = BTreeMap::new();
         m.insert("parameters".to_string(), params * 4);
         m.insert(

@@ -11,7 +11,7 @@
 //! for a frozen prefix, and the checkpointed backward stops at the lowest
 //! trainable layer.
 
-use burn::backend::{Autodiff, Flex};
+use crate::exec::{Cpu, CpuAutodiff};
 use burn::module::AutodiffModule;
 use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
@@ -22,7 +22,7 @@ use crate::model::perplexity::token_tensor;
 use crate::model::tiny::lm_loss;
 use crate::model::{ComputeDtype, Rope};
 
-pub type Ad = Autodiff<Flex>;
+pub type Ad = CpuAutodiff;
 pub type Model = Llama<Ad>;
 pub type Accumulator = GradientsAccumulator<Model>;
 
@@ -52,7 +52,7 @@ impl MicroBatch {
 /// Rotary tables for both backends at one length.
 pub struct Ropes {
     pub ad: Rope<Ad>,
-    pub plain: Rope<Flex>,
+    pub plain: Rope<Cpu>,
 }
 
 impl Ropes {
@@ -71,7 +71,7 @@ pub enum Forward {
     /// The loss, with the whole graph behind it.
     Full { loss: Tensor<Ad, 1> },
     /// The inputs of every layer and of the final norm, no graph.
-    Checkpointed { boundaries: Vec<Tensor<Flex, 3>> },
+    Checkpointed { boundaries: Vec<Tensor<Cpu, 3>> },
 }
 
 /// Mean next-token cross-entropy of `x` (the last layer's output, before
@@ -113,7 +113,7 @@ pub fn forward(
         };
     }
     let embed = model.model.embed_tokens.valid();
-    let mut boundaries = vec![embed.forward(token_tensor::<Flex>(&mb.inputs, &device))];
+    let mut boundaries = vec![embed.forward(token_tensor::<Cpu>(&mb.inputs, &device))];
     drop(embed);
     for layer in &model.model.layers {
         let plain = layer.valid();

@@ -80,6 +80,7 @@ fn status_text(state: &UiState) -> (String, Color) {
         Some(RunStatus::Ok) => ("finished".into(), Color::Cyan),
         Some(RunStatus::Interrupted) => ("interrupted".into(), Color::Red),
         Some(RunStatus::Failed(e)) => (format!("failed: {e}"), Color::Red),
+        Some(RunStatus::Oom(e)) => (format!("out of memory: {e}"), Color::Red),
     }
 }
 

@@ -3,7 +3,7 @@
 //! earlier steps' pruning applied, and keep the best step whose perplexity
 //! stays within a budget of the dense model's.
 
-use burn::backend::Flex;
+use crate::exec::Cpu;
 use serde::Serialize;
 
 use super::{GradProbe, Masks, scratch_model, select};
@@ -56,7 +56,7 @@ pub fn evaluate(
         batch_size: 8,
         dtype: crate::model::ComputeDtype::F32,
     };
-    Ok(perplexity::of_folder::<Flex>(
+    Ok(perplexity::of_folder::<Cpu>(
         dir,
         windows,
         &options,

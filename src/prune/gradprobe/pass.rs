@@ -17,7 +17,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 
-use burn::backend::Flex;
+use crate::exec::Cpu;
 use burn::prelude::*;
 
 use super::phases::Pass;
@@ -53,7 +53,7 @@ pub struct Norms {
     pub(super) head: Vec<f32>,
 }
 
-pub(super) fn fold_norms(acc: &mut Vec<f32>, x: &Tensor<Flex, 3>) {
+pub(super) fn fold_norms(acc: &mut Vec<f32>, x: &Tensor<Cpu, 3>) {
     let c = x.dims()[2];
     let n: Vec<f32> = x
         .clone()

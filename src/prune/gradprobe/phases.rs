@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use burn::backend::{Autodiff, Flex};
+use crate::exec::{Cpu, CpuAutodiff};
 use burn::module::{AutodiffModule, Param};
 use burn::prelude::*;
 
@@ -19,7 +19,7 @@ use crate::model::{ComputeDtype, Rope};
 use crate::prune::PruneError;
 use crate::prune::engine::{set_weight, weight_out_in};
 
-type Ad = Autodiff<Flex>;
+type Ad = CpuAutodiff;
 const DTYPE: ComputeDtype = ComputeDtype::F32;
 
 /// One pass's fixed context.
@@ -29,13 +29,13 @@ pub(super) struct Pass<'a> {
     tag: &'static str,
     probed: BTreeSet<&'a str>,
     seqlen: usize,
-    device: burn::tensor::Device<Flex>,
+    device: burn::tensor::Device<Cpu>,
 }
 
 /// What the head phase leaves for the later phases.
 pub(super) struct HeadOut {
     /// Gradient w.r.t. each batch's current boundary activations.
-    pub grads: Vec<Tensor<Flex, 3>>,
+    pub grads: Vec<Tensor<Cpu, 3>>,
     /// Tied and probed: head gradients at candidates whose row the batch
     /// also looks up, added to the lookup gradient before `|·|`.
     deferred: Vec<HashMap<usize, f32>>,
@@ -74,7 +74,7 @@ impl<'a> Pass<'a> {
 
     /// Embeds every batch (tentative candidates of a probed embedding were
     /// chosen in the original pass, so the modified pass reduces them here).
-    fn embed(&self, state: &State) -> Result<Vec<Tensor<Flex, 3>>, PruneError> {
+    fn embed(&self, state: &State) -> Result<Vec<Tensor<Cpu, 3>>, PruneError> {
         let Input { ckpt, config, .. } = self.input;
         let mut embed_w = ckpt.read_f32(EMBED)?;
         state.prepare(self.which, EMBED, &mut embed_w, config.reduction_factor);
@@ -103,10 +103,10 @@ impl<'a> Pass<'a> {
 
     /// Embedding and every layer forward; returns the boundaries `x_0 … x_L`
     /// (and, for the Wanda strategy's first pass, the activation norms).
-    pub fn forward(&self, state: &mut State) -> Result<Vec<Vec<Tensor<Flex, 3>>>, PruneError> {
+    pub fn forward(&self, state: &mut State) -> Result<Vec<Vec<Tensor<Cpu, 3>>>, PruneError> {
         let Input { ckpt, config, .. } = self.input;
         let c = &ckpt.config;
-        let rope = Rope::<Flex>::new(c, self.seqlen, DTYPE.burn(), &self.device);
+        let rope = Rope::<Cpu>::new(c, self.seqlen, DTYPE.burn(), &self.device);
         let collect_norms = self.which == Which::Original
             && config.strategy == select::Strategy::Wanda
             && state.norms.is_none();
@@ -115,7 +115,7 @@ impl<'a> Pass<'a> {
         let mut xs = vec![self.embed(state)?];
         for i in 0..c.num_layers {
             crate::memory::alloc::trim();
-            let mut layer = ckpt.load_layer::<Flex>(i, DTYPE, &self.device)?;
+            let mut layer = ckpt.load_layer::<Cpu>(i, DTYPE, &self.device)?;
             for name in LAYER_LINEARS {
                 let full = format!("model.layers.{i}.{name}.weight");
                 if state.pruned.contains_key(&full) || self.which == Which::Modified {
@@ -125,7 +125,7 @@ impl<'a> Pass<'a> {
                 }
             }
             let mut layer_norms = HashMap::new();
-            let next: Vec<Tensor<Flex, 3>> = xs[i]
+            let next: Vec<Tensor<Cpu, 3>> = xs[i]
                 .iter()
                 .map(|x| {
                     if collect_norms {
@@ -142,7 +142,7 @@ impl<'a> Pass<'a> {
             self.progress(i, format!("forward layer {i}"));
         }
         if collect_norms {
-            let final_norm = ckpt.load_norm::<Flex>(DTYPE, &self.device)?;
+            let final_norm = ckpt.load_norm::<Cpu>(DTYPE, &self.device)?;
             for x in &xs[c.num_layers] {
                 fold_norms(&mut norms.head, &final_norm.forward(x.clone()));
             }
@@ -186,7 +186,7 @@ impl<'a> Pass<'a> {
     pub fn head(
         &self,
         state: &mut State,
-        last: Vec<Tensor<Flex, 3>>,
+        last: Vec<Tensor<Cpu, 3>>,
     ) -> Result<HeadOut, PruneError> {
         // The last layer's freed buffers go back first, as each layer's do.
         crate::memory::alloc::trim();
@@ -199,7 +199,7 @@ impl<'a> Pass<'a> {
         let c = &ckpt.config;
         let head_name = if c.tie_word_embeddings { EMBED } else { HEAD };
         let head_w = self.head_weight(state, head_name)?;
-        let head = Tensor::<Flex, 2>::from_data(
+        let head = Tensor::<Cpu, 2>::from_data(
             TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
             &self.device,
         );
@@ -214,7 +214,7 @@ impl<'a> Pass<'a> {
             ((c.num_layers + 1) * tokens * c.hidden_size * 4) as u64,
         );
         profiler.components(&format!("{} pass, head", self.tag), held);
-        let norm_ad = LlamaRmsNorm::<Ad>::from_inner(ckpt.load_norm::<Flex>(DTYPE, &self.device)?);
+        let norm_ad = LlamaRmsNorm::<Ad>::from_inner(ckpt.load_norm::<Cpu>(DTYPE, &self.device)?);
         let _tag = tag::tag(Category::Logits);
         let head_probed = self.probed.contains(head_name);
         let head_positions = state.tentative.get(head_name).cloned().unwrap_or_default();
@@ -270,8 +270,8 @@ impl<'a> Pass<'a> {
     pub fn backward(
         &self,
         state: &mut State,
-        mut boundaries: Vec<Vec<Tensor<Flex, 3>>>,
-        grads: &mut [Tensor<Flex, 3>],
+        mut boundaries: Vec<Vec<Tensor<Cpu, 3>>>,
+        grads: &mut [Tensor<Cpu, 3>],
     ) -> Result<(), PruneError> {
         let c = &self.input.ckpt.config;
         let rope = Rope::<Ad>::new(c, self.seqlen, DTYPE.burn(), &self.device);
@@ -289,14 +289,14 @@ impl<'a> Pass<'a> {
         &self,
         state: &mut State,
         i: usize,
-        inputs: Vec<Tensor<Flex, 3>>,
-        grads: &mut [Tensor<Flex, 3>],
+        inputs: Vec<Tensor<Cpu, 3>>,
+        grads: &mut [Tensor<Cpu, 3>],
         rope: &Rope<Ad>,
     ) -> Result<(), PruneError> {
         let Input { ckpt, config, .. } = self.input;
         // Prepared on the plain backend, then wrapped: reading a tracked
         // parameter would leave an unconsumed node in the autodiff graph.
-        let mut plain = ckpt.load_layer::<Flex>(i, DTYPE, &self.device)?;
+        let mut plain = ckpt.load_layer::<Cpu>(i, DTYPE, &self.device)?;
         let mut names = Vec::new();
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");

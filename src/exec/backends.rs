@@ -1,0 +1,222 @@
+//! The Burn backends prunemem is compiled for, named here and nowhere else:
+//! Burn's CPU backend (flex, with prunemem's CPU kernels) always; wgpu
+//! (Vulkan, Metal, DX12 through cubecl) with the `wgpu` feature; CUDA
+//! through cubecl with the `cuda` feature.
+//!
+//! Opening a device is where a missing driver shows. wgpu and cudarc panic
+//! when no adapter or no `libcuda` is found; opening checks first (CUDA: the
+//! library loads) and turns what is left into an [`ExecError`], so a user
+//! sees one line, never a panic.
+
+use super::{DeviceSpec, ExecError, OnDevice};
+use crate::memory::DeviceProbe;
+
+/// Burn's CPU backend.
+pub type Cpu = burn::backend::Flex;
+/// Burn's CPU backend with autodiff (GradProbe's gradients, `train`).
+pub type CpuAutodiff = burn::backend::Autodiff<Cpu>;
+/// Burn's wgpu backend (no fusion): f32 floats, dtype chosen per tensor.
+#[cfg(feature = "wgpu")]
+pub type Wgpu = burn::backend::Wgpu;
+/// Burn's CUDA backend.
+#[cfg(feature = "cuda")]
+pub type Cuda = burn::backend::Cuda;
+
+/// A device that was opened, with what its backend needs.
+#[derive(Clone)]
+pub(super) enum Opened {
+    Cpu,
+    #[cfg(feature = "wgpu")]
+    Wgpu {
+        device: burn::backend::wgpu::WgpuDevice,
+        name: String,
+    },
+    #[cfg(feature = "cuda")]
+    Cuda {
+        device: burn::backend::cuda::CudaDevice,
+    },
+}
+
+impl Opened {
+    pub(super) fn adapter_name(&self) -> String {
+        match self {
+            Opened::Cpu => "cpu".to_string(),
+            #[cfg(feature = "wgpu")]
+            Opened::Wgpu { name, .. } => name.clone(),
+            #[cfg(feature = "cuda")]
+            Opened::Cuda { device } => crate::memory::gpu::read(device.index as u32)
+                .and_then(|g| g.name)
+                .unwrap_or_else(|| format!("CUDA device {}", device.index)),
+        }
+    }
+
+    pub(super) fn run<J: OnDevice>(&self, job: J) -> J::Output {
+        match self {
+            Opened::Cpu => job.run::<Cpu>(&Default::default()),
+            #[cfg(feature = "wgpu")]
+            Opened::Wgpu { device, .. } => job.run::<Wgpu>(device),
+            #[cfg(feature = "cuda")]
+            Opened::Cuda { device } => job.run::<Cuda>(device),
+        }
+    }
+
+    /// The device's pool probe; `None` on the CPU (the heap probe).
+    pub(super) fn probe(
+        &self,
+        spec: &DeviceSpec,
+        cap: Option<u64>,
+    ) -> Option<Box<dyn DeviceProbe>> {
+        let _ = (spec, cap);
+        match self {
+            Opened::Cpu => None,
+            #[cfg(feature = "wgpu")]
+            Opened::Wgpu { device, .. } => Some(Box::new(crate::memory::device::CubeProbe::<
+                burn::backend::wgpu::WgpuRuntime,
+            >::new(
+                device.clone(), spec.to_string(), cap
+            ))),
+            #[cfg(feature = "cuda")]
+            Opened::Cuda { device } => Some(Box::new(crate::memory::device::CubeProbe::<
+                burn::cubecl::cuda::CudaRuntime,
+            >::new(
+                device.clone(), spec.to_string(), cap
+            ))),
+        }
+    }
+}
+
+/// Opens `spec`.
+pub(super) fn open(spec: &DeviceSpec) -> Result<Opened, ExecError> {
+    match spec {
+        DeviceSpec::Cpu => Ok(Opened::Cpu),
+        #[cfg(feature = "wgpu")]
+        DeviceSpec::Wgpu(select) => wgpu::open(*select, spec),
+        #[cfg(not(feature = "wgpu"))]
+        DeviceSpec::Wgpu(_) => Err(ExecError::NotBuilt {
+            device: spec.to_string(),
+            feature: "wgpu",
+        }),
+        #[cfg(feature = "cuda")]
+        DeviceSpec::Cuda(index) => cuda::open(*index, spec),
+        #[cfg(not(feature = "cuda"))]
+        DeviceSpec::Cuda(_) => Err(ExecError::NotBuilt {
+            device: spec.to_string(),
+            feature: "cuda",
+        }),
+    }
+}
+
+/// Runs `f`, turning a panic into its message (the library's own panic
+/// output is silenced meanwhile: the caller reports one line).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    result.map_err(|p| {
+        p.downcast_ref::<String>()
+            .cloned()
+            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
+            .unwrap_or_else(|| "the driver failed to start".to_string())
+    })
+}
+
+#[cfg(feature = "wgpu")]
+mod wgpu {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+
+    use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, graphics::AutoGraphicsApi, init_setup};
+
+    use super::{Opened, quietly};
+    use crate::exec::{DeviceSpec, ExecError, WgpuSelect};
+
+    /// cubecl registers one client per device per process: each selection
+    /// is set up once and its adapter name (or failure) remembered.
+    static OPENED: OnceLock<Mutex<HashMap<String, Result<String, String>>>> = OnceLock::new();
+
+    pub(super) fn open(select: WgpuSelect, spec: &DeviceSpec) -> Result<Opened, ExecError> {
+        let device = match select {
+            WgpuSelect::Default => WgpuDevice::DefaultDevice,
+            WgpuSelect::Discrete(i) => WgpuDevice::DiscreteGpu(i),
+            WgpuSelect::Software => WgpuDevice::Cpu,
+        };
+        let cache = OPENED.get_or_init(Default::default);
+        let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
+        let entry = cache.entry(spec.to_string()).or_insert_with(|| {
+            quietly(|| {
+                let setup = init_setup::<AutoGraphicsApi>(&device, RuntimeOptions::default());
+                let info = setup.adapter.get_info();
+                format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
+            })
+            .map_err(|e| format!("no usable wgpu adapter: {}", first_line(&e)))
+        });
+        match entry {
+            Ok(name) => Ok(Opened::Wgpu {
+                device,
+                name: name.clone(),
+            }),
+            Err(reason) => Err(ExecError::Unavailable {
+                device: spec.to_string(),
+                reason: format!(
+                    "{reason} (install a Vulkan driver; without a GPU, Mesa's lavapipe: apt-get install mesa-vulkan-drivers libvulkan1)"
+                ),
+            }),
+        }
+    }
+
+    fn first_line(s: &str) -> &str {
+        s.lines().next().unwrap_or(s)
+    }
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use burn::backend::cuda::CudaDevice;
+
+    use super::{Opened, quietly};
+    use crate::exec::{DeviceSpec, ExecError};
+
+    /// True when the CUDA driver library can be loaded (cudarc panics when it
+    /// cannot, so this is asked first).
+    fn driver_loads() -> bool {
+        ["libcuda.so.1", "libcuda.so"].iter().any(|name| {
+            let Ok(c) = std::ffi::CString::new(*name) else {
+                return false;
+            };
+            // SAFETY: dlopen with a valid C string; the handle is released.
+            unsafe {
+                let h = libc::dlopen(c.as_ptr(), libc::RTLD_LAZY | libc::RTLD_LOCAL);
+                if h.is_null() {
+                    return false;
+                }
+                libc::dlclose(h);
+                true
+            }
+        })
+    }
+
+    pub(super) fn open(index: usize, spec: &DeviceSpec) -> Result<Opened, ExecError> {
+        if !driver_loads() {
+            return Err(ExecError::Unavailable {
+                device: spec.to_string(),
+                reason: "no NVIDIA driver (libcuda.so.1 cannot be loaded)".into(),
+            });
+        }
+        let device = CudaDevice::new(index);
+        quietly(|| {
+            use burn::cubecl::Runtime;
+            let _ = burn::cubecl::cuda::CudaRuntime::client(&device);
+        })
+        .map_err(|e| ExecError::Unavailable {
+            device: spec.to_string(),
+            reason: e
+                .lines()
+                .next()
+                .unwrap_or("CUDA failed to start")
+                .to_string(),
+        })?;
+        Ok(Opened::Cuda { device })
+    }
+}

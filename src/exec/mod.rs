@@ -1,0 +1,199 @@
+//! The execution context: which Burn backend computes, on which device, the
+//! memory probe that belongs to that device, and the rank slot a distributed
+//! run fills. Chosen once by a job (`--device`) and passed down, so that no
+//! engine picks a backend on its own and Burn's CPU backend is named in one
+//! place ([`backends`]).
+//!
+//! Engines are generic over `B: Backend`; a job hands its device-specific
+//! part to [`Exec::run`] as an [`OnDevice`] value, whose generic method is
+//! instantiated once per compiled backend.
+
+pub mod backends;
+mod spec;
+
+use std::sync::Arc;
+
+use thiserror::Error;
+
+use crate::memory::{DeviceProbe, HostHeapProbe};
+pub use backends::{Cpu, CpuAutodiff};
+pub use spec::{DeviceSpec, WgpuSelect};
+
+/// Why a device cannot be used.
+#[derive(Debug, Error, Clone, PartialEq)]
+pub enum ExecError {
+    #[error(
+        "--device {device}: this build has no {feature} support; rebuild with `cargo build --release --features {feature}`"
+    )]
+    NotBuilt {
+        device: String,
+        feature: &'static str,
+    },
+    #[error("--device {device}: {reason}")]
+    Unavailable { device: String, reason: String },
+    #[error("--device {device}: {what} is not supported on this device ({hint})")]
+    Unsupported {
+        device: String,
+        what: String,
+        hint: String,
+    },
+}
+
+/// The rank of this process in a distributed run, and how its statistics
+/// are combined with the other ranks'. A single process is rank 0 of 1 and
+/// reduces nothing.
+pub trait Reducer: Send + Sync {
+    /// `(rank, world size)`.
+    fn world(&self) -> (usize, usize);
+    /// Element-wise sum across ranks, in place, in a fixed rank order.
+    fn sum_f32(&self, values: &mut [f32]);
+    /// Element-wise maximum across ranks, in place.
+    fn max_f32(&self, values: &mut [f32]);
+}
+
+/// One process: nothing to reduce.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct SingleProcess;
+
+impl Reducer for SingleProcess {
+    fn world(&self) -> (usize, usize) {
+        (0, 1)
+    }
+    fn sum_f32(&self, _: &mut [f32]) {}
+    fn max_f32(&self, _: &mut [f32]) {}
+}
+
+/// A job's device-specific part, run on whichever backend the context
+/// holds. `run` is instantiated once per compiled backend.
+pub trait OnDevice {
+    type Output;
+    fn run<B: burn::prelude::Backend>(self, device: &B::Device) -> Self::Output;
+}
+
+/// An opened device: its spec, its probe, a human-readable name (the
+/// adapter's), and the rank slot. Cheap to clone.
+#[derive(Clone)]
+pub struct Exec {
+    spec: DeviceSpec,
+    adapter: String,
+    memory_cap: Option<u64>,
+    reducer: Arc<dyn Reducer>,
+    opened: backends::Opened,
+}
+
+impl Exec {
+    /// Opens `spec` on the calling thread, which must be the thread that
+    /// computes (cubecl's memory pools are per thread). `memory_cap` is
+    /// `--device-memory`: the device bytes a run may hold.
+    pub fn open(spec: DeviceSpec, memory_cap: Option<u64>) -> Result<Self, ExecError> {
+        let opened = backends::open(&spec)?;
+        Ok(Self {
+            adapter: opened.adapter_name(),
+            spec,
+            memory_cap,
+            reducer: Arc::new(SingleProcess),
+            opened,
+        })
+    }
+
+    /// Burn's CPU backend, the default.
+    pub fn cpu() -> Self {
+        Self::open(DeviceSpec::Cpu, None).expect("the CPU backend is always there")
+    }
+
+    pub fn spec(&self) -> &DeviceSpec {
+        &self.spec
+    }
+
+    /// The adapter or driver's name for the device (`llvmpipe (LLVM 15…)`).
+    pub fn adapter(&self) -> &str {
+        &self.adapter
+    }
+
+    pub fn memory_cap(&self) -> Option<u64> {
+        self.memory_cap
+    }
+
+    /// True for a GPU-style device (its own memory pool), false on the CPU.
+    pub fn is_device(&self) -> bool {
+        !matches!(self.spec, DeviceSpec::Cpu)
+    }
+
+    pub fn reducer(&self) -> &Arc<dyn Reducer> {
+        &self.reducer
+    }
+
+    /// Replaces the rank slot (the distributed run's reducer).
+    pub fn with_reducer(mut self, reducer: Arc<dyn Reducer>) -> Self {
+        self.reducer = reducer;
+        self
+    }
+
+    /// The memory probe of this device, for the profiler. On a device it
+    /// reads the pool on the thread that called [`Exec::open`].
+    pub fn probe(&self) -> Box<dyn DeviceProbe> {
+        match self.opened.probe(&self.spec, self.memory_cap) {
+            Some(p) => p,
+            None => Box::new(HostHeapProbe),
+        }
+    }
+
+    /// Runs `job` on this context's backend.
+    pub fn run<J: OnDevice>(&self, job: J) -> J::Output {
+        self.opened.run(job)
+    }
+
+    /// Checks that a compute dtype is supported here (Vulkan has no bf16).
+    pub fn check_dtype(&self, dtype: crate::model::dtype::ComputeDtype) -> Result<(), ExecError> {
+        use crate::model::dtype::ComputeDtype;
+        if matches!(self.spec, DeviceSpec::Wgpu(_)) && dtype == ComputeDtype::Bf16 {
+            return Err(ExecError::Unsupported {
+                device: self.spec.to_string(),
+                what: "--dtype bf16".into(),
+                hint: "wgpu's Vulkan path has no bf16: use --dtype f16 or f32".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn single_process_is_rank_zero_of_one_and_reduces_nothing() {
+        let r = SingleProcess;
+        let mut v = vec![1.0, -2.0];
+        r.sum_f32(&mut v);
+        r.max_f32(&mut v);
+        assert_eq!(r.world(), (0, 1));
+        assert_eq!(v, vec![1.0, -2.0]);
+    }
+
+    #[test]
+    fn cpu_context_uses_the_host_heap_probe() {
+        let exec = Exec::cpu();
+        assert!(!exec.is_device());
+        assert!(exec.probe().is_host_heap());
+        assert_eq!(exec.probe().name(), "cpu");
+    }
+
+    #[test]
+    fn a_device_not_built_in_is_an_error_not_a_panic() {
+        #[cfg(not(feature = "cuda"))]
+        {
+            let e = Exec::open(DeviceSpec::Cuda(0), None)
+                .err()
+                .expect("no cuda here");
+            assert!(e.to_string().contains("--features cuda"), "{e}");
+        }
+        #[cfg(not(feature = "wgpu"))]
+        {
+            let e = Exec::open(DeviceSpec::Wgpu(WgpuSelect::Default), None)
+                .err()
+                .expect("no wgpu here");
+            assert!(e.to_string().contains("--features wgpu"), "{e}");
+        }
+    }
+}

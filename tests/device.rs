@@ -1,0 +1,396 @@
+//! The device path (Burn's wgpu backend through cubecl) against the CPU
+//! path, on a real Vulkan device: in CI and on a machine without a GPU,
+//! Mesa's lavapipe (`apt-get install mesa-vulkan-drivers libvulkan1`).
+//!
+//! Masks of tests/fixtures/tiny-llama pruned on the device equal the CPU
+//! backend's (or agree ≥ 99.9% where f32 summation order differs, with
+//! every differing position a near-tie), perplexity agrees within 0.1%,
+//! every stage of a device run carries device bytes, and a run over its
+//! `--device-memory` ends with status `oom`, exit code 3 and complete logs.
+//!
+//! Built only with `--features wgpu`; with the feature, a missing Vulkan
+//! driver fails these tests (they never skip).
+#![cfg(feature = "wgpu")]
+
+mod support;
+
+use std::collections::HashMap;
+use std::path::Path;
+use std::sync::Arc;
+
+use burn::prelude::Backend;
+use prunemem::events::{Emitter, Event, RunStatus};
+use prunemem::exec::{DeviceSpec, Exec, OnDevice, WgpuSelect};
+use prunemem::model::llama::LAYER_LINEARS;
+use prunemem::model::perplexity::{self, EvalOptions, Weights};
+use prunemem::model::{Checkpoint, ComputeDtype};
+use prunemem::profiler::{Profiler, ProfilerConfig};
+use prunemem::prune::engine::{self, PruneConfig, Source, weight_out_in};
+use prunemem::prune::{Method, Pattern};
+use support::{run_prunemem, s};
+
+const WGPU: DeviceSpec = DeviceSpec::Wgpu(WgpuSelect::Default);
+
+fn tiny_llama() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama")
+}
+
+/// Deterministic calibration windows over tiny-llama's vocabulary.
+fn windows(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % vocab as u64) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// What one pruning of tiny-llama gave: each linear's weights `[out, in]`
+/// and the pruned model's perplexity on held-out windows.
+struct Pruned {
+    weights: HashMap<String, Vec<f32>>,
+    perplexity: f64,
+}
+
+/// Prunes tiny-llama (resident, f32) with `method`/`pattern` and evaluates it.
+struct PruneTiny {
+    method: Method,
+    pattern: Pattern,
+}
+
+impl OnDevice for PruneTiny {
+    type Output = Pruned;
+    fn run<B: Backend>(self, device: &B::Device) -> Pruned {
+        let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
+        let vocab = ckpt.config.vocab_size;
+        let mut model = ckpt.load_model::<B>(ComputeDtype::F32, device).unwrap();
+        let profiler = Profiler::new(
+            Arc::new(Emitter::new()),
+            ProfilerConfig {
+                sampler_hz: None,
+                gpu_index: None,
+                ..Default::default()
+            },
+        );
+        let config = PruneConfig {
+            method: self.method.try_into().unwrap(),
+            sparsity: 0.5,
+            pattern: self.pattern,
+            use_variant: false,
+            seqlen: 24,
+            batch_size: 4,
+            dtype: ComputeDtype::F32,
+            percdamp: 0.01,
+            blocksize: 128,
+            ria_a: 0.5,
+            per_outneuron: false,
+            layer_sparsity: None,
+            dsnot: None,
+            reallocation: None,
+        };
+        let calib = windows(16, 24, vocab, 1);
+        engine::prune::<B>(
+            &ckpt,
+            Source::Resident(&mut model),
+            &config,
+            &calib,
+            None,
+            device,
+            &profiler,
+        )
+        .unwrap();
+        let mut weights = HashMap::new();
+        for (i, layer) in model.model.layers.iter().enumerate() {
+            for name in LAYER_LINEARS {
+                weights.insert(
+                    format!("model.layers.{i}.{name}"),
+                    weight_out_in(layer, name).0,
+                );
+            }
+        }
+        let eval = windows(8, 24, vocab, 2);
+        let options = EvalOptions {
+            batch_size: 4,
+            dtype: ComputeDtype::F32,
+        };
+        let weights_ref = Weights::Resident(&model, &ckpt.config);
+        let ppl = perplexity::perplexity::<B>(weights_ref, &eval, &options, device, None)
+            .unwrap()
+            .perplexity;
+        Pruned {
+            weights,
+            perplexity: ppl,
+        }
+    }
+}
+
+/// Fraction of positions whose pruned/kept status agrees.
+fn agreement(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> (f64, usize) {
+    let (mut same, mut total) = (0usize, 0usize);
+    for (name, wa) in a {
+        let wb = &b[name];
+        assert_eq!(wa.len(), wb.len(), "{name}");
+        for (x, y) in wa.iter().zip(wb) {
+            same += ((*x == 0.0) == (*y == 0.0)) as usize;
+            total += 1;
+        }
+    }
+    (same as f64 / total as f64, total - same)
+}
+
+fn wgpu() -> Exec {
+    Exec::open(WGPU, None)
+        .unwrap_or_else(|e| panic!("the wgpu device must open (CI installs lavapipe): {e}"))
+}
+
+#[test]
+fn device_masks_and_perplexity_match_the_cpu_backend() {
+    let (cpu, gpu) = (Exec::cpu(), wgpu());
+    println!("device: {}", gpu.adapter());
+    for (method, pattern) in [
+        (Method::Magnitude, Pattern::Unstructured),
+        (Method::Wanda, Pattern::Unstructured),
+        (Method::Wanda, Pattern::NM { n: 2, m: 4 }),
+        (Method::SparseGpt, Pattern::Unstructured),
+        (Method::Ria, Pattern::Unstructured),
+    ] {
+        let on_cpu = cpu.run(PruneTiny { method, pattern });
+        let on_gpu = gpu.run(PruneTiny { method, pattern });
+        let (agree, differ) = agreement(&on_cpu.weights, &on_gpu.weights);
+        let dppl = (on_gpu.perplexity / on_cpu.perplexity - 1.0).abs();
+        println!(
+            "{method} {pattern}: mask agreement {agree:.6} ({differ} positions differ), perplexity cpu {:.6} wgpu {:.6} ({:.4}%)",
+            on_cpu.perplexity,
+            on_gpu.perplexity,
+            dppl * 100.0
+        );
+        if method == Method::Magnitude {
+            // No calibration: the same weights give the same mask, bit for bit.
+            assert_eq!(differ, 0, "{method} {pattern}");
+        } else {
+            assert!(agree >= 0.999, "{method} {pattern}: {agree}");
+        }
+        assert!(
+            dppl < 1e-3,
+            "{method} {pattern}: perplexity differs by {dppl}"
+        );
+        // Kept weights are the same values (SparseGPT's updates within f32
+        // rounding of a different summation order).
+        let worst = on_cpu
+            .weights
+            .iter()
+            .flat_map(|(n, w)| w.iter().zip(&on_gpu.weights[n]))
+            .filter(|(a, b)| **a != 0.0 && **b != 0.0)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        let tol = if method == Method::SparseGpt {
+            1e-3
+        } else {
+            0.0
+        };
+        assert!(
+            worst <= tol,
+            "{method} {pattern}: kept weights differ by {worst}"
+        );
+    }
+}
+
+/// A synthetic model and text for the command-line runs.
+fn cli_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    prunemem::model::synthetic::write_checkpoint(
+        &model,
+        &prunemem::model::synthetic::SyntheticSpec::default(),
+    )
+    .unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    (dir, model, text)
+}
+
+fn events(dir: &Path) -> Vec<Event> {
+    let text = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+#[test]
+fn a_device_run_logs_device_bytes_at_every_stage() {
+    let (dir, model, text) = cli_fixture();
+    let logs = dir.path().join("logs");
+    let (code, stdout, stderr) = run_prunemem(&[
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "wanda",
+        "--nsamples",
+        "4",
+        "--seqlen",
+        "32",
+        "--calib-text",
+        s(&text),
+        "--eval-text",
+        s(&text),
+        "--eval-windows",
+        "2",
+        "--device",
+        "wgpu",
+        "--log-memory",
+        s(&logs),
+        "--ui",
+        "none",
+        "--json",
+    ]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let events = events(&logs);
+    let Some(Event::RunStarted { plan }) = events.first() else {
+        panic!("no plan")
+    };
+    assert_eq!(plan.device, "wgpu");
+    assert!(plan.settings.contains_key("adapter"), "{:?}", plan.settings);
+    assert_eq!(
+        plan.settings["dtype"], "f16",
+        "a GPU device defaults to f16"
+    );
+    // Every stage reads the device pool (a reading, never a missing one);
+    // each layer's stages hold its weights and the calibration inputs on
+    // the device, and the pool stays reserved after the first.
+    let mut stages = 0;
+    let mut on_device = false;
+    for e in &events {
+        if let Event::Stage { snapshot } = e {
+            stages += 1;
+            let (a, r, p) = (
+                snapshot.device_allocated,
+                snapshot.device_reserved,
+                snapshot.device_peak,
+            );
+            assert!(
+                a.is_some() && r.is_some() && p.is_some(),
+                "{}",
+                snapshot.label
+            );
+            let layer = prunemem::events::stages::is_layer(&snapshot.label);
+            on_device |= layer;
+            if layer {
+                assert!(a > Some(0), "{}: {a:?}", snapshot.label);
+            }
+            if on_device {
+                assert!(
+                    r > Some(0) && p > Some(0),
+                    "{}: {r:?} {p:?}",
+                    snapshot.label
+                );
+                assert!(p >= a, "{}: peak {p:?} below {a:?}", snapshot.label);
+            }
+        }
+    }
+    assert!(on_device, "no layer stage");
+    assert!(stages >= 7, "{stages} stages");
+    let csv = std::fs::read_to_string(logs.join("memory_log.csv")).unwrap();
+    for row in csv.lines().skip(1) {
+        let cells: Vec<&str> = row.split(',').collect();
+        assert!(!cells[4].is_empty(), "device peak column empty: {row}");
+    }
+    let Some(Event::RunFinished { summary }) = events.last() else {
+        panic!("no summary")
+    };
+    assert!(summary.device_peak.is_some_and(|p| p > 0));
+}
+
+#[test]
+fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
+    let (dir, model, text) = cli_fixture();
+    let logs = dir.path().join("logs");
+    let (code, stdout, stderr) = run_prunemem(&[
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "wanda",
+        "--nsamples",
+        "4",
+        "--seqlen",
+        "32",
+        "--calib-text",
+        s(&text),
+        "--device",
+        "wgpu",
+        "--device-memory",
+        "64KiB",
+        "--log-memory",
+        s(&logs),
+        "--ui",
+        "none",
+    ]);
+    assert_eq!(code, Some(3), "{stdout}\n{stderr}");
+    let line: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(line.len(), 1, "one line: {stderr}");
+    assert!(
+        line[0].contains("out of device memory") && line[0].contains("model.layers.0"),
+        "{stderr}"
+    );
+    let events = events(&logs);
+    let Some(Event::RunFinished { summary }) = events.last() else {
+        panic!("the log ends with the run's summary")
+    };
+    assert!(
+        matches!(summary.status, RunStatus::Oom(_)),
+        "{:?}",
+        summary.status
+    );
+    let csv = std::fs::read_to_string(logs.join("memory_log.csv")).unwrap();
+    assert!(csv.lines().count() >= 3, "{csv}");
+}
+
+#[test]
+fn unsupported_device_requests_are_one_line() {
+    let (dir, model, text) = cli_fixture();
+    let _ = dir;
+    for (args, expect) in [
+        (vec!["--device", "wgpu", "--dtype", "bf16"], "bf16"),
+        (
+            vec![
+                "--device",
+                "wgpu",
+                "--method",
+                "gradprobe",
+                "--dtype",
+                "f32",
+            ],
+            "GradProbe",
+        ),
+    ] {
+        let mut argv = vec![
+            "prune",
+            "--model",
+            s(&model),
+            "--nsamples",
+            "2",
+            "--seqlen",
+            "16",
+            "--calib-text",
+            s(&text),
+            "--ui",
+            "none",
+        ];
+        if !args.contains(&"--method") {
+            argv.extend(["--method", "wanda"]);
+        }
+        argv.extend(args.iter().copied());
+        let (code, _, stderr) = run_prunemem(&argv);
+        assert_eq!(code, Some(2), "{stderr}");
+        assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+        assert!(stderr.contains(expect), "{stderr}");
+    }
+}
