@@ -18,9 +18,8 @@ use std::collections::HashMap;
 use std::path::Path;
 use std::sync::Arc;
 
-use burn::prelude::Backend;
 use prunemem::events::{Emitter, Event, RunStatus};
-use prunemem::exec::{DeviceSpec, Exec, OnDevice, WgpuSelect};
+use prunemem::exec::{Compute, DeviceSpec, Exec, OnDevice, WgpuSelect};
 use prunemem::model::llama::LAYER_LINEARS;
 use prunemem::model::perplexity::{self, EvalOptions, Weights};
 use prunemem::model::{Checkpoint, ComputeDtype};
@@ -67,7 +66,7 @@ struct PruneTiny {
 
 impl OnDevice for PruneTiny {
     type Output = Pruned;
-    fn run<B: Backend>(self, device: &B::Device) -> Pruned {
+    fn run<B: Compute>(self, device: &B::Device) -> Pruned {
         let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
         let vocab = ckpt.config.vocab_size;
         let mut model = ckpt.load_model::<B>(ComputeDtype::F32, device).unwrap();
@@ -200,6 +199,71 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
             "{method} {pattern}: kept weights differ by {worst}"
         );
     }
+}
+
+/// GradProbe's step (both gradient passes, Wanda strategy, embeddings
+/// probed) on tiny-llama: the weights it prunes and the two losses.
+struct ProbeTiny;
+
+impl OnDevice for ProbeTiny {
+    type Output = (prunemem::prune::gradprobe::Masks, f64, f64);
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        use prunemem::prune::gradprobe::{
+            GradPrecision, GradProbe, GradProbeConfig, Masks, Strategy,
+        };
+        let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
+        let wins = windows(4, 25, ckpt.config.vocab_size, 3);
+        let profiler = Profiler::new(
+            Arc::new(Emitter::new()),
+            ProfilerConfig {
+                sampler_hz: None,
+                gpu_index: None,
+                ..Default::default()
+            },
+        );
+        let config = GradProbeConfig {
+            strategy: Strategy::Wanda,
+            sparsity: 0.5,
+            reduction_factor: 0.1,
+            gradient_threshold: 1.0,
+            include_embeddings: true,
+            precision: GradPrecision::F32,
+        };
+        let mut probe =
+            GradProbe::<B>::new(&ckpt, config, &wins, 2, &profiler, device.clone()).unwrap();
+        let step = probe.step(&Masks::new()).unwrap();
+        (step.pruned, step.loss_original, step.loss_modified)
+    }
+}
+
+#[test]
+fn gradprobe_decides_the_same_on_the_device() {
+    let (cpu, gpu) = (Exec::cpu().run(ProbeTiny), wgpu().run(ProbeTiny));
+    let count = |m: &prunemem::prune::gradprobe::Masks| m.values().map(Vec::len).sum::<usize>();
+    let (mut same, mut total) = (0usize, 0usize);
+    for (name, want) in &cpu.0 {
+        let got: std::collections::BTreeSet<u32> = gpu.0[name].iter().copied().collect();
+        same += want.iter().filter(|p| got.contains(p)).count();
+        total += want.len().max(got.len());
+    }
+    let agree = same as f64 / total.max(1) as f64;
+    println!(
+        "gradprobe: cpu prunes {}, wgpu {}, agreement {agree:.6}; loss cpu {:.6}/{:.6} wgpu {:.6}/{:.6}",
+        count(&cpu.0),
+        count(&gpu.0),
+        cpu.1,
+        cpu.2,
+        gpu.1,
+        gpu.2
+    );
+    assert!(count(&cpu.0) > 0, "the step must prune something");
+    assert!(agree >= 0.999, "decisions agree {agree}");
+    assert!(
+        (cpu.1 / gpu.1 - 1.0).abs() < 1e-4,
+        "loss {} vs {}",
+        cpu.1,
+        gpu.1
+    );
 }
 
 /// A synthetic model and text for the command-line runs.
@@ -355,40 +419,43 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
 
 #[test]
 fn unsupported_device_requests_are_one_line() {
-    let (dir, model, text) = cli_fixture();
-    let _ = dir;
-    for (args, expect) in [
-        (vec!["--device", "wgpu", "--dtype", "bf16"], "bf16"),
-        (
-            vec![
-                "--device",
-                "wgpu",
-                "--method",
-                "gradprobe",
-                "--dtype",
-                "f32",
-            ],
-            "GradProbe",
-        ),
-    ] {
-        let mut argv = vec![
-            "prune",
-            "--model",
-            s(&model),
-            "--nsamples",
-            "2",
-            "--seqlen",
-            "16",
-            "--calib-text",
-            s(&text),
-            "--ui",
-            "none",
-        ];
-        if !args.contains(&"--method") {
-            argv.extend(["--method", "wanda"]);
-        }
-        argv.extend(args.iter().copied());
-        let (code, _, stderr) = run_prunemem(&argv);
+    let (_dir, model, text) = cli_fixture();
+    let prune_bf16 = [
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "wanda",
+        "--nsamples",
+        "2",
+        "--seqlen",
+        "16",
+        "--calib-text",
+        s(&text),
+        "--ui",
+        "none",
+        "--device",
+        "wgpu",
+        "--dtype",
+        "bf16",
+    ];
+    let train = [
+        "train",
+        "--model",
+        s(&model),
+        "--text",
+        s(&text),
+        "--steps",
+        "1",
+        "--seqlen",
+        "16",
+        "--ui",
+        "none",
+        "--device",
+        "wgpu",
+    ];
+    for (argv, expect) in [(&prune_bf16[..], "bf16"), (&train[..], "train")] {
+        let (code, _, stderr) = run_prunemem(argv);
         assert_eq!(code, Some(2), "{stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
         assert!(stderr.contains(expect), "{stderr}");

@@ -259,8 +259,15 @@ fn layerwise_gradients_equal_full_autodiff() {
         let p = profiler();
         // Sparsity 1: every weight is a candidate, so the stored maxima are
         // the full max |grad| over the two batches.
-        let mut probe =
-            GradProbe::new(&ckpt, config(1.0, GradPrecision::F32), &wins, 2, &p).unwrap();
+        let mut probe = GradProbe::<Flex>::new(
+            &ckpt,
+            config(1.0, GradPrecision::F32),
+            &wins,
+            2,
+            &p,
+            Default::default(),
+        )
+        .unwrap();
         let (cand, layerwise) = probe.original_magnitudes(&Masks::new()).unwrap();
         let m = ckpt
             .load_model::<Ad>(ComputeDtype::F32, &Default::default())
@@ -330,7 +337,8 @@ fn decisions_equal_full_memory_implementation() {
         let p = profiler();
         let cfg = config(0.3, GradPrecision::F32);
         let (want, orig, modi, tent) = full_memory_gradprobe(&ckpt, &batches_of(&wins, 1), &cfg);
-        let mut probe = GradProbe::new(&ckpt, cfg.clone(), &wins, 1, &p).unwrap();
+        let mut probe =
+            GradProbe::<Flex>::new(&ckpt, cfg.clone(), &wins, 1, &p, Default::default()).unwrap();
         let step = probe.step(&Masks::new()).unwrap();
         let total: usize = tent.values().map(Vec::len).sum();
         assert_eq!(step.tentative as usize, total, "same candidates");
@@ -345,7 +353,8 @@ fn decisions_equal_full_memory_implementation() {
 
         // f16 storage: differences only within its rounding (2^-11).
         let cfg16 = config(0.3, GradPrecision::F16);
-        let mut probe = GradProbe::new(&ckpt, cfg16, &wins, 1, &p).unwrap();
+        let mut probe =
+            GradProbe::<Flex>::new(&ckpt, cfg16, &wins, 1, &p, Default::default()).unwrap();
         let step16 = probe.step(&Masks::new()).unwrap();
         assert_same_decisions(&step16.pruned, &want, &orig, &modi, &tent, 0.5, 1e-3);
     }
@@ -357,7 +366,15 @@ fn written_model_restores_every_other_weight_bit_for_bit() {
     let ckpt = model(&dir.path().join("m"), true);
     let wins = windows(2);
     let p = profiler();
-    let mut probe = GradProbe::new(&ckpt, config(0.3, GradPrecision::F16), &wins, 1, &p).unwrap();
+    let mut probe = GradProbe::<Flex>::new(
+        &ckpt,
+        config(0.3, GradPrecision::F16),
+        &wins,
+        1,
+        &p,
+        Default::default(),
+    )
+    .unwrap();
     let step = probe.step(&Masks::new()).unwrap();
     let targets = probe.targets().to_vec();
     let mut writer = PrunedWriter::create(&ckpt, &dir.path().join("out")).unwrap();

@@ -235,7 +235,11 @@ impl PruneArgs {
             save: self.save.clone(),
             save_format: self.save_format,
             resident: self.resident,
-            dtype: self.run.device.dtype(self.dtype),
+            // GradProbe's gradients are f32 on every device.
+            dtype: match self.method {
+                Method::GradProbe => self.dtype.unwrap_or(ComputeDtype::F32),
+                _ => self.run.device.dtype(self.dtype),
+            },
             batch_size: self.batch_size,
             percdamp: self.percdamp,
             blocksize: self.blocksize,

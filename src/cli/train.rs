@@ -59,9 +59,6 @@ pub struct TrainArgs {
     /// Compute dtype (f32 only for now)
     #[arg(long, default_value = "f32")]
     dtype: ComputeDtype,
-    /// cpu (CUDA needs the GPU engine)
-    #[arg(long, default_value = "cpu")]
-    device: String,
     /// Recompute each decoder layer's activations in the backward
     #[arg(long)]
     checkpointing: bool,
@@ -83,13 +80,6 @@ pub struct TrainArgs {
 
 impl TrainArgs {
     fn job(&self, argv: Vec<String>) -> CliResult<TrainJob> {
-        if self.device != "cpu" {
-            return Err(format!(
-                "--device {}: training runs on the CPU for now (the CUDA engine is not built yet)",
-                self.device
-            )
-            .into());
-        }
         let mut optimizer = OptimizerConfig::new(self.optimizer);
         if let Some(wd) = self.weight_decay {
             optimizer.weight_decay = wd;

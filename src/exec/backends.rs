@@ -22,6 +22,11 @@ pub type Wgpu = burn::backend::Wgpu;
 #[cfg(feature = "cuda")]
 pub type Cuda = burn::backend::Cuda;
 
+#[cfg(feature = "wgpu")]
+impl super::Compute for Wgpu {}
+#[cfg(feature = "cuda")]
+impl super::Compute for Cuda {}
+
 /// A device that was opened, with what its backend needs.
 #[derive(Clone)]
 pub(super) enum Opened {

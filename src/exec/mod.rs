@@ -9,6 +9,7 @@
 //! instantiated once per compiled backend.
 
 pub mod backends;
+mod compute;
 mod spec;
 
 use std::sync::Arc;
@@ -17,6 +18,7 @@ use thiserror::Error;
 
 use crate::memory::{DeviceProbe, HostHeapProbe};
 pub use backends::{Cpu, CpuAutodiff};
+pub use compute::Compute;
 pub use spec::{DeviceSpec, WgpuSelect};
 
 /// Why a device cannot be used.
@@ -67,7 +69,7 @@ impl Reducer for SingleProcess {
 /// holds. `run` is instantiated once per compiled backend.
 pub trait OnDevice {
     type Output;
-    fn run<B: burn::prelude::Backend>(self, device: &B::Device) -> Self::Output;
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output;
 }
 
 /// An opened device: its spec, its probe, a human-readable name (the
@@ -143,10 +145,10 @@ impl Exec {
         self.opened.run(job)
     }
 
-    /// Checks that a compute dtype is supported here (Vulkan has no bf16).
-    pub fn check_dtype(&self, dtype: crate::model::dtype::ComputeDtype) -> Result<(), ExecError> {
-        use crate::model::dtype::ComputeDtype;
-        if matches!(self.spec, DeviceSpec::Wgpu(_)) && dtype == ComputeDtype::Bf16 {
+    /// Checks that a compute dtype (Burn's) is supported here (Vulkan has
+    /// no bf16).
+    pub fn check_dtype(&self, dtype: burn::tensor::DType) -> Result<(), ExecError> {
+        if matches!(self.spec, DeviceSpec::Wgpu(_)) && dtype == burn::tensor::DType::BF16 {
             return Err(ExecError::Unsupported {
                 device: self.spec.to_string(),
                 what: "--dtype bf16".into(),

@@ -1,7 +1,7 @@
 //! The eval job: perplexity of a model on a text, streamed one layer at a
 //! time (or resident), with stage snapshots around it.
 
-use burn::prelude::Backend;
+use crate::exec::Compute;
 use serde_json::json;
 
 use super::config::EvalJob;
@@ -44,7 +44,7 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
         p.message(Level::Warn, w);
     }
     p.stage(stages::START);
-    if let Err(e) = run.exec.check_dtype(job.dtype) {
+    if let Err(e) = run.exec.check_dtype(job.dtype.burn()) {
         return Err(run.fail(e.into()));
     }
     let (windows, _) = text::evaluation(&tok, &job.text, seqlen, job.windows)?;
@@ -84,13 +84,13 @@ struct Evaluate<'a> {
 
 impl OnDevice for Evaluate<'_> {
     type Output = Result<Perplexity, JobError>;
-    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
         evaluate::<B>(self, device)
     }
 }
 
 /// Loads (when resident) and evaluates, between the eval stages.
-fn evaluate<B: Backend>(e: Evaluate<'_>, device: &B::Device) -> Result<Perplexity, JobError> {
+fn evaluate<B: Compute>(e: Evaluate<'_>, device: &B::Device) -> Result<Perplexity, JobError> {
     let Evaluate {
         job,
         ckpt,

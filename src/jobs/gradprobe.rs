@@ -3,6 +3,7 @@
 //! step 6 written from the checkpoint, evaluation streamed from what was
 //! written; stages named as GradProbe's profiling script names them.
 
+use crate::exec::Compute;
 use std::collections::BTreeMap;
 
 use serde_json::{Value, json};
@@ -39,11 +40,12 @@ pub(super) fn plan_settings(job: &PruneJob, s: &mut BTreeMap<String, Value>) {
 }
 
 /// Probes, writes the pruned model and evaluates it.
-pub(super) fn prune_and_eval(
+pub(super) fn prune_and_eval<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
     writer: Option<&mut PrunedWriter>,
     run: &mut Run,
+    device: &B::Device,
 ) -> Result<Pruned, JobError> {
     let Opened { ckpt, tok, seqlen } = opened;
     let g = &job.gradprobe;
@@ -75,7 +77,8 @@ pub(super) fn prune_and_eval(
         include_embeddings: g.include_embeddings,
         precision: g.grad_precision,
     };
-    let mut probe = GradProbe::new(ckpt, config, &calib, job.batch_size(), &p)?;
+    let mut probe =
+        GradProbe::<B>::new(ckpt, config, &calib, job.batch_size(), &p, device.clone())?;
     drop(calib);
     let started = std::time::Instant::now();
     let windows = eval_wins.as_deref().unwrap_or_default();
@@ -102,7 +105,7 @@ pub(super) fn prune_and_eval(
             // evaluation's peak is then its own, not the probe's leftovers.
             crate::memory::alloc::trim();
             p.stage(stages::GP_BEFORE_EVAL);
-            let r = iterate::evaluate(path, wins, &p)?;
+            let r = iterate::evaluate::<B>(path, wins, &p, device)?;
             p.stage(stages::GP_AFTER_EVAL);
             Some(r)
         }
@@ -117,10 +120,10 @@ pub(super) fn prune_and_eval(
 
 /// One GradProbe step, or the engine's iteration: the masks, and the
 /// perplexity the iteration already measured.
-fn probe_masks(
+fn probe_masks<B: Compute>(
     job: &PruneJob,
     ckpt: &crate::model::Checkpoint,
-    probe: &mut GradProbe<'_>,
+    probe: &mut GradProbe<'_, B>,
     windows: &[Vec<u32>],
     run: &mut Run,
 ) -> Result<(Masks, Option<Perplexity>), JobError> {
@@ -151,9 +154,9 @@ struct Written {
     _scratch: Option<crate::prune::gradprobe::Scratch>,
 }
 
-fn write_step6(
+fn write_step6<B: Compute>(
     opened: &Opened,
-    probe: &GradProbe<'_>,
+    probe: &GradProbe<'_, B>,
     masks: &Masks,
     writer: Option<&mut PrunedWriter>,
     needs_eval: bool,

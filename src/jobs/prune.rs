@@ -2,9 +2,9 @@
 //! GradProbe), evaluate, save — with the stage snapshots of the reference
 //! scripts around each step.
 
+use crate::exec::Compute;
 use std::path::PathBuf;
 
-use burn::prelude::Backend;
 use serde_json::{Value, json};
 
 use super::config::PruneJob;
@@ -38,6 +38,8 @@ pub struct Outcome {
     pub logs: Option<PathBuf>,
     /// The model's parameters × 4 bytes.
     pub fp32_model_bytes: u64,
+    /// The device it computed on (`cpu`, `wgpu`, `cuda:0`).
+    pub device: String,
 }
 
 /// The model, its tokenizer and the resolved window length.
@@ -80,16 +82,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     if let Some(w) = capped {
         p.message(Level::Warn, w);
     }
-    if let Err(e) = run.exec.check_dtype(job.dtype) {
-        return Err(run.fail(e.into()));
-    }
-    if job.method == Method::GradProbe && run.exec.is_device() {
-        let e = crate::exec::ExecError::Unsupported {
-            device: run.exec.spec().to_string(),
-            what: "GradProbe".into(),
-            hint: "its gradient passes run on Burn's CPU backend in this release: use --device cpu"
-                .into(),
-        };
+    if let Err(e) = run.exec.check_dtype(job.dtype.burn()) {
         return Err(run.fail(e.into()));
     }
     let exec = run.exec.clone();
@@ -112,16 +105,12 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         stages::SEQUENTIAL_CLOSING
     };
     let opened = Opened { ckpt, tok, seqlen };
-    let pruned = if gradprobe {
-        super::gradprobe::prune_and_eval(job, &opened, writer.as_mut(), &mut run)
-    } else {
-        exec.run(Sequential {
-            job,
-            opened: &opened,
-            writer: writer.as_mut(),
-            run: &mut run,
-        })
-    };
+    let pruned = exec.run(Sequential {
+        job,
+        opened: &opened,
+        writer: writer.as_mut(),
+        run: &mut run,
+    });
     let pruned = match pruned {
         Ok(o) => o,
         Err(e) => return Err(run.fail(e)),
@@ -152,6 +141,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         run.result("save_format", json!(job.save_format));
     }
     p.stage(closing[2]);
+    let device = run.exec.spec().to_string();
     let (summary, sink_errors) = run.finish(RunStatus::Ok);
     let logs = match (asked_logs, &saved) {
         (Some(l), _) => Some(l),
@@ -168,6 +158,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         compressed,
         logs,
         fp32_model_bytes: opened.ckpt.config.param_count() * 4,
+        device,
     })
 }
 
@@ -253,8 +244,8 @@ pub(super) fn eval_results(run: &mut Run, r: &Perplexity) {
     run.result("eval_seconds", r.seconds);
 }
 
-/// The sequential methods' device part: [`prune_and_eval`] on the run's
-/// backend.
+/// A prune's device part on the run's backend: GradProbe's, or
+/// [`prune_and_eval`] for the layer-by-layer methods.
 struct Sequential<'a, 'w> {
     job: &'a PruneJob,
     opened: &'a Opened,
@@ -264,8 +255,17 @@ struct Sequential<'a, 'w> {
 
 impl OnDevice for Sequential<'_, '_> {
     type Output = Result<Pruned, JobError>;
-    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
-        prune_and_eval::<B>(self.job, self.opened, self.writer, self.run, device)
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        match self.job.method {
+            Method::GradProbe => super::gradprobe::prune_and_eval::<B>(
+                self.job,
+                self.opened,
+                self.writer,
+                self.run,
+                device,
+            ),
+            _ => prune_and_eval::<B>(self.job, self.opened, self.writer, self.run, device),
+        }
     }
 }
 
@@ -280,7 +280,7 @@ struct DenseEval<'a> {
 
 impl OnDevice for DenseEval<'_> {
     type Output = Result<(), JobError>;
-    fn run<B: Backend>(self, device: &B::Device) -> Self::Output {
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
         dense_eval::<B>(self.job, self.ckpt, self.tok, self.seqlen, self.run, device)
     }
 }
@@ -288,7 +288,7 @@ impl OnDevice for DenseEval<'_> {
 /// Magnitude, Wanda, SparseGPT, RIA (with OWL and DSnoT): the
 /// layer-by-layer engine, then the evaluation streamed from what was written
 /// (or from the resident model).
-fn prune_and_eval<B: Backend>(
+fn prune_and_eval<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
     mut writer: Option<&mut PrunedWriter>,
@@ -406,7 +406,7 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
 }
 
 /// The pruned model's perplexity, between the eval stages.
-fn evaluate<B: Backend>(
+fn evaluate<B: Compute>(
     job: &PruneJob,
     weights: Weights<'_, B>,
     windows: &[Vec<u32>],
@@ -425,7 +425,7 @@ fn evaluate<B: Backend>(
 
 /// Perplexity of `windows` with the job's batch size and dtype, inside the
 /// profiler scope `scope`.
-fn scoped_perplexity<B: Backend>(
+fn scoped_perplexity<B: Compute>(
     job: &PruneJob,
     weights: Weights<'_, B>,
     windows: &[Vec<u32>],
@@ -451,7 +451,7 @@ fn scoped_perplexity<B: Backend>(
 /// windows, streamed from the checkpoint, before the run's first stage (its
 /// windows are made again for the pruned model; only one set is held at a
 /// time).
-fn dense_eval<B: Backend>(
+fn dense_eval<B: Compute>(
     job: &PruneJob,
     ckpt: &Checkpoint,
     tok: &Tokenizer,
@@ -515,6 +515,9 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "sparsity_target": job.sparsity, "sparsity": o.prune.sparsity(),
         "prune_seconds": o.prune.seconds, "wall_seconds": s.wall_s,
         "rss_peak": s.rss_peak, "heap_peak": s.heap_peak,
+        "device": o.device, "dtype": job.dtype.name(),
+        // On a device: cubecl's pool (bytes in use); on the CPU: the heap.
+        "device_peak": s.device_peak,
         "perplexity": o.perplexity.as_ref().map(|p| p.perplexity),
         "eval_windows": o.perplexity.as_ref().map(|p| p.windows),
         "eval_seconds": o.perplexity.as_ref().map(|p| p.seconds),

@@ -3,26 +3,29 @@
 //!
 //! On Burn's CPU (flex) backend a contiguous tensor that is not shared moves
 //! to a `Vec<f32>` and back without a copy, and a linear's weight can be read
-//! in place through its storage and strides. The model's forward
-//! (`model::llama`) asks [`is_f32`] and takes the kernels through these
-//! helpers; autodiff, GPU and f16/bf16 keep Burn's ops.
+//! in place through its storage and strides. The CPU backend's
+//! [`Compute`] implementation lives here: the model's forward
+//! (`model::llama`) asks its backend ([`Compute::fused`]) and takes the
+//! kernels through these helpers; autodiff, GPU and f16/bf16 keep Burn's
+//! ops.
 
-use burn::backend::Flex;
 use burn::nn::Linear;
 use burn::prelude::*;
 use burn::tensor::{DType, TensorPrimitive};
 
 use super::{cpu_attention, matmul};
+use crate::exec::{Compute, Cpu};
 
-/// True on Burn's CPU backend, whose attention the hand-written kernel
-/// replaces (autodiff and GPU backends keep Burn's op).
-pub fn is_cpu<B: Backend>() -> bool {
-    std::any::TypeId::of::<B>() == std::any::TypeId::of::<Flex>()
-}
-
-/// True when `t` takes the fused kernels: f32 on Burn's CPU backend.
-pub fn is_f32<B: Backend, const D: usize>(t: &Tensor<B, D>) -> bool {
-    is_cpu::<B>() && t.dtype() == DType::F32
+impl Compute for Cpu {
+    fn fused<const D: usize>(t: &Tensor<Self, D>) -> bool {
+        t.dtype() == DType::F32
+    }
+    fn host_attention() -> bool {
+        true
+    }
+    fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        cpu_linear(linear, x)
+    }
 }
 
 /// The values of a float tensor as f32 (no copy when it is f32 and not
@@ -46,20 +49,18 @@ pub fn tensor<B: Backend, const D: usize>(
     Tensor::from_data(TensorData::new(v, dims), (device, DType::F32))
 }
 
-/// A linear layer's forward. On Burn's CPU backend in f32 without bias it is
-/// [`matmul::sgemm`] over all `batch · seq` rows on the tensors' own storage
-/// (pruned weights are transposed views: read through their strides).
-pub fn linear<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+/// A linear layer's forward on Burn's CPU backend. In f32 without bias it
+/// is [`matmul::sgemm`] over all `batch · seq` rows on the tensors' own
+/// storage (pruned weights are transposed views: read through their
+/// strides); otherwise Burn's op.
+fn cpu_linear(linear: &Linear<Cpu>, x: Tensor<Cpu, 3>) -> Tensor<Cpu, 3> {
     let weight = linear.weight.val();
-    if linear.bias.is_some() || !is_f32(&x) || weight.dtype() != DType::F32 {
+    if linear.bias.is_some() || x.dtype() != DType::F32 || weight.dtype() != DType::F32 {
         return linear.forward(x);
     }
     let ([b, s, k], n, device) = (x.dims(), weight.dims()[1], x.device());
-    let (Some(x), Some(w)) = (as_flex(x), as_flex(weight)) else {
-        unreachable!("is_f32 holds only on Burn's CPU backend");
-    };
     let (TensorPrimitive::Float(x), TensorPrimitive::Float(w)) =
-        (x.into_primitive(), w.into_primitive())
+        (x.into_primitive(), weight.into_primitive())
     else {
         unreachable!("f32 tensors are not quantized");
     };
@@ -90,12 +91,6 @@ fn strided(t: &burn_flex::FlexTensor, rows: usize, cols: usize) -> matmul::MatRe
         rs,
         cs,
     }
-}
-
-/// The same tensor typed for Burn's CPU backend, when `B` is that backend.
-fn as_flex<B: Backend, const D: usize>(t: Tensor<B, D>) -> Option<Tensor<Flex, D>> {
-    let any: Box<dyn std::any::Any> = Box::new(t);
-    any.downcast::<Tensor<Flex, D>>().ok().map(|t| *t)
 }
 
 /// Runs [`cpu_attention::attention`] on host copies of `q`, `k`, `v`

@@ -20,6 +20,7 @@ use burn::tensor::{DType, FloatDType};
 
 use super::config::{LlamaConfig, RopeScaling};
 use super::{cpu_attention, cpu_ops, host};
+use crate::exec::Compute;
 
 /// RMS normalisation, computed in f32 whatever the model dtype (as
 /// transformers' `LlamaRMSNorm` does).
@@ -36,9 +37,11 @@ impl<B: Backend> LlamaRmsNorm<B> {
             eps,
         }
     }
+}
 
+impl<B: Compute> LlamaRmsNorm<B> {
     pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        if host::is_f32(&x) {
+        if B::fused(&x) {
             let (dims, device) = (x.dims(), x.device());
             let w = host::values(self.weight.val());
             let out = cpu_ops::rms_norm(&host::values(x), &w, self.eps);
@@ -136,7 +139,7 @@ pub struct Rope<B: Backend> {
     host: Arc<(Vec<f32>, Vec<f32>)>,
 }
 
-impl<B: Backend> Rope<B> {
+impl<B: Compute> Rope<B> {
     /// Tables for positions `0..seq`, computed in f32 like transformers'
     /// `LlamaRotaryEmbedding`, then cast to `dtype`.
     pub fn new(config: &LlamaConfig, seq: usize, dtype: DType, device: &B::Device) -> Self {
@@ -204,7 +207,7 @@ impl<B: Backend> Rope<B> {
     /// projections produce, contiguous, so every op here is dense).
     pub fn apply(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let [b, s, n, d] = x.dims();
-        if host::is_f32(&x) {
+        if B::fused(&x) {
             let device = x.device();
             let mut v = host::values(x);
             cpu_ops::rope_in_place(&mut v, &self.host.0, &self.host.1, s, n, d);
@@ -280,7 +283,7 @@ pub struct LlamaAttention<B: Backend> {
     pub sliding_window: usize,
 }
 
-impl<B: Backend> LlamaAttention<B> {
+impl<B: Compute> LlamaAttention<B> {
     fn repeat_kv(&self, x: Tensor<B, 4>) -> Tensor<B, 4> {
         let rep = self.num_heads / self.num_kv_heads;
         if rep == 1 {
@@ -308,7 +311,7 @@ impl<B: Backend> LlamaAttention<B> {
         let attention_span = timing::work(Work::Attention);
         let window =
             (self.sliding_window > 0 && s > self.sliding_window).then_some(self.sliding_window);
-        let out = if host::is_cpu::<B>() {
+        let out = if B::host_attention() {
             let shape = cpu_attention::AttentionShape {
                 batch: b,
                 seq: s,
@@ -332,11 +335,11 @@ impl<B: Backend> LlamaAttention<B> {
     }
 }
 
-/// A linear layer's forward, timed as a matrix product (on Burn's CPU
-/// backend in f32, [`host::linear`]).
-fn gemm<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+/// A linear layer's forward, timed as a matrix product (the backend's:
+/// one GEMM over all rows on the CPU backend in f32).
+fn gemm<B: Compute>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let _span = timing::work(Work::Gemm);
-    host::linear(linear, x)
+    <B as Compute>::linear(linear, x)
 }
 
 /// Burn's attention op run on chunks of the (batch x head) dimension on
@@ -398,14 +401,14 @@ pub struct LlamaMlp<B: Backend> {
     pub down_proj: Linear<B>,
 }
 
-impl<B: Backend> LlamaMlp<B> {
+impl<B: Compute> LlamaMlp<B> {
     pub fn forward(
         &self,
         x: Tensor<B, 3>,
         trace: &mut dyn FnMut(LinearInput, &Tensor<B, 3>),
     ) -> Tensor<B, 3> {
         let (gate, up) = (gemm(&self.gate_proj, x.clone()), gemm(&self.up_proj, x));
-        let h = if host::is_f32(&gate) {
+        let h = if B::fused(&gate) {
             let (dims, device) = (gate.dims(), gate.device());
             let mut g = host::values(gate);
             cpu_ops::swiglu_in_place(&mut g, &host::values(up));
@@ -427,7 +430,7 @@ pub struct DecoderLayer<B: Backend> {
     pub post_attention_layernorm: LlamaRmsNorm<B>,
 }
 
-impl<B: Backend> DecoderLayer<B> {
+impl<B: Compute> DecoderLayer<B> {
     pub fn forward(&self, x: Tensor<B, 3>, rope: &Rope<B>) -> Tensor<B, 3> {
         self.forward_traced(x, rope, &mut |_, _| {})
     }
@@ -499,7 +502,7 @@ pub enum Head<'a, B: Backend> {
     Tied(&'a Embedding<B>),
 }
 
-impl<B: Backend> Head<'_, B> {
+impl<B: Compute> Head<'_, B> {
     /// Logits for hidden states `[n, hidden]` → `[n, vocab]`.
     pub fn logits(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
         let _span = timing::work(Work::Gemm);
@@ -510,7 +513,7 @@ impl<B: Backend> Head<'_, B> {
     }
 }
 
-impl<B: Backend> Llama<B> {
+impl<B: Compute> Llama<B> {
     pub fn head(&self) -> Head<'_, B> {
         match &self.lm_head {
             Some(l) => Head::Linear(l),

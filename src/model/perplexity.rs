@@ -8,6 +8,7 @@
 //! the checkpoint, so only one layer is ever resident. Logits are computed in
 //! row chunks so a large vocabulary never materialises `[batch, seq, vocab]`.
 
+use crate::exec::Compute;
 use std::time::Instant;
 
 use crate::timing::{self, Work};
@@ -20,7 +21,7 @@ use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rop
 use crate::profiler::Profiler;
 
 /// Where the weights come from.
-pub enum Weights<'a, B: Backend> {
+pub enum Weights<'a, B: Compute> {
     Resident(&'a Llama<B>, &'a LlamaConfig),
     Streamed(&'a Checkpoint),
 }
@@ -44,7 +45,7 @@ pub struct Perplexity {
 }
 
 /// Token ids `[batch, seq]` as a Burn int tensor.
-pub fn token_tensor<B: Backend>(windows: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
+pub fn token_tensor<B: Compute>(windows: &[Vec<u32>], device: &B::Device) -> Tensor<B, 2, Int> {
     let s = windows.first().map_or(0, Vec::len);
     let ids: Vec<i64> = windows.iter().flatten().map(|t| *t as i64).collect();
     Tensor::from_data(TensorData::new(ids, [windows.len(), s]), device)
@@ -57,7 +58,7 @@ fn chunk_rows(vocab: usize) -> usize {
 
 /// Sum of next-token negative log-likelihoods per window, given final
 /// normed hidden states `h` `[b, s, d]` and the windows' tokens.
-pub fn window_nll<B: Backend>(
+pub fn window_nll<B: Compute>(
     h: Tensor<B, 3>,
     windows: &[Vec<u32>],
     head: &Head<'_, B>,
@@ -90,7 +91,7 @@ pub fn window_nll<B: Backend>(
 }
 
 /// Perplexity of `windows` (all of one length).
-pub fn perplexity<B: Backend>(
+pub fn perplexity<B: Compute>(
     weights: Weights<'_, B>,
     windows: &[Vec<u32>],
     options: &EvalOptions,
@@ -180,7 +181,7 @@ pub fn perplexity<B: Backend>(
 
 /// Perplexity of the model folder `dir`, streamed one layer at a time,
 /// inside an `eval` scope.
-pub fn of_folder<B: Backend>(
+pub fn of_folder<B: Compute>(
     dir: &std::path::Path,
     windows: &[Vec<u32>],
     options: &EvalOptions,

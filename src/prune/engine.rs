@@ -13,6 +13,7 @@
 //! `layer_NN_stats` and `layer_NN_pruned` inside a `layer_NN` scope,
 //! `04_after_pruning`.
 
+use crate::exec::Compute;
 use std::collections::BTreeMap;
 use std::time::Instant;
 
@@ -167,7 +168,7 @@ impl PruneOutcome {
 }
 
 /// Where the layers live while pruning.
-pub enum Source<'a, B: Backend> {
+pub enum Source<'a, B: Compute> {
     /// Read one layer at a time from the mapped checkpoint.
     Streamed,
     /// The whole model, loaded; pruned in place.
@@ -187,7 +188,7 @@ fn needs(config: &PruneConfig) -> Option<Needs> {
 
 /// Hidden states of the calibration windows after the embedding, in
 /// batches of `batch_size` windows.
-pub fn embed_windows<B: Backend>(
+pub fn embed_windows<B: Compute>(
     ckpt: &Checkpoint,
     source: &Source<'_, B>,
     windows: &[Vec<u32>],
@@ -211,7 +212,7 @@ pub fn embed_windows<B: Backend>(
 
 /// Prunes every decoder layer of `ckpt` (or of the resident model), writing
 /// pruned layers to `writer` when given.
-pub fn prune<B: Backend>(
+pub fn prune<B: Compute>(
     ckpt: &Checkpoint,
     mut source: Source<'_, B>,
     config: &PruneConfig,
@@ -272,7 +273,7 @@ pub fn prune<B: Backend>(
 }
 
 /// What every layer of one pruning run shares.
-struct LayerPass<'a, B: Backend> {
+struct LayerPass<'a, B: Compute> {
     ckpt: &'a Checkpoint,
     config: &'a PruneConfig,
     device: &'a B::Device,
@@ -285,7 +286,7 @@ struct LayerPass<'a, B: Backend> {
     streamed: bool,
 }
 
-impl<B: Backend> LayerPass<'_, B> {
+impl<B: Compute> LayerPass<'_, B> {
     /// Layer `i`: statistics pass, pruning, output pass (in place in
     /// `inps`), the rest of its tensors copied to the writer.
     fn layer(

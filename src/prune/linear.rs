@@ -2,6 +2,7 @@
 //! orientation, the method's metric and mask (or SparseGPT's sweep, or
 //! DSnoT's refinement), the write, and the weight put back into the layer.
 
+use crate::exec::Compute;
 use burn::module::Param;
 use burn::prelude::*;
 
@@ -19,7 +20,7 @@ use crate::model::{Checkpoint, ComputeDtype};
 use crate::timing::{self, Work};
 
 /// Where a layer's linears come from and go.
-pub(super) struct LayerTarget<'a, B: Backend> {
+pub(super) struct LayerTarget<'a, B: Compute> {
     pub ckpt: &'a Checkpoint,
     pub index: usize,
     pub config: &'a PruneConfig,
@@ -28,7 +29,7 @@ pub(super) struct LayerTarget<'a, B: Backend> {
 
 /// Prunes a layer's seven linears, input group by input group (each
 /// group's statistics are finished, used and dropped in turn).
-pub(super) fn prune_linears<B: Backend>(
+pub(super) fn prune_linears<B: Compute>(
     layer: &mut DecoderLayer<B>,
     t: &LayerTarget<'_, B>,
     mut stats: Option<LayerStats<B>>,
@@ -70,7 +71,7 @@ pub(super) fn prune_linears<B: Backend>(
 }
 
 /// The weight of a linear as host f32 in PyTorch orientation `[out, in]`.
-pub fn weight_out_in<B: Backend>(layer: &DecoderLayer<B>, name: &str) -> (Vec<f32>, usize, usize) {
+pub fn weight_out_in<B: Compute>(layer: &DecoderLayer<B>, name: &str) -> (Vec<f32>, usize, usize) {
     let Some(lin) = layer.linear(name) else {
         return (Vec::new(), 0, 0);
     };
@@ -84,7 +85,7 @@ pub fn weight_out_in<B: Backend>(layer: &DecoderLayer<B>, name: &str) -> (Vec<f3
 }
 
 /// Replaces a linear's weight with `values` (`[out, in]`).
-pub fn set_weight<B: Backend>(
+pub fn set_weight<B: Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
     values: Vec<f32>,
@@ -101,7 +102,7 @@ pub fn set_weight<B: Backend>(
 }
 
 #[allow(clippy::too_many_arguments)]
-fn prune_linear<B: Backend>(
+fn prune_linear<B: Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
     full_name: &str,

@@ -11,7 +11,7 @@
 //! every layer's ratio equal (their code divides by zero) every layer keeps
 //! the target.
 
-use burn::prelude::*;
+use crate::exec::Compute;
 
 use super::PruneError;
 use super::engine::{PruneConfig, Source, embed_windows, weight_out_in};
@@ -92,7 +92,7 @@ pub fn layer_sparsities(ratios: &[f64], sparsity: f64, lambda: f64) -> (Vec<f64>
 /// The dense pass: each layer's outlier ratio, layer by layer (streamed or
 /// resident), the calibration activations carried through the unpruned
 /// layers.
-pub fn outlier_pass<B: Backend>(
+pub fn outlier_pass<B: Compute>(
     ckpt: &Checkpoint,
     source: &Source<'_, B>,
     config: &PruneConfig,

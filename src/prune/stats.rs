@@ -16,6 +16,7 @@
 //! division by N happens once at the end (the reference folds it into a
 //! running mean, which is the same quantity up to rounding).
 
+use crate::exec::Compute;
 use std::collections::HashMap;
 
 use burn::prelude::*;
@@ -49,7 +50,7 @@ impl Needs {
 
 /// Running sums of one input.
 #[derive(Default)]
-struct Acc<B: Backend> {
+struct Acc<B: Compute> {
     norms: Option<Tensor<B, 1>>,
     hessian: Option<Tensor<B, 2>>,
     /// `Σ x` over every token.
@@ -59,7 +60,7 @@ struct Acc<B: Backend> {
 }
 
 /// Accumulators for one decoder layer.
-pub struct LayerStats<B: Backend> {
+pub struct LayerStats<B: Compute> {
     needs: Needs,
     acc: HashMap<LinearInput, Acc<B>>,
 }
@@ -88,7 +89,7 @@ pub(crate) const SQUARE_CHUNK_ELEMS: usize = 1 << 20;
 /// `Σ_rows x²` per column of `x` (`[rows, d]`), a slab of rows at a time:
 /// squaring the whole batch at once would hold a second copy of the
 /// widest input (`tokens × intermediate`) at the layer's peak.
-fn column_square_sums<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 1> {
+fn column_square_sums<B: Compute>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     let [rows, d] = x.dims();
     let step = (SQUARE_CHUNK_ELEMS / d.max(1)).max(1);
     let mut sum: Option<Tensor<B, 2>> = None;
@@ -108,7 +109,7 @@ fn column_square_sums<B: Backend>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     }
 }
 
-fn add<B: Backend, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, D>) {
+fn add<B: Compute, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, D>) {
     *acc = Some(match acc.take() {
         Some(a) => a + t,
         None => t,
@@ -116,15 +117,15 @@ fn add<B: Backend, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, 
 }
 
 /// Bytes of an f32 vector accumulator (0 when not collected).
-fn f32_bytes<B: Backend>(t: &Option<Tensor<B, 1>>) -> u64 {
+fn f32_bytes<B: Compute>(t: &Option<Tensor<B, 1>>) -> u64 {
     t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4)
 }
 
-fn host<B: Backend, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
+fn host<B: Compute, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
     t?.mul_scalar(scale).into_data().into_vec().ok()
 }
 
-impl<B: Backend> LayerStats<B> {
+impl<B: Compute> LayerStats<B> {
     pub fn new(needs: Needs) -> Self {
         Self {
             needs,

@@ -6,7 +6,7 @@
 //! `dh = dlogits · W` and hands the head-weight gradient of the block to the
 //! caller at the candidate positions only.
 
-use crate::exec::Cpu;
+use crate::exec::Compute;
 use burn::prelude::*;
 
 /// Where the head-weight gradient goes: the sorted candidate positions and
@@ -17,12 +17,12 @@ pub type WeightGrad<'a> = Option<(&'a [u32], &'a mut dyn FnMut(usize, f32))>;
 /// `[V, d]`; returns `dL/dh` and the loss. `weight_grad`, when given, is
 /// called with `(candidate index, dL/dW at that position)` for each sorted
 /// flat position of `W`.
-pub fn head_backward(
-    h: Tensor<Cpu, 2>,
-    w: &Tensor<Cpu, 2>,
+pub fn head_backward<B: Compute>(
+    h: Tensor<B, 2>,
+    w: &Tensor<B, 2>,
     targets: &[u32],
     mut weight_grad: WeightGrad<'_>,
-) -> (Tensor<Cpu, 2>, f64) {
+) -> (Tensor<B, 2>, f64) {
     let [t, d] = h.dims();
     let [v, _] = w.dims();
     // Blocks of at most 4 Mi logits and 2 Mi head weights (16 and 8 MiB f32):
@@ -30,7 +30,7 @@ pub fn head_backward(
     let block = ((1usize << 22) / t.max(1))
         .min((1usize << 21) / d.max(1))
         .clamp(1, v.max(1));
-    let host = |x: Tensor<Cpu, 2>| -> Vec<f32> { x.into_data().into_vec().unwrap_or_default() };
+    let host = |x: Tensor<B, 2>| -> Vec<f32> { x.into_data().into_vec().unwrap_or_default() };
     let logits = |v0: usize, v1: usize| {
         let wb = w.clone().slice([v0..v1, 0..d]);
         (host(h.clone().matmul(wb.clone().transpose())), wb)
@@ -64,7 +64,7 @@ pub fn head_backward(
 
     let device = h.device();
     let scale = 1.0 / t.max(1) as f32;
-    let mut dh = Tensor::<Cpu, 2>::zeros([t, d], &device);
+    let mut dh = Tensor::<B, 2>::zeros([t, d], &device);
     let mut cursor = 0usize;
     for v0 in (0..v).step_by(block) {
         let v1 = (v0 + block).min(v);
@@ -80,7 +80,7 @@ pub fn head_backward(
                 row[tg - v0] -= scale;
             }
         }
-        let dlogits = Tensor::<Cpu, 2>::from_data(TensorData::new(l, [t, nb]), &device);
+        let dlogits = Tensor::<B, 2>::from_data(TensorData::new(l, [t, nb]), &device);
         dh = dh + dlogits.clone().matmul(wb);
         if let Some((positions, sink)) = weight_grad.as_mut() {
             let end = (v1 * d) as u32;

@@ -3,7 +3,7 @@
 //! earlier steps' pruning applied, and keep the best step whose perplexity
 //! stays within a budget of the dense model's.
 
-use crate::exec::Cpu;
+use crate::exec::Compute;
 use serde::Serialize;
 
 use super::{GradProbe, Masks, scratch_model, select};
@@ -47,29 +47,26 @@ pub struct Iteration {
 }
 
 /// Streams the model folder `dir` through `windows`.
-pub fn evaluate(
+pub fn evaluate<B: Compute>(
     dir: &std::path::Path,
     windows: &[Vec<u32>],
     profiler: &Profiler,
+    device: &B::Device,
 ) -> Result<Perplexity, PruneError> {
     let options = EvalOptions {
         batch_size: 8,
         dtype: crate::model::ComputeDtype::F32,
     };
-    Ok(perplexity::of_folder::<Cpu>(
-        dir,
-        windows,
-        &options,
-        &Default::default(),
-        profiler,
+    Ok(perplexity::of_folder::<B>(
+        dir, windows, &options, device, profiler,
     )?)
 }
 
 /// One step at `target`: probes the model with `masks` applied, adds what
 /// it prunes to `masks`, and evaluates the result.
-fn step(
+fn step<B: Compute>(
     ckpt: &Checkpoint,
-    probe: &mut GradProbe<'_>,
+    probe: &mut GradProbe<'_, B>,
     masks: &mut Masks,
     windows: &[Vec<u32>],
     target: f64,
@@ -84,7 +81,7 @@ fn step(
     }
     let scratch = scratch_model(ckpt, probe.targets(), masks)?;
     let sparsity = scratch.sparsity();
-    let ppl = evaluate(&scratch.path, windows, p)?;
+    let ppl = evaluate::<B>(&scratch.path, windows, p, probe.device())?;
     p.message(
         Level::Info,
         format!(
@@ -110,14 +107,14 @@ fn step(
 /// Runs the schedule: stops when sparsity has not risen for two steps or
 /// perplexity exceeds the dense one by more than the budget; returns the
 /// best valid masks and their perplexity.
-pub fn run(
+pub fn run<B: Compute>(
     ckpt: &Checkpoint,
-    probe: &mut GradProbe<'_>,
+    probe: &mut GradProbe<'_, B>,
     windows: &[Vec<u32>],
     schedule: Schedule,
 ) -> Result<Iteration, PruneError> {
     let p = probe.profiler;
-    let dense = evaluate(&ckpt.dir, windows, p)?;
+    let dense = evaluate::<B>(&ckpt.dir, windows, p, probe.device())?;
     p.message(
         Level::Info,
         format!("dense perplexity {:.4}", dense.perplexity),

@@ -24,6 +24,7 @@ mod phases;
 pub mod select;
 mod write;
 
+use crate::exec::Compute;
 use std::collections::BTreeMap;
 
 use pass::{Batch, Norms, State, Which};
@@ -120,8 +121,10 @@ impl StepOutcome {
     }
 }
 
-/// A GradProbe run over one checkpoint and one set of calibration batches.
-pub struct GradProbe<'a> {
+/// A GradProbe run over one checkpoint and one set of calibration batches,
+/// on one backend's device.
+pub struct GradProbe<'a, B: Compute> {
+    device: B::Device,
     ckpt: &'a Checkpoint,
     config: GradProbeConfig,
     batches: Vec<Batch>,
@@ -132,7 +135,7 @@ pub struct GradProbe<'a> {
     profiler: &'a Profiler,
 }
 
-impl<'a> GradProbe<'a> {
+impl<'a, B: Compute> GradProbe<'a, B> {
     /// `windows` hold `seqlen + 1` tokens each (inputs and shifted targets),
     /// grouped `batch_size` to a batch.
     pub fn new(
@@ -141,6 +144,7 @@ impl<'a> GradProbe<'a> {
         windows: &[Vec<u32>],
         batch_size: usize,
         profiler: &'a Profiler,
+        device: B::Device,
     ) -> Result<Self, PruneError> {
         if windows.is_empty() || windows.iter().any(|w| w.len() < 2) {
             return Err(PruneError::Invalid(
@@ -155,6 +159,7 @@ impl<'a> GradProbe<'a> {
         let batches = windows.chunks(batch_size.max(1)).map(Batch::new).collect();
         let targets = targets(ckpt, config.include_embeddings);
         Ok(Self {
+            device,
             ckpt,
             config,
             batches,
@@ -162,6 +167,11 @@ impl<'a> GradProbe<'a> {
             norms: None,
             profiler,
         })
+    }
+
+    /// The device the probe computes on.
+    pub fn device(&self) -> &B::Device {
+        &self.device
     }
 
     /// The target sparsity of the next step (`--iterative` raises it).
@@ -227,8 +237,9 @@ impl<'a> GradProbe<'a> {
         State::new(pruned.clone(), self.norms.take(), precision)
     }
 
-    fn input(&self) -> pass::Input<'_> {
+    fn input(&self) -> pass::Input<'_, B> {
         pass::Input {
+            device: &self.device,
             ckpt: self.ckpt,
             config: &self.config,
             batches: &self.batches,

@@ -15,9 +15,9 @@
 //! loads every tensor with its candidates × reduction factor and decides a
 //! layer as soon as its maxima are final.
 
+use crate::exec::Compute;
 use std::collections::{BTreeMap, HashMap};
 
-use crate::exec::Cpu;
 use burn::prelude::*;
 
 use super::phases::Pass;
@@ -53,7 +53,7 @@ pub struct Norms {
     pub(super) head: Vec<f32>,
 }
 
-pub(super) fn fold_norms(acc: &mut Vec<f32>, x: &Tensor<Cpu, 3>) {
+pub(super) fn fold_norms<B: Compute>(acc: &mut Vec<f32>, x: &Tensor<B, 3>) {
     let c = x.dims()[2];
     let n: Vec<f32> = x
         .clone()
@@ -89,7 +89,9 @@ pub enum Which {
 }
 
 /// What a pass reads.
-pub struct Input<'a> {
+pub struct Input<'a, B: Compute> {
+    /// The device the pass computes on.
+    pub device: &'a B::Device,
     pub ckpt: &'a Checkpoint,
     pub config: &'a GradProbeConfig,
     pub batches: &'a [Batch],
@@ -177,7 +179,11 @@ impl State {
 }
 
 /// Runs one pass; returns the mean calibration loss.
-pub fn run(input: Input<'_>, state: &mut State, which: Which) -> Result<f64, PruneError> {
+pub fn run<B: Compute>(
+    input: Input<'_, B>,
+    state: &mut State,
+    which: Which,
+) -> Result<f64, PruneError> {
     let pass = Pass::new(input, which);
     let mut boundaries = pass.forward(state)?;
     let last = boundaries.pop().unwrap_or_default();

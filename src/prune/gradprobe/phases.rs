@@ -3,9 +3,10 @@
 //! head and loss by hand; the layers again, last to first, under autodiff;
 //! the embedding gradient last.
 
+use crate::exec::Compute;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 
-use crate::exec::{Cpu, CpuAutodiff};
+use burn::backend::Autodiff;
 use burn::module::{AutodiffModule, Param};
 use burn::prelude::*;
 
@@ -19,23 +20,22 @@ use crate::model::{ComputeDtype, Rope};
 use crate::prune::PruneError;
 use crate::prune::engine::{set_weight, weight_out_in};
 
-type Ad = CpuAutodiff;
+type Ad<B> = Autodiff<B>;
 const DTYPE: ComputeDtype = ComputeDtype::F32;
 
 /// One pass's fixed context.
-pub(super) struct Pass<'a> {
-    input: Input<'a>,
+pub(super) struct Pass<'a, B: Compute> {
+    input: Input<'a, B>,
     which: Which,
     tag: &'static str,
     probed: BTreeSet<&'a str>,
     seqlen: usize,
-    device: burn::tensor::Device<Cpu>,
 }
 
 /// What the head phase leaves for the later phases.
-pub(super) struct HeadOut {
+pub(super) struct HeadOut<B: Compute> {
     /// Gradient w.r.t. each batch's current boundary activations.
-    pub grads: Vec<Tensor<Cpu, 3>>,
+    pub grads: Vec<Tensor<B, 3>>,
     /// Tied and probed: head gradients at candidates whose row the batch
     /// also looks up, added to the lookup gradient before `|·|`.
     deferred: Vec<HashMap<usize, f32>>,
@@ -48,8 +48,8 @@ pub(super) struct HeadOut {
     loss: f64,
 }
 
-impl<'a> Pass<'a> {
-    pub fn new(input: Input<'a>, which: Which) -> Self {
+impl<'a, B: Compute> Pass<'a, B> {
+    pub fn new(input: Input<'a, B>, which: Which) -> Self {
         let probed = input.targets.iter().map(|t| t.name.as_str()).collect();
         let seqlen = input.batches.first().map_or(1, |b| b.inputs[0].len());
         let tag = match which {
@@ -62,7 +62,6 @@ impl<'a> Pass<'a> {
             tag,
             probed,
             seqlen,
-            device: Default::default(),
         }
     }
 
@@ -74,7 +73,7 @@ impl<'a> Pass<'a> {
 
     /// Embeds every batch (tentative candidates of a probed embedding were
     /// chosen in the original pass, so the modified pass reduces them here).
-    fn embed(&self, state: &State) -> Result<Vec<Tensor<Cpu, 3>>, PruneError> {
+    fn embed(&self, state: &State) -> Result<Vec<Tensor<B, 3>>, PruneError> {
         let Input { ckpt, config, .. } = self.input;
         let mut embed_w = ckpt.read_f32(EMBED)?;
         state.prepare(self.which, EMBED, &mut embed_w, config.reduction_factor);
@@ -96,17 +95,17 @@ impl<'a> Pass<'a> {
             .iter()
             .map(|b| {
                 let (n, s) = (b.inputs.len(), b.inputs[0].len());
-                Tensor::from_data(TensorData::new(rows(b), [n, s, d]), &self.device)
+                Tensor::from_data(TensorData::new(rows(b), [n, s, d]), self.input.device)
             })
             .collect())
     }
 
     /// Embedding and every layer forward; returns the boundaries `x_0 … x_L`
     /// (and, for the Wanda strategy's first pass, the activation norms).
-    pub fn forward(&self, state: &mut State) -> Result<Vec<Vec<Tensor<Cpu, 3>>>, PruneError> {
+    pub fn forward(&self, state: &mut State) -> Result<Vec<Vec<Tensor<B, 3>>>, PruneError> {
         let Input { ckpt, config, .. } = self.input;
         let c = &ckpt.config;
-        let rope = Rope::<Cpu>::new(c, self.seqlen, DTYPE.burn(), &self.device);
+        let rope = Rope::<B>::new(c, self.seqlen, DTYPE.burn(), self.input.device);
         let collect_norms = self.which == Which::Original
             && config.strategy == select::Strategy::Wanda
             && state.norms.is_none();
@@ -115,17 +114,17 @@ impl<'a> Pass<'a> {
         let mut xs = vec![self.embed(state)?];
         for i in 0..c.num_layers {
             crate::memory::alloc::trim();
-            let mut layer = ckpt.load_layer::<Cpu>(i, DTYPE, &self.device)?;
+            let mut layer = ckpt.load_layer::<B>(i, DTYPE, self.input.device)?;
             for name in LAYER_LINEARS {
                 let full = format!("model.layers.{i}.{name}.weight");
                 if state.pruned.contains_key(&full) || self.which == Which::Modified {
                     let (mut w, out, inp) = weight_out_in(&layer, name);
                     state.prepare(self.which, &full, &mut w, config.reduction_factor);
-                    set_weight(&mut layer, name, w, out, inp, DTYPE, &self.device);
+                    set_weight(&mut layer, name, w, out, inp, DTYPE, self.input.device);
                 }
             }
             let mut layer_norms = HashMap::new();
-            let next: Vec<Tensor<Cpu, 3>> = xs[i]
+            let next: Vec<Tensor<B, 3>> = xs[i]
                 .iter()
                 .map(|x| {
                     if collect_norms {
@@ -142,7 +141,7 @@ impl<'a> Pass<'a> {
             self.progress(i, format!("forward layer {i}"));
         }
         if collect_norms {
-            let final_norm = ckpt.load_norm::<Cpu>(DTYPE, &self.device)?;
+            let final_norm = ckpt.load_norm::<B>(DTYPE, self.input.device)?;
             for x in &xs[c.num_layers] {
                 fold_norms(&mut norms.head, &final_norm.forward(x.clone()));
             }
@@ -186,8 +185,8 @@ impl<'a> Pass<'a> {
     pub fn head(
         &self,
         state: &mut State,
-        last: Vec<Tensor<Cpu, 3>>,
-    ) -> Result<HeadOut, PruneError> {
+        last: Vec<Tensor<B, 3>>,
+    ) -> Result<HeadOut<B>, PruneError> {
         // The last layer's freed buffers go back first, as each layer's do.
         crate::memory::alloc::trim();
         let Input {
@@ -199,9 +198,9 @@ impl<'a> Pass<'a> {
         let c = &ckpt.config;
         let head_name = if c.tie_word_embeddings { EMBED } else { HEAD };
         let head_w = self.head_weight(state, head_name)?;
-        let head = Tensor::<Cpu, 2>::from_data(
+        let head = Tensor::<B, 2>::from_data(
             TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
-            &self.device,
+            self.input.device,
         );
         let mut held = state.components();
         held.insert(
@@ -214,7 +213,8 @@ impl<'a> Pass<'a> {
             ((c.num_layers + 1) * tokens * c.hidden_size * 4) as u64,
         );
         profiler.components(&format!("{} pass, head", self.tag), held);
-        let norm_ad = LlamaRmsNorm::<Ad>::from_inner(ckpt.load_norm::<Cpu>(DTYPE, &self.device)?);
+        let norm_ad =
+            LlamaRmsNorm::<Ad<B>>::from_inner(ckpt.load_norm::<B>(DTYPE, self.input.device)?);
         let _tag = tag::tag(Category::Logits);
         let head_probed = self.probed.contains(head_name);
         let head_positions = state.tentative.get(head_name).cloned().unwrap_or_default();
@@ -232,7 +232,7 @@ impl<'a> Pass<'a> {
         out.embed_max = vec![0f32; out.embed_positions.len()];
         for (b, x) in batches.iter().zip(last) {
             let [n, s, d] = x.dims();
-            let x_ad = Tensor::<Ad, 3>::from_inner(x).require_grad();
+            let x_ad = Tensor::<Ad<B>, 3>::from_inner(x).require_grad();
             let h = norm_ad.forward(x_ad.clone());
             let rows: BTreeSet<u32> = b.inputs.iter().flatten().copied().collect();
             let mut held = HashMap::new();
@@ -251,11 +251,11 @@ impl<'a> Pass<'a> {
                 head_backward(h.clone().inner().reshape([n * s, d]), &head, &b.targets, wg);
             out.loss += l;
             out.deferred.push(held);
-            let g = Tensor::<Ad, 3>::from_inner(dh.reshape([n, s, d]));
+            let g = Tensor::<Ad<B>, 3>::from_inner(dh.reshape([n, s, d]));
             let backward = (h * g).sum().backward();
             out.grads.push(
                 x_ad.grad(&backward)
-                    .unwrap_or_else(|| Tensor::zeros([n, s, d], &self.device)),
+                    .unwrap_or_else(|| Tensor::zeros([n, s, d], self.input.device)),
             );
         }
         drop(head);
@@ -270,11 +270,11 @@ impl<'a> Pass<'a> {
     pub fn backward(
         &self,
         state: &mut State,
-        mut boundaries: Vec<Vec<Tensor<Cpu, 3>>>,
-        grads: &mut [Tensor<Cpu, 3>],
+        mut boundaries: Vec<Vec<Tensor<B, 3>>>,
+        grads: &mut [Tensor<B, 3>],
     ) -> Result<(), PruneError> {
         let c = &self.input.ckpt.config;
-        let rope = Rope::<Ad>::new(c, self.seqlen, DTYPE.burn(), &self.device);
+        let rope = Rope::<Ad<B>>::new(c, self.seqlen, DTYPE.burn(), self.input.device);
         for i in (0..c.num_layers).rev() {
             crate::memory::alloc::trim();
             let _scope = self.input.profiler.scope(&stages::layer_pass(i, self.tag));
@@ -289,14 +289,14 @@ impl<'a> Pass<'a> {
         &self,
         state: &mut State,
         i: usize,
-        inputs: Vec<Tensor<Cpu, 3>>,
-        grads: &mut [Tensor<Cpu, 3>],
-        rope: &Rope<Ad>,
+        inputs: Vec<Tensor<B, 3>>,
+        grads: &mut [Tensor<B, 3>],
+        rope: &Rope<Ad<B>>,
     ) -> Result<(), PruneError> {
         let Input { ckpt, config, .. } = self.input;
         // Prepared on the plain backend, then wrapped: reading a tracked
         // parameter would leave an unconsumed node in the autodiff graph.
-        let mut plain = ckpt.load_layer::<Cpu>(i, DTYPE, &self.device)?;
+        let mut plain = ckpt.load_layer::<B>(i, DTYPE, self.input.device)?;
         let mut names = Vec::new();
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");
@@ -315,11 +315,11 @@ impl<'a> Pass<'a> {
                 });
                 state.tentative.insert(full.clone(), t);
             }
-            set_weight(&mut plain, name, w, out, inp, DTYPE, &self.device);
+            set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
             names.push((name, full));
         }
         let _tag = tag::tag(Category::Gradients);
-        let mut layer = DecoderLayer::<Ad>::from_inner(plain);
+        let mut layer = DecoderLayer::<Ad<B>>::from_inner(plain);
         for name in LAYER_LINEARS {
             if let Some(l) = layer.linear_mut(name) {
                 l.weight = Param::from_tensor(l.weight.val());
@@ -330,9 +330,9 @@ impl<'a> Pass<'a> {
             .map(|(_, f)| vec![0f32; state.tentative.get(f).map_or(0, Vec::len)])
             .collect();
         for (x, g) in inputs.into_iter().zip(grads.iter_mut()) {
-            let x_ad = Tensor::<Ad, 3>::from_inner(x).require_grad();
+            let x_ad = Tensor::<Ad<B>, 3>::from_inner(x).require_grad();
             let y = layer.forward(x_ad.clone(), rope);
-            let backward = (y * Tensor::<Ad, 3>::from_inner(g.clone()))
+            let backward = (y * Tensor::<Ad<B>, 3>::from_inner(g.clone()))
                 .sum()
                 .backward();
             for ((name, full), acc) in names.iter().zip(maxima.iter_mut()) {
@@ -362,7 +362,7 @@ impl<'a> Pass<'a> {
 
     /// Embedding: the lookup gradient (plus the held head part when tied);
     /// a separate probed head is finished too. Returns the mean loss.
-    pub fn embeddings(&self, state: &mut State, mut head: HeadOut) -> f64 {
+    pub fn embeddings(&self, state: &mut State, mut head: HeadOut<B>) -> f64 {
         crate::memory::alloc::trim();
         let Input {
             ckpt,
