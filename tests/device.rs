@@ -417,6 +417,71 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
     assert!(csv.lines().count() >= 3, "{csv}");
 }
 
+/// Two AdamW steps on tiny-llama (full graph, then checkpointed): the
+/// losses and the trained weights.
+struct TrainTiny {
+    checkpointing: bool,
+}
+
+impl OnDevice for TrainTiny {
+    type Output = (Vec<f64>, Vec<f32>);
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        use prunemem::train::{self, Freeze, OptimizerConfig, OptimizerKind, TrainConfig};
+        let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
+        let wins = windows(8, 17, ckpt.config.vocab_size, 4);
+        let config = TrainConfig {
+            batch_size: 2,
+            grad_accum: 2,
+            seqlen: 16,
+            steps: Some(2),
+            epochs: 1,
+            optimizer: OptimizerConfig::new(OptimizerKind::AdamW),
+            lr: 1e-3,
+            dtype: ComputeDtype::F32,
+            checkpointing: self.checkpointing,
+            freeze: Freeze::default(),
+            seed: 0,
+        };
+        let profiler = Profiler::new(
+            Arc::new(Emitter::new()),
+            ProfilerConfig {
+                sampler_hz: None,
+                gpu_index: None,
+                ..Default::default()
+            },
+        );
+        let o = train::train_on::<B>(&ckpt, &wins, &config, &profiler, device).unwrap();
+        let losses = o.steps.iter().map(|r| r.loss).collect();
+        let w = o.model.model.layers[0].mlp.down_proj.weight.val();
+        (losses, w.into_data().into_vec().unwrap())
+    }
+}
+
+#[test]
+fn training_steps_match_the_cpu_backend() {
+    for checkpointing in [false, true] {
+        let cpu = Exec::cpu().run(TrainTiny { checkpointing });
+        let gpu = wgpu().run(TrainTiny { checkpointing });
+        let worst = cpu
+            .1
+            .iter()
+            .zip(&gpu.1)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0f32, f32::max);
+        println!(
+            "train (checkpointing {checkpointing}): losses cpu {:?} wgpu {:?}, trained weights differ by at most {worst:e}",
+            cpu.0, gpu.0
+        );
+        assert_eq!(cpu.0.len(), 2);
+        for (a, b) in cpu.0.iter().zip(&gpu.0) {
+            assert!((a / b - 1.0).abs() < 1e-5, "loss {a} vs {b}");
+        }
+        // AdamW's first steps move each weight by about lr: the same update
+        // on both backends, up to f32 rounding.
+        assert!(worst < 1e-5, "trained weights differ by {worst}");
+    }
+}
+
 #[test]
 fn unsupported_device_requests_are_one_line() {
     let (_dir, model, text) = cli_fixture();
@@ -439,22 +504,22 @@ fn unsupported_device_requests_are_one_line() {
         "--dtype",
         "bf16",
     ];
-    let train = [
-        "train",
+    let eval_cuda = [
+        "eval",
         "--model",
         s(&model),
         "--text",
         s(&text),
-        "--steps",
-        "1",
         "--seqlen",
         "16",
+        "--windows",
+        "1",
         "--ui",
         "none",
         "--device",
-        "wgpu",
+        "cuda",
     ];
-    for (argv, expect) in [(&prune_bf16[..], "bf16"), (&train[..], "train")] {
+    for (argv, expect) in [(&prune_bf16[..], "bf16"), (&eval_cuda[..], "cuda")] {
         let (code, _, stderr) = run_prunemem(argv);
         assert_eq!(code, Some(2), "{stderr}");
         assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");

@@ -58,7 +58,13 @@ there, and the cache emptied before evaluation and before the head's logits, all
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
-const RUNTIME_NON_HEAP: u64 = 10 << 20;
+const RUNTIME_NON_HEAP: u64 = (10 << 20) + DEVICE_BACKENDS_LINKED;
+/// What linking Burn's wgpu backend (the `wgpu` feature) adds to every
+/// run's resident set before any device is opened: the binary's larger
+/// relocated data and its libraries' pages. Measured on the grid's debug
+/// runs, 2026-11-24: every case's peak rose by 3.0-6.0 MB with the feature
+/// (magnitude-h1024-l6 from +1.2% to -3.1% of 104.1 MB).
+pub const DEVICE_BACKENDS_LINKED: u64 = if cfg!(feature = "wgpu") { 9 << 19 } else { 0 };
 /// Resident bytes added by durable logging and heap attribution: the
 /// category table of `memory::tag` (576 KiB once its pages are touched) and
 /// the rest measured, not itemised — the grid's peaks rose by 1.2-3.1 MB

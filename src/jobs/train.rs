@@ -7,8 +7,44 @@ use serde_json::json;
 use super::context::{Run, RunOptions};
 use super::{JobError, TextSource, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
+use crate::exec::{Compute, OnDevice};
+use crate::memory::MemorySnapshot;
+use crate::model::Checkpoint;
+use crate::profiler::Profiler;
 use crate::train::analysis::{self, Gap};
 use crate::train::{self, StepRecord, TrainConfig, TrainError};
+
+/// The training loop on the run's backend.
+struct Train<'a> {
+    ckpt: &'a Checkpoint,
+    windows: &'a [Vec<u32>],
+    config: &'a TrainConfig,
+    p: &'a Profiler,
+}
+
+/// What the job keeps of a training run (the trained model is dropped on
+/// the device it lives on).
+struct Trained {
+    steps: Vec<StepRecord>,
+    params: u64,
+    trainable_params: u64,
+    steps_per_epoch: usize,
+    stages: Vec<MemorySnapshot>,
+}
+
+impl OnDevice for Train<'_> {
+    type Output = Result<Trained, TrainError>;
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        let o = train::train_on::<B>(self.ckpt, self.windows, self.config, self.p, device)?;
+        Ok(Trained {
+            steps: o.steps,
+            params: o.params,
+            trainable_params: o.trainable_params,
+            steps_per_epoch: o.steps_per_epoch,
+            stages: o.stages,
+        })
+    }
+}
 
 /// A training run, as a front end asks for it.
 #[derive(Debug, Clone)]
@@ -104,14 +140,10 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     let text_path = Some(job.text.path.as_path());
     super::preflight(&mut plan, text_path, None, None, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
-    if run.exec.is_device() {
-        let e = crate::exec::ExecError::Unsupported {
-            device: run.exec.spec().to_string(),
-            what: "train".into(),
-            hint: "training runs on Burn's CPU backend in this release: use --device cpu".into(),
-        };
+    if let Err(e) = run.exec.check_dtype(config.dtype.burn()) {
         return Err(run.fail(e.into()));
     }
+    let exec = run.exec.clone();
     let p = run.profiler.clone();
     if let Some(w) = capped {
         p.message(Level::Warn, w);
@@ -122,7 +154,12 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
         let windows = train::windows(&tokens, seqlen);
         drop(tokens);
         p.stage(stages::TRAIN_DATA_PREPARED);
-        Ok(train::train(&ckpt, &windows, &config, &p)?)
+        Ok(exec.run(Train {
+            ckpt: &ckpt,
+            windows: &windows,
+            config: &config,
+            p: &p,
+        })?)
     })();
     let outcome = match result {
         Ok(o) => o,
@@ -151,7 +188,6 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     }
     let logs = run.log_dir.clone();
     let (summary, sink_errors) = run.finish(RunStatus::Ok);
-    drop(outcome.model);
     Ok(Outcome {
         steps: outcome.steps,
         params: outcome.params,

@@ -20,6 +20,7 @@ use burn::optim::GradientsAccumulator;
 use thiserror::Error;
 
 use crate::events::{Level, stages};
+use crate::exec::Compute;
 use crate::memory::tag::{self, Category};
 use crate::model::{Checkpoint, ComputeDtype, ModelError};
 use crate::profiler::Profiler;
@@ -173,24 +174,24 @@ pub struct StepRecord {
 
 /// What a training run did.
 #[derive(Debug)]
-pub struct TrainOutcome {
+pub struct TrainOutcome<B: Compute = crate::exec::Cpu> {
     pub steps: Vec<StepRecord>,
     pub params: u64,
     pub trainable_params: u64,
     pub steps_per_epoch: usize,
     /// The trained model (plain backend), for saving.
-    pub model: crate::model::llama::Llama<crate::exec::Cpu>,
+    pub model: crate::model::llama::Llama<B>,
     /// Every stage snapshot the steps took, in order (for [`analysis`]).
     pub stages: Vec<crate::memory::MemorySnapshot>,
 }
 
 /// Parameters that require a gradient.
-fn trainable_params(model: &Model) -> u64 {
+fn trainable_params<B: Compute>(model: &Model<B>) -> u64 {
     struct Count(u64);
-    impl burn::module::ModuleVisitor<step::Ad> for Count {
+    impl<B: Compute> burn::module::ModuleVisitor<step::Ad<B>> for Count {
         fn visit_float<const D: usize>(
             &mut self,
-            p: &burn::module::Param<burn::prelude::Tensor<step::Ad, D>>,
+            p: &burn::module::Param<burn::prelude::Tensor<step::Ad<B>, D>>,
         ) {
             if p.val().is_require_grad() {
                 self.0 += p.val().shape().num_elements() as u64;
@@ -203,7 +204,10 @@ fn trainable_params(model: &Model) -> u64 {
 }
 
 /// Applies `freeze`; returns (the backward's floor, embeddings trainable).
-fn apply_freeze(mut model: Model, freeze: &Freeze) -> Result<(Model, (usize, bool)), TrainError> {
+fn apply_freeze<B: Compute>(
+    mut model: Model<B>,
+    freeze: &Freeze,
+) -> Result<(Model<B>, (usize, bool)), TrainError> {
     let n = model.model.layers.len();
     let layers = freeze.resolve(n).map_err(TrainError::Invalid)?;
     let tied = model.lm_head.is_none();
@@ -275,18 +279,29 @@ fn detailed(s: usize, total: usize) -> bool {
     s <= 3 || s == total
 }
 
-/// Trains `ckpt` on `windows` (each `seqlen + 1` tokens).
+/// Trains `ckpt` on `windows` (each `seqlen + 1` tokens) on Burn's CPU
+/// backend.
 pub fn train(
     ckpt: &Checkpoint,
     windows: &[Vec<u32>],
     config: &TrainConfig,
     p: &Profiler,
 ) -> Result<TrainOutcome, TrainError> {
+    train_on::<crate::exec::Cpu>(ckpt, windows, config, p, &Default::default())
+}
+
+/// Trains `ckpt` on `windows` (each `seqlen + 1` tokens) on `device`.
+pub fn train_on<B: Compute>(
+    ckpt: &Checkpoint,
+    windows: &[Vec<u32>],
+    config: &TrainConfig,
+    p: &Profiler,
+    device: &B::Device,
+) -> Result<TrainOutcome<B>, TrainError> {
     config.validate()?;
     let (total, per_epoch) = plan_steps(config, windows.len())?;
-    let device = Default::default();
     let model = tag::tagged(Category::Weights, || {
-        ckpt.load_model::<step::Ad>(config.dtype, &device)
+        ckpt.load_model::<step::Ad<B>>(config.dtype, device)
     })?;
     let (mut model, trainable) = apply_freeze(model, &config.freeze)?;
     let (params, trainable_count) = (model.num_params() as u64, trainable_params(&model));
@@ -296,11 +311,11 @@ pub fn train(
         ));
     }
     let mut taken = vec![p.stage(stages::TRAIN_MODEL_LOADED)];
-    let ropes = Ropes::new(&ckpt.config, config.seqlen);
-    let mut opt = optim::Optimizer::<crate::exec::Cpu>::new(config.optimizer);
+    let ropes = Ropes::<B>::on(&ckpt.config, config.seqlen, device);
+    let mut opt = optim::Optimizer::<B>::new(config.optimizer);
     let scale = 1.0 / config.grad_accum as f64;
     let mut records = Vec::new();
-    let account = |grads: bool, opt: &optim::Optimizer<crate::exec::Cpu>, boundaries: u64| {
+    let account = |grads: bool, opt: &optim::Optimizer<B>, boundaries: u64| {
         let mut m = BTreeMap::new();
         m.insert("parameters".to_string(), params * 4);
         m.insert(
@@ -330,7 +345,7 @@ pub fn train(
             let started = std::time::Instant::now();
             let _step_scope = p.scope(&stages::step(s));
             let detail = detailed(s, total);
-            let mut acc = GradientsAccumulator::<Model>::new();
+            let mut acc = GradientsAccumulator::<Model<B>>::new();
             let mut loss = 0.0;
             for (m, mb) in chunk.chunks(config.batch_size).enumerate() {
                 let wins: Vec<Vec<u32>> = mb.iter().map(|i| windows[*i].clone()).collect();
