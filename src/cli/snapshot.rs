@@ -15,6 +15,9 @@ use crate::units::{format_bytes, format_opt_bytes};
 
 #[derive(Args, Debug)]
 pub struct SnapshotArgs {
+    /// Open this compute device and read its memory pool too: cpu, wgpu, wgpu:N, wgpu:cpu, cuda, cuda:N
+    #[arg(long, default_value = "cpu", value_parser = super::common::parse_device)]
+    device: crate::exec::DeviceSpec,
     /// Print JSON (one object per reading) instead of text
     #[arg(long)]
     json: bool,
@@ -45,6 +48,7 @@ pub fn run(args: SnapshotArgs, argv: Vec<String>) -> CliResult<i32> {
         count: args.count,
         log_dir: args.log_memory.clone(),
         gpu: args.gpu,
+        device: args.device,
         argv,
     };
     let gpu_name = gpu::read(args.gpu).and_then(|g| g.name);

@@ -21,6 +21,9 @@ pub struct SnapshotJob {
     pub log_dir: Option<PathBuf>,
     /// NVML index of the GPU to read.
     pub gpu: u32,
+    /// The compute device whose pool the readings carry (`--device`): this
+    /// process's pool on that device, opened for the snapshot.
+    pub device: crate::exec::DeviceSpec,
     pub argv: Vec<String>,
 }
 
@@ -37,6 +40,7 @@ pub fn run(
             gpu_index: Some(job.gpu),
             ..Default::default()
         },
+        device: job.device,
         ..Default::default()
     };
     let run = Run::start(base_plan("snapshot", job.argv.clone()), options)?;
