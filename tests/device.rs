@@ -16,17 +16,15 @@ mod support;
 
 use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
 
-use prunemem::events::{Emitter, Event, RunStatus};
+use prunemem::events::{Event, RunStatus};
 use prunemem::exec::{Compute, DeviceSpec, Exec, OnDevice, WgpuSelect};
 use prunemem::model::llama::LAYER_LINEARS;
 use prunemem::model::perplexity::{self, EvalOptions, Weights};
 use prunemem::model::{Checkpoint, ComputeDtype};
-use prunemem::profiler::{Profiler, ProfilerConfig};
 use prunemem::prune::engine::{self, PruneConfig, Source, weight_out_in};
 use prunemem::prune::{Method, Pattern};
-use support::{run_prunemem, s};
+use support::{quiet_profiler, run_prunemem, s};
 
 const WGPU: DeviceSpec = DeviceSpec::Wgpu(WgpuSelect::Default);
 
@@ -70,14 +68,7 @@ impl OnDevice for PruneTiny {
         let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
         let vocab = ckpt.config.vocab_size;
         let mut model = ckpt.load_model::<B>(ComputeDtype::F32, device).unwrap();
-        let profiler = Profiler::new(
-            Arc::new(Emitter::new()),
-            ProfilerConfig {
-                sampler_hz: None,
-                gpu_index: None,
-                ..Default::default()
-            },
-        );
+        let profiler = quiet_profiler();
         let config = PruneConfig {
             method: self.method.try_into().unwrap(),
             sparsity: 0.5,
@@ -213,14 +204,7 @@ impl OnDevice for ProbeTiny {
         };
         let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
         let wins = windows(4, 25, ckpt.config.vocab_size, 3);
-        let profiler = Profiler::new(
-            Arc::new(Emitter::new()),
-            ProfilerConfig {
-                sampler_hz: None,
-                gpu_index: None,
-                ..Default::default()
-            },
-        );
+        let profiler = quiet_profiler();
         let config = GradProbeConfig {
             strategy: Strategy::Wanda,
             sparsity: 0.5,
@@ -280,6 +264,29 @@ fn cli_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) 
     (dir, model, text)
 }
 
+/// `prune --method wanda` on the fixture on `--device wgpu`, then `extra`.
+fn wanda_on_wgpu<'a>(model: &'a Path, text: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut argv = vec![
+        "prune",
+        "--model",
+        s(model),
+        "--method",
+        "wanda",
+        "--nsamples",
+        "4",
+        "--seqlen",
+        "32",
+        "--calib-text",
+        s(text),
+        "--device",
+        "wgpu",
+        "--ui",
+        "none",
+    ];
+    argv.extend_from_slice(extra);
+    argv
+}
+
 fn events(dir: &Path) -> Vec<Event> {
     let text = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
     text.lines()
@@ -291,30 +298,19 @@ fn events(dir: &Path) -> Vec<Event> {
 fn a_device_run_logs_device_bytes_at_every_stage() {
     let (dir, model, text) = cli_fixture();
     let logs = dir.path().join("logs");
-    let (code, stdout, stderr) = run_prunemem(&[
-        "prune",
-        "--model",
-        s(&model),
-        "--method",
-        "wanda",
-        "--nsamples",
-        "4",
-        "--seqlen",
-        "32",
-        "--calib-text",
-        s(&text),
-        "--eval-text",
-        s(&text),
-        "--eval-windows",
-        "2",
-        "--device",
-        "wgpu",
-        "--log-memory",
-        s(&logs),
-        "--ui",
-        "none",
-        "--json",
-    ]);
+    let (code, stdout, stderr) = run_prunemem(&wanda_on_wgpu(
+        &model,
+        &text,
+        &[
+            "--eval-text",
+            s(&text),
+            "--eval-windows",
+            "2",
+            "--log-memory",
+            s(&logs),
+            "--json",
+        ],
+    ));
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let events = events(&logs);
     let Some(Event::RunStarted { plan }) = events.first() else {
@@ -376,27 +372,11 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
 fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
     let (dir, model, text) = cli_fixture();
     let logs = dir.path().join("logs");
-    let (code, stdout, stderr) = run_prunemem(&[
-        "prune",
-        "--model",
-        s(&model),
-        "--method",
-        "wanda",
-        "--nsamples",
-        "4",
-        "--seqlen",
-        "32",
-        "--calib-text",
-        s(&text),
-        "--device",
-        "wgpu",
-        "--device-memory",
-        "64KiB",
-        "--log-memory",
-        s(&logs),
-        "--ui",
-        "none",
-    ]);
+    let (code, stdout, stderr) = run_prunemem(&wanda_on_wgpu(
+        &model,
+        &text,
+        &["--device-memory", "64KiB", "--log-memory", s(&logs)],
+    ));
     assert_eq!(code, Some(3), "{stdout}\n{stderr}");
     let line: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(line.len(), 1, "one line: {stderr}");
@@ -442,14 +422,7 @@ impl OnDevice for TrainTiny {
             freeze: Freeze::default(),
             seed: 0,
         };
-        let profiler = Profiler::new(
-            Arc::new(Emitter::new()),
-            ProfilerConfig {
-                sampler_hz: None,
-                gpu_index: None,
-                ..Default::default()
-            },
-        );
+        let profiler = quiet_profiler();
         let o = train::train_on::<B>(&ckpt, &wins, &config, &profiler, device).unwrap();
         let losses = o.steps.iter().map(|r| r.loss).collect();
         let w = o.model.model.layers[0].mlp.down_proj.weight.val();

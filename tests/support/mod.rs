@@ -214,3 +214,15 @@ pub fn stage_labels(events: &[prunemem::events::Event]) -> Vec<String> {
         })
         .collect()
 }
+
+/// A profiler that reports nowhere and samples nothing.
+pub fn quiet_profiler() -> prunemem::profiler::Profiler {
+    prunemem::profiler::Profiler::new(
+        std::sync::Arc::new(prunemem::events::Emitter::new()),
+        prunemem::profiler::ProfilerConfig {
+            sampler_hz: None,
+            gpu_index: None,
+            ..Default::default()
+        },
+    )
+}
