@@ -368,6 +368,49 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
     assert!(summary.device_peak.is_some_and(|p| p > 0));
 }
 
+/// Every device allocation is on the computing thread's stream: work
+/// split over short-lived threads gave each thread a cubecl pool of its own
+/// that outlived it, and the process's RSS grew with every layer (lavapipe:
+/// about 12 MiB per SmolLM2 layer) while the probe saw none of it.
+#[test]
+fn a_streamed_device_run_holds_steady_from_layer_to_layer() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        layers: 12,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    let logs = dir.path().join("logs");
+    let (code, stdout, stderr) = run_prunemem(&wanda_on_wgpu(
+        &model,
+        &text,
+        &["--batch-size", "1", "--log-memory", s(&logs)],
+    ));
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let rss = |label: &str| {
+        events(&logs)
+            .into_iter()
+            .find_map(|e| match e {
+                Event::Stage { snapshot } if snapshot.label == label => snapshot.rss,
+                _ => None,
+            })
+            .unwrap_or_else(|| panic!("no {label}"))
+    };
+    let (early, late) = (rss("layer_02_stats"), rss("layer_11_stats"));
+    let growth = late as f64 - early as f64;
+    println!(
+        "RSS layer 2 → 11: {early} → {late} ({:+.1} MiB)",
+        growth / (1u64 << 20) as f64
+    );
+    assert!(
+        growth < (4u64 << 20) as f64,
+        "RSS grew {growth} bytes over 9 layers"
+    );
+}
+
 #[test]
 fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
     let (dir, model, text) = cli_fixture();

@@ -23,6 +23,9 @@ impl Compute for Cpu {
     fn host_attention() -> bool {
         true
     }
+    fn split_across_threads() -> bool {
+        true
+    }
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         cpu_linear(linear, x)
     }

@@ -343,8 +343,10 @@ fn gemm<B: Compute>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
 }
 
 /// Burn's attention op run on chunks of the (batch x head) dimension on
-/// scoped threads: the CPU backend's attention kernel is single-threaded.
-fn parallel_attention<B: Backend>(
+/// scoped threads where the backend allows it ([`Compute::split_across_threads`]):
+/// the CPU backend's attention kernel is single-threaded. On a device it is
+/// one op on the computing thread.
+fn parallel_attention<B: Compute>(
     q: Tensor<B, 4>,
     k: Tensor<B, 4>,
     v: Tensor<B, 4>,
@@ -357,10 +359,13 @@ fn parallel_attention<B: Backend>(
         is_causal,
     };
     let [b, h, s, d] = q.dims();
-    let threads = std::thread::available_parallelism()
-        .map(|n| n.get())
-        .unwrap_or(1)
-        .min(b * h);
+    let threads = match B::split_across_threads() {
+        true => std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(1)
+            .min(b * h),
+        false => 1,
+    };
     if threads <= 1 {
         return attention(q, k, v, mask, None, options);
     }
