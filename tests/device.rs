@@ -60,6 +60,8 @@ struct Pruned {
 struct PruneTiny {
     method: Method,
     pattern: Pattern,
+    /// `--offload-activations`.
+    offload: bool,
 }
 
 impl OnDevice for PruneTiny {
@@ -84,6 +86,7 @@ impl OnDevice for PruneTiny {
             layer_sparsity: None,
             dsnot: None,
             reallocation: None,
+            offload_activations: self.offload,
         };
         let calib = windows(16, 24, vocab, 1);
         engine::prune::<B>(
@@ -151,8 +154,27 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
         (Method::SparseGpt, Pattern::Unstructured),
         (Method::Ria, Pattern::Unstructured),
     ] {
-        let on_cpu = cpu.run(PruneTiny { method, pattern });
-        let on_gpu = gpu.run(PruneTiny { method, pattern });
+        let on_cpu = cpu.run(PruneTiny {
+            method,
+            pattern,
+            offload: false,
+        });
+        let on_gpu = gpu.run(PruneTiny {
+            method,
+            pattern,
+            offload: false,
+        });
+        // Activations kept in host memory between layers: the same bits.
+        let offloaded = gpu.run(PruneTiny {
+            method,
+            pattern,
+            offload: true,
+        });
+        assert_eq!(
+            offloaded.weights, on_gpu.weights,
+            "{method} {pattern} offloaded"
+        );
+        assert_eq!(offloaded.perplexity, on_gpu.perplexity);
         let (agree, differ) = agreement(&on_cpu.weights, &on_gpu.weights);
         let dppl = (on_gpu.perplexity / on_cpu.perplexity - 1.0).abs();
         println!(

@@ -124,6 +124,7 @@ fn prune_full(
         layer_sparsity: None,
         dsnot,
         reallocation,
+        offload_activations: false,
     };
     if let Some(owl) = owl {
         let source = Source::Resident(&mut model);

@@ -75,6 +75,9 @@ pub struct PruneArgs {
     /// Keep the whole model loaded instead of streaming one layer at a time
     #[arg(long)]
     pub resident: bool,
+    /// Keep the calibration activations in host memory between layers, uploading one batch at a time (for models whose activations do not fit on the device)
+    #[arg(long)]
+    pub offload_activations: bool,
     /// Compute dtype (default: f32 on the CPU, f16 on a GPU device, as the reference scripts)
     #[arg(long)]
     pub dtype: Option<ComputeDtype>,
@@ -235,6 +238,7 @@ impl PruneArgs {
             save: self.save.clone(),
             save_format: self.save_format,
             resident: self.resident,
+            offload_activations: self.offload_activations,
             // GradProbe's gradients are f32 on every device.
             dtype: match self.method {
                 Method::GradProbe => self.dtype.unwrap_or(ComputeDtype::F32),

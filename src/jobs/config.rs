@@ -255,6 +255,8 @@ pub struct PruneJob {
     /// How `save` is written.
     pub save_format: SaveFormat,
     pub resident: bool,
+    /// Keep the calibration activations in host memory between layers.
+    pub offload_activations: bool,
     pub dtype: ComputeDtype,
     /// Windows per forward pass (default 8; GradProbe: per gradient batch, 1).
     pub batch_size: Option<usize>,
@@ -300,6 +302,7 @@ impl PruneJob {
             save: None,
             save_format: SaveFormat::Dense,
             resident: false,
+            offload_activations: false,
             dtype: ComputeDtype::F32,
             batch_size: None,
             percdamp: 0.01,

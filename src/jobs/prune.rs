@@ -176,6 +176,7 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     s.insert("dtype".into(), json!(job.dtype.name()));
     s.insert("batch_size".into(), json!(job.batch_size()));
     s.insert("resident".into(), json!(job.resident));
+    s.insert("offload_activations".into(), json!(job.offload_activations));
     s.insert("use_variant".into(), json!(job.use_variant));
     let save = job.save.as_ref().map(|p| p.display().to_string());
     s.insert("save".into(), json!(save));
@@ -402,6 +403,7 @@ fn engine_config(job: &PruneJob, seqlen: usize) -> Result<PruneConfig, JobError>
         layer_sparsity: None,
         dsnot: job.dsnot,
         reallocation: job.reallocation.then_some(job.lsa),
+        offload_activations: job.offload_activations,
     })
 }
 

@@ -19,6 +19,7 @@ use std::time::Instant;
 
 use burn::prelude::*;
 
+use super::activations::Activations;
 use super::dsnot::{DsnotOptions, DsnotReport};
 use super::reallocation::ReallocationReport;
 use super::stats::{LayerStats, Needs};
@@ -61,6 +62,9 @@ pub struct PruneConfig {
     pub dsnot: Option<DsnotOptions>,
     /// RIA, N:M: channel reallocation (`Some(lsa)`: with the assignment rounds).
     pub reallocation: Option<bool>,
+    /// Keep the calibration activations in host memory between layers
+    /// ([`Activations`]).
+    pub offload_activations: bool,
 }
 
 impl PruneConfig {
@@ -225,7 +229,7 @@ pub fn prune<B: Compute>(
     let c = &ckpt.config;
     let kind = needs(config);
     let nsamples = calibration.len();
-    let mut inps = match kind {
+    let inps = match kind {
         Some(_) => {
             let _tag = tag::tag(Category::Activations);
             embed_windows(
@@ -239,10 +243,15 @@ pub fn prune<B: Compute>(
         }
         None => Vec::new(),
     };
+    let mut inps = Activations::new(inps, config.offload_activations, device);
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
     let act_bytes = (nsamples * config.seqlen * c.hidden_size) as u64 * config.dtype.size();
     let mut components = BTreeMap::new();
-    components.insert("calibration_inputs".to_string(), act_bytes);
+    let where_ = match inps.offloaded() {
+        true => "calibration_inputs (host)",
+        false => "calibration_inputs",
+    };
+    components.insert(where_.to_string(), act_bytes);
     if let Source::Resident(_) = source {
         components.insert("weights".to_string(), c.param_count() * config.dtype.size());
     }
@@ -293,7 +302,7 @@ impl<B: Compute> LayerPass<'_, B> {
         &self,
         i: usize,
         source: &mut Source<'_, B>,
-        inps: &mut [Tensor<B, 3>],
+        inps: &mut Activations<B>,
         mut writer: Option<&mut PrunedWriter>,
     ) -> Result<LayerReport, PruneError> {
         let (ckpt, config, device, profiler) = (self.ckpt, self.config, self.device, self.profiler);
@@ -314,8 +323,8 @@ impl<B: Compute> LayerPass<'_, B> {
         if let Some(stats) = stats.as_mut() {
             let _phase = timing::phase(timing::Phase::StatsPass);
             let _tag = tag::tag(Category::Activations);
-            for x in inps.iter() {
-                let _ = layer.forward_traced(x.clone(), &self.rope, &mut |k, t| {
+            for j in 0..inps.len() {
+                let _ = layer.forward_traced(inps.get(j), &self.rope, &mut |k, t| {
                     let _tag = tag::tag(Category::Statistics);
                     let _span = timing::work(Work::Statistics);
                     stats.observe(k, t)
@@ -352,8 +361,9 @@ impl<B: Compute> LayerPass<'_, B> {
         if self.kind.is_some() && i + 1 < c.num_layers {
             let _phase = timing::phase(timing::Phase::OutputPass);
             let _tag = tag::tag(Category::Activations);
-            for x in inps.iter_mut() {
-                *x = layer.forward(x.clone(), &self.rope);
+            for j in 0..inps.len() {
+                let y = layer.forward(inps.get(j), &self.rope);
+                inps.set(j, y);
                 profiler.device_tick(|| format!("model.layers.{i} output pass"))?;
             }
         }

@@ -2,6 +2,7 @@
 //! patterns they produce, and the layer-by-layer engine that runs them on a
 //! checkpoint.
 
+pub mod activations;
 pub mod dsnot;
 pub mod engine;
 pub mod gradprobe;

@@ -1,0 +1,91 @@
+//! The calibration windows' hidden states between decoder layers: on the
+//! compute device, or — `--offload-activations`, for models whose
+//! `nsamples × seqlen × hidden` activations do not fit beside a layer on the
+//! card (the 30B/70B case) — in host memory, uploaded one batch at a time
+//! for each pass and read back after the output pass.
+//!
+//! Offloading costs two transfers of every batch per layer (one upload for
+//! the statistics pass, one upload and one read-back for the output pass)
+//! and leaves on the device one batch and its layer's intermediates instead
+//! of every batch.
+
+use burn::prelude::*;
+
+use crate::exec::Compute;
+
+/// The hidden states of every calibration batch.
+pub enum Activations<B: Compute> {
+    /// On the compute device.
+    Device(Vec<Tensor<B, 3>>),
+    /// In host memory, in the compute dtype.
+    Host {
+        batches: Vec<TensorData>,
+        device: B::Device,
+    },
+}
+
+impl<B: Compute> Activations<B> {
+    /// `batches`, kept where `offload` says.
+    pub fn new(batches: Vec<Tensor<B, 3>>, offload: bool, device: &B::Device) -> Self {
+        match offload {
+            false => Activations::Device(batches),
+            true => Activations::Host {
+                batches: batches.into_iter().map(Tensor::into_data).collect(),
+                device: device.clone(),
+            },
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        match self {
+            Activations::Device(b) => b.len(),
+            Activations::Host { batches, .. } => batches.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Batch `i` on the device.
+    pub fn get(&self, i: usize) -> Tensor<B, 3> {
+        match self {
+            Activations::Device(b) => b[i].clone(),
+            Activations::Host { batches, device } => Tensor::from_data(batches[i].clone(), device),
+        }
+    }
+
+    /// Replaces batch `i` (the output pass's result).
+    pub fn set(&mut self, i: usize, x: Tensor<B, 3>) {
+        match self {
+            Activations::Device(b) => b[i] = x,
+            Activations::Host { batches, .. } => batches[i] = x.into_data(),
+        }
+    }
+
+    /// True when the batches live in host memory.
+    pub fn offloaded(&self) -> bool {
+        matches!(self, Activations::Host { .. })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::Cpu;
+
+    #[test]
+    fn offloaded_batches_come_back_as_they_went() {
+        let device = Default::default();
+        let x = |v: f32| Tensor::<Cpu, 3>::full([2, 3, 4], v, &device);
+        for offload in [false, true] {
+            let mut a = Activations::new(vec![x(1.0), x(2.0)], offload, &device);
+            assert_eq!((a.len(), a.offloaded()), (2, offload));
+            a.set(1, x(5.0));
+            let got: Vec<f32> = a.get(1).into_data().into_vec().unwrap();
+            assert_eq!(got, vec![5.0; 24]);
+            let first: Vec<f32> = a.get(0).into_data().into_vec().unwrap();
+            assert_eq!(first, vec![1.0; 24]);
+        }
+    }
+}
