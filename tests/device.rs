@@ -523,25 +523,7 @@ fn training_steps_match_the_cpu_backend() {
 #[test]
 fn unsupported_device_requests_are_one_line() {
     let (_dir, model, text) = cli_fixture();
-    let prune_bf16 = [
-        "prune",
-        "--model",
-        s(&model),
-        "--method",
-        "wanda",
-        "--nsamples",
-        "2",
-        "--seqlen",
-        "16",
-        "--calib-text",
-        s(&text),
-        "--ui",
-        "none",
-        "--device",
-        "wgpu",
-        "--dtype",
-        "bf16",
-    ];
+    let prune_bf16 = wanda_on_wgpu(&model, &text, &["--dtype", "bf16"]);
     let eval_cuda = [
         "eval",
         "--model",
