@@ -83,12 +83,18 @@ impl Run {
     pub fn start(mut plan: RunPlan, mut options: RunOptions) -> Result<Self, RunError> {
         // The device opens first, on this thread (the one that computes):
         // a missing driver is one line before any log is written.
-        let exec = Exec::open(options.device, options.device_memory)?;
+        // A CUDA card's memory (NVML) caps the device pool unless
+        // --device-memory says otherwise; wgpu adapters report none.
+        let cap = options.device_memory.or(match options.device {
+            DeviceSpec::Cuda(i) => crate::memory::gpu::read(i as u32).and_then(|g| g.total),
+            _ => None,
+        });
+        let exec = Exec::open(options.device, cap)?;
         if exec.is_device() {
             options.profiler.device = exec.probe();
             plan.settings
                 .insert("adapter".into(), exec.adapter().into());
-            if let Some(cap) = options.device_memory {
+            if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
             }
         }
