@@ -111,8 +111,9 @@ pub(super) fn open(spec: &DeviceSpec) -> Result<Opened, ExecError> {
     }
 }
 
-/// Runs `f`, turning a panic into its message (the library's own panic
-/// output is silenced meanwhile: the caller reports one line).
+/// Runs `f`, turning a panic into the first line of its message (the
+/// library's own panic output is silenced meanwhile: the caller reports
+/// one line).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     let hook = std::panic::take_hook();
@@ -120,10 +121,12 @@ fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     std::panic::set_hook(hook);
     result.map_err(|p| {
-        p.downcast_ref::<String>()
-            .cloned()
-            .or_else(|| p.downcast_ref::<&str>().map(|s| s.to_string()))
-            .unwrap_or_else(|| "the driver failed to start".to_string())
+        let message = p
+            .downcast_ref::<String>()
+            .map(String::as_str)
+            .or_else(|| p.downcast_ref::<&str>().copied())
+            .unwrap_or("the driver failed to start");
+        message.lines().next().unwrap_or(message).to_string()
     })
 }
 
@@ -155,7 +158,7 @@ mod wgpu {
                 let info = setup.adapter.get_info();
                 format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
             })
-            .map_err(|e| format!("no usable wgpu adapter: {}", first_line(&e)))
+            .map_err(|e| format!("no usable wgpu adapter: {e}"))
         });
         match entry {
             Ok(name) => Ok(Opened::Wgpu {
@@ -169,10 +172,6 @@ mod wgpu {
                 ),
             }),
         }
-    }
-
-    fn first_line(s: &str) -> &str {
-        s.lines().next().unwrap_or(s)
     }
 }
 
@@ -214,13 +213,9 @@ mod cuda {
             use burn::cubecl::Runtime;
             let _ = burn::cubecl::cuda::CudaRuntime::client(&device);
         })
-        .map_err(|e| ExecError::Unavailable {
+        .map_err(|reason| ExecError::Unavailable {
             device: spec.to_string(),
-            reason: e
-                .lines()
-                .next()
-                .unwrap_or("CUDA failed to start")
-                .to_string(),
+            reason,
         })?;
         Ok(Opened::Cuda { device })
     }

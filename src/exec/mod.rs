@@ -112,13 +112,9 @@ impl Exec {
         &self.adapter
     }
 
-    pub fn memory_cap(&self) -> Option<u64> {
-        self.memory_cap
-    }
-
     /// True for a GPU-style device (its own memory pool), false on the CPU.
     pub fn is_device(&self) -> bool {
-        !matches!(self.spec, DeviceSpec::Cpu)
+        self.spec.is_device()
     }
 
     pub fn reducer(&self) -> &Arc<dyn Reducer> {

@@ -105,7 +105,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         stages::SEQUENTIAL_CLOSING
     };
     let opened = Opened { ckpt, tok, seqlen };
-    let pruned = exec.run(Sequential {
+    let pruned = exec.run(Pruning {
         job,
         opened: &opened,
         writer: writer.as_mut(),
@@ -247,14 +247,14 @@ pub(super) fn eval_results(run: &mut Run, r: &Perplexity) {
 
 /// A prune's device part on the run's backend: GradProbe's, or
 /// [`prune_and_eval`] for the layer-by-layer methods.
-struct Sequential<'a, 'w> {
+struct Pruning<'a, 'w> {
     job: &'a PruneJob,
     opened: &'a Opened,
     writer: Option<&'w mut PrunedWriter>,
     run: &'a mut Run,
 }
 
-impl OnDevice for Sequential<'_, '_> {
+impl OnDevice for Pruning<'_, '_> {
     type Output = Result<Pruned, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
         match self.job.method {

@@ -186,11 +186,6 @@ impl Profiler {
         }
     }
 
-    /// True when the run computes on a device with its own pool.
-    pub fn on_device(&self) -> bool {
-        !self.inner.device.is_host_heap()
-    }
-
     /// Opens a scope; when the guard drops, a [`Event::ScopeEnd`] reports the
     /// peaks reached inside it. Scopes nest; they belong to one thread.
     pub fn scope(&self, label: &str) -> ScopeGuard {
