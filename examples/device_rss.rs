@@ -3,7 +3,7 @@
 //! wgpu), printing RSS and the device pool after each. A diagnostic for the
 //! RSS growth per streamed layer seen on lavapipe (docs/gpu.md).
 //!
-//! cargo run --release --features wgpu --example device_rss -- [upload|kernel|readback|all] [DEVICE]
+//! cargo run --release --features wgpu --example device_rss -- [upload|kernel|readback|all|pool] [DEVICE]
 
 use burn::prelude::*;
 use prunemem::exec::{Compute, DeviceSpec, Exec, OnDevice};
@@ -11,6 +11,7 @@ use prunemem::memory::process::rss_now;
 
 struct Steps {
     mode: String,
+    probe: Box<dyn prunemem::memory::DeviceProbe>,
 }
 
 impl OnDevice for Steps {
@@ -19,6 +20,28 @@ impl OnDevice for Steps {
         let n = 3_538_944; // one SmolLM2-135M decoder layer's weights
         let mib = |b: Option<u64>| b.map_or(f64::NAN, |b| b as f64 / (1 << 20) as f64);
         let start = mib(rss_now());
+        if self.mode == "pool" {
+            // The pool's bytes in use around an upload, a kernel and a
+            // read-back of one offloaded calibration batch (2 × 128 × 576 f16).
+            let pool = || self.probe.read().allocated.unwrap_or(0);
+            let shape = [2, 128, 576];
+            let data = TensorData::new(vec![half::f16::ONE; 2 * 128 * 576], shape);
+            println!("batch bytes {}", 2 * 128 * 576 * 2);
+            println!("empty           {:>9}", pool());
+            let x = Tensor::<B, 3>::from_data(data.clone(), device);
+            println!("uploaded        {:>9}", pool());
+            let y = x.clone() * 2.0;
+            println!("y = 2x          {:>9}", pool());
+            let back = y.clone().into_data();
+            println!("y read back     {:>9} ({} bytes)", pool(), back.bytes.len());
+            drop((x, y));
+            println!("dropped         {:>9}", pool());
+            let z = Tensor::<B, 3>::from_data(data, device) + 1.0;
+            println!("upload + 1      {:>9}", pool());
+            drop(z);
+            println!("dropped         {:>9}", pool());
+            return;
+        }
         if let Some(which) = self.mode.strip_prefix("layer") {
             // Load a SmolLM2 layer (the same one, or the next each time) and
             // run a batch through it, as the streamed engines do.
@@ -91,5 +114,6 @@ fn main() {
         .expect("a device");
     let exec = Exec::open(spec, None).expect("the device opens");
     println!("{} ({})", spec, exec.adapter());
-    exec.run(Steps { mode });
+    let probe = exec.probe();
+    exec.run(Steps { mode, probe });
 }

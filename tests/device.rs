@@ -388,6 +388,25 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
         panic!("no summary")
     };
     assert!(summary.device_peak.is_some_and(|p| p > 0));
+
+    // The estimator predicts this engine's device pool, phase by phase,
+    // from its buffers: within 5% of what the run measured.
+    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let mut checked = 0;
+    for p in cmp["phases"].as_array().unwrap().iter().chain([&cmp["peak"]]) {
+        let (predicted, measured) = (p["predicted"].as_u64().unwrap(), p["measured"].as_u64());
+        let Some(measured) = measured.filter(|m| *m > 0) else {
+            assert_eq!(predicted, 0, "{p}: predicted bytes where none were measured");
+            continue;
+        };
+        let error = p["error_percent"].as_f64().unwrap();
+        println!("{}: predicted {predicted}, measured {measured} ({error:+.2}%)", p["phase"]);
+        assert!(error.abs() <= 5.0, "{p}");
+        checked += 1;
+    }
+    assert!(checked >= 4, "calibration, prune, eval and the peak: {stdout}");
 }
 
 /// Every device allocation is on the computing thread's stream: work

@@ -207,7 +207,7 @@ pub fn flag(f: Field) -> String {
 
 /// A job's error for this CLI: configuration errors name its flags.
 pub fn job_error(e: JobError) -> CliError {
-    if e.device_oom().is_some() {
+    if e.is_out_of_memory() {
         return Box::new(super::OutOfMemory(format!(
             "{e}; lower --batch-size, --nsamples or --seqlen, or raise --device-memory (prunemem estimate --device ... says what fits)"
         )));

@@ -60,9 +60,12 @@ pub struct EstimateArgs {
     /// Compute dtype (default: f16 on cuda, f32 on cpu)
     #[arg(long)]
     dtype: Option<ComputeDtype>,
-    /// cpu or cuda
-    #[arg(long, default_value = "cuda", value_parser = ["cpu", "cuda"])]
+    /// cpu, cuda or wgpu (wgpu: prunemem's engine only)
+    #[arg(long, default_value = "cuda", value_parser = ["cpu", "cuda", "wgpu"])]
     device: String,
+    /// prunemem on a device: calibration activations in host memory
+    #[arg(long)]
+    offload_activations: bool,
     /// prunemem (layer-streamed) or reference (the Python scripts)
     #[arg(long, default_value = "prunemem", value_parser = ["prunemem", "reference"])]
     engine: String,
@@ -130,10 +133,10 @@ fn arch_of(args: &EstimateArgs) -> CliResult<(Arch, Vec<String>)> {
 }
 
 fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliResult<Workload> {
-    let device = if args.device == "cpu" {
-        Device::Cpu
-    } else {
-        Device::Cuda
+    let device = match args.device.as_str() {
+        "cpu" => Device::Cpu,
+        "wgpu" => Device::Wgpu,
+        _ => Device::Cuda,
     };
     let engine = if args.engine == "reference" {
         Engine::Reference
@@ -144,9 +147,13 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     w.engine = engine;
     w.device = device;
     w.dtype = args.dtype.unwrap_or(match device {
-        Device::Cuda => ComputeDtype::F16,
+        Device::Cuda | Device::Wgpu => ComputeDtype::F16,
         Device::Cpu => ComputeDtype::F32,
     });
+    if device == Device::Wgpu && w.dtype == ComputeDtype::Bf16 {
+        return Err("--device wgpu has no bf16 (Vulkan has no bf16): use --dtype f16 or f32".into());
+    }
+    w.offload_activations = args.offload_activations;
     w.stored_bytes = w.dtype.size();
     w.nsamples = args.nsamples;
     let (seqlen, warning) =
@@ -468,7 +475,12 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
         println!("{}", json!({"phases": cmp.phases, "peak": cmp.peak}));
         return Ok(0);
     }
-    println!("Estimate vs measured (RSS) for {}", dir.display());
+    let on_device = cmp.estimate.workload.device.is_gpu();
+    let what = match on_device {
+        true => "device pool in use",
+        false => "RSS",
+    };
+    println!("Estimate vs measured ({what}) for {}", dir.display());
     println!(
         "{:<20} {:>12} {:>12} {:>9}",
         "phase", "predicted", "measured", "error"
@@ -484,7 +496,20 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
                 .unwrap_or_else(|| "n/a".into())
         );
     }
-    print_categories(&cmp.phases);
+    if on_device {
+        // The pool's composition is not measured by category.
+        println!("\nPredicted device pool by component at each phase's peak");
+        for p in &cmp.estimate.phases {
+            let parts: Vec<String> = p
+                .components
+                .iter()
+                .map(|c| format!("{} {}", c.name, format_bytes(c.bytes)))
+                .collect();
+            println!("  {:<12} {}", p.name, parts.join(" · "));
+        }
+    } else {
+        print_categories(&cmp.phases);
+    }
     Ok(0)
 }
 

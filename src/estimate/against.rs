@@ -70,6 +70,8 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.engine = Engine::Prunemem;
     w.device = if plan.device.starts_with("cuda") {
         Device::Cuda
+    } else if plan.device.starts_with("wgpu") {
+        Device::Wgpu
     } else {
         Device::Cpu
     };
@@ -109,6 +111,9 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.first_trainable_layer = num("first_trainable_layer", 0);
     w.owl = get("owl_lambda").is_some();
     w.dsnot = get("dsnot_max_cycles").is_some();
+    w.offload_activations = get("offload_activations")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
     Ok((arch, w))
 }
 
@@ -244,11 +249,15 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         }
     }
     let est = estimate(&arch, &workload)?;
+    // A device run is compared on the device: cubecl's pool, whose
+    // composition by category is not measured.
+    let on_device = workload.device.is_gpu();
     let phases = est
         .phases
         .iter()
         .map(|p| {
             let (measured, heap) = match (p.stages.first(), p.stages.last()) {
+                (Some(a), Some(b)) if on_device => (run.device_peak_between(a, b), None),
                 (Some(a), Some(b)) => {
                     (run.peak_between(a, b), run.categories_at_peak_between(a, b))
                 }
@@ -260,7 +269,10 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
             }
         })
         .collect();
-    let measured_peak = run.summary.as_ref().and_then(|s| s.rss_peak);
+    let measured_peak = run.summary.as_ref().and_then(|s| match on_device {
+        true => s.device_peak,
+        false => s.rss_peak,
+    });
     let peak = check("peak", est.peak(), measured_peak);
     Ok(Comparison {
         estimate: est,

@@ -16,6 +16,7 @@ pub mod forecast;
 pub mod presets;
 pub mod projection;
 pub mod prunemem;
+pub mod prunemem_device;
 pub mod prunemem_train;
 pub mod reference;
 pub mod saved;
@@ -163,6 +164,15 @@ pub enum Engine {
 pub enum Device {
     Cpu,
     Cuda,
+    /// prunemem's engine on Burn's wgpu backend (Vulkan, Metal, DX12).
+    Wgpu,
+}
+
+impl Device {
+    /// A GPU: memory is cubecl's pool on the device, not the host's.
+    pub fn is_gpu(self) -> bool {
+        self != Device::Cpu
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -210,6 +220,9 @@ pub struct Workload {
     pub owl: bool,
     /// Pruning: DSnoT's refinement (`--dsnot`).
     pub dsnot: bool,
+    /// Pruning on a device: calibration activations kept in host memory
+    /// between layers (`--offload-activations`).
+    pub offload_activations: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -241,6 +254,7 @@ impl Workload {
             first_trainable_layer: 0,
             owl: false,
             dsnot: false,
+            offload_activations: false,
             compressed: None,
         }
     }
@@ -383,6 +397,14 @@ pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     if arch.params == 0 || arch.layers == 0 || arch.hidden == 0 {
         return bad("the architecture has no parameters".into());
     }
+    if w.device == Device::Wgpu
+        && (w.engine == Engine::Reference || matches!(w.task, Task::Inference | Task::Train))
+    {
+        return bad(
+            "--device wgpu is prunemem's pruning engine only: the reference scripts, inference and training are estimated on cuda or cpu"
+                .into(),
+        );
+    }
     Ok(())
 }
 
@@ -468,13 +490,16 @@ mod tests {
         ];
         for task in tasks {
             for engine in [Engine::Prunemem, Engine::Reference] {
-                for device in [Device::Cpu, Device::Cuda] {
+                for device in [Device::Cpu, Device::Cuda, Device::Wgpu] {
                     for (resident, eval) in [(false, 0), (true, 8), (false, 8)] {
                         let mut w = Workload::new(task);
                         (w.engine, w.device, w.resident, w.eval_windows) =
                             (engine, device, resident, eval);
                         w.text_bytes = 1 << 20;
-                        let e = estimate(&arch, &w).unwrap();
+                        let Ok(e) = estimate(&arch, &w) else {
+                            assert_eq!(device, Device::Wgpu, "{task:?} {engine:?}");
+                            continue;
+                        };
                         for c in e.phases.iter().flat_map(|p| &p.components) {
                             assert_ne!(c.category, Category::Untagged, "{c:?} in {task:?}");
                         }

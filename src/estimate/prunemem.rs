@@ -196,21 +196,14 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let Some(m) = method(w) else {
         return super::reference::phases(a, w, notes);
     };
-    if w.device == Device::Cuda {
-        notes.push(
-            "prunemem on CUDA is estimated with the CPU engine's buffers on the device plus the CUDA context; \
-             no GPU run has validated it"
-                .into(),
-        );
+    if w.device.is_gpu() {
+        return super::prunemem_device::phases(a, w, m, notes);
     }
     let c = w.dtype.size();
-    let (runtime_name, runtime) = match w.device {
-        Device::Cpu => (
-            "runtime (process, base heap)",
-            RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
-        ),
-        Device::Cuda => ("CUDA context", 500 << 20),
-    };
+    let (runtime_name, runtime) = (
+        "runtime (process, base heap)",
+        RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
+    );
     let layer = a.layer_params() * c;
     let embed = a.embedding_params() * c;
     let weights = if w.resident { a.params * c } else { layer };

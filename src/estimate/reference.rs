@@ -16,7 +16,7 @@ const CUDA_CONTEXT: u64 = 500 << 20;
 fn runtime(w: &Workload) -> (&'static str, u64) {
     match w.device {
         Device::Cpu => ("runtime (python, torch)", TORCH_RUNTIME_CPU),
-        Device::Cuda => ("CUDA context", CUDA_CONTEXT),
+        Device::Cuda | Device::Wgpu => ("CUDA context", CUDA_CONTEXT),
     }
 }
 

@@ -125,6 +125,9 @@ pub struct RunFold {
     pub categories: BTreeMap<String, u64>,
     /// The heap's breakdown at its peak, once the run has finished.
     pub peak_categories: BTreeMap<String, u64>,
+    /// The fullest breakdown any reading (stage or sample) carried so far:
+    /// the at-peak view while the run goes, between stage boundaries too.
+    live_peak_categories: BTreeMap<String, u64>,
     /// The breakdown over time (kept only without a point limit: reports).
     pub category_points: Vec<(f64, BTreeMap<String, u64>)>,
     point_limit: Option<usize>,
@@ -256,6 +259,9 @@ impl RunFold {
             .flatten()
             .max();
         if !s.categories.is_empty() {
+            if s.categories.values().sum::<u64>() > self.live_peak_categories.values().sum::<u64>() {
+                self.live_peak_categories = s.categories.clone();
+            }
             self.categories = s.categories.clone();
             if self.point_limit.is_none() {
                 self.category_points
@@ -315,6 +321,18 @@ impl RunFold {
         self.window_max(from, to, |r| r.point.heap, |r| r.heap_peak)
     }
 
+    /// Highest device bytes in use from stage `from` to stage `to`, both
+    /// included (a device run's pool, readings inside passes too); `None`
+    /// for runs on the CPU backend and logs without device readings.
+    pub fn device_peak_between(&self, from: &str, to: &str) -> Option<u64> {
+        self.window_max(
+            from,
+            to,
+            |r| r.snapshot.device_allocated.filter(|_| r.snapshot.window_device_peak.is_some()),
+            |r| r.snapshot.window_device_peak,
+        )
+    }
+
     /// What the heap was made of at its highest from stage `from` to stage
     /// `to`: the composition at the highest of the stage windows' peaks
     /// (`MemorySnapshot::window_peak_categories`) and of `from`'s own
@@ -365,17 +383,18 @@ impl RunFold {
     }
 
     /// What the heap was made of at its highest so far: the run's own
-    /// figure once finished, else the highest stage window's; `None` for
-    /// logs without categories.
+    /// figure once finished, else the fullest of the stage windows' and of
+    /// every reading's so far (samples included, so it follows the run
+    /// between stages); `None` for logs without categories.
     pub fn heap_peak_composition(&self) -> Option<&BTreeMap<String, u64>> {
         if !self.peak_categories.is_empty() {
             return Some(&self.peak_categories);
         }
-        fullest(
-            self.stages
-                .iter()
-                .map(|r| &r.snapshot.window_peak_categories),
-        )
+        let windows = self
+            .stages
+            .iter()
+            .map(|r| &r.snapshot.window_peak_categories);
+        fullest(windows.chain(std::iter::once(&self.live_peak_categories)))
     }
 
     /// The run's highest RSS: the kernel's mark when known.

@@ -22,10 +22,32 @@ pub type Wgpu = burn::backend::Wgpu;
 #[cfg(feature = "cuda")]
 pub type Cuda = burn::backend::Cuda;
 
+/// A device backend's linear: Burn's op, then a look at the pool while the
+/// input and the output are both alive (the pass's high-water mark,
+/// [`super::watch`]).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn watched_linear<B: burn::tensor::backend::Backend>(
+    linear: &burn::nn::Linear<B>,
+    x: burn::tensor::Tensor<B, 3>,
+) -> burn::tensor::Tensor<B, 3> {
+    let y = linear.forward(x.clone());
+    super::watch::after_op();
+    drop(x);
+    y
+}
+
 #[cfg(feature = "wgpu")]
-impl super::Compute for Wgpu {}
+impl super::Compute for Wgpu {
+    fn linear(linear: &burn::nn::Linear<Self>, x: burn::tensor::Tensor<Self, 3>) -> burn::tensor::Tensor<Self, 3> {
+        watched_linear(linear, x)
+    }
+}
 #[cfg(feature = "cuda")]
-impl super::Compute for Cuda {}
+impl super::Compute for Cuda {
+    fn linear(linear: &burn::nn::Linear<Self>, x: burn::tensor::Tensor<Self, 3>) -> burn::tensor::Tensor<Self, 3> {
+        watched_linear(linear, x)
+    }
+}
 
 /// A device that was opened, with what its backend needs.
 #[derive(Clone)]
@@ -120,14 +142,40 @@ fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     std::panic::set_hook(Box::new(|_| {}));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
     std::panic::set_hook(hook);
-    result.map_err(|p| {
-        let message = p
-            .downcast_ref::<String>()
-            .map(String::as_str)
-            .or_else(|| p.downcast_ref::<&str>().copied())
-            .unwrap_or("the driver failed to start");
-        message.lines().next().unwrap_or(message).to_string()
-    })
+    result.map_err(|p| panic_line(p.as_ref()))
+}
+
+/// Runs `f`; a panic on this thread becomes its message's first line, and
+/// is not printed. Panics on other threads meanwhile print as usual.
+pub(super) fn caught_on_this_thread<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    use std::sync::Arc;
+    let me = std::thread::current().id();
+    let previous: Arc<Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>> =
+        Arc::new(std::panic::take_hook());
+    let forward = Arc::clone(&previous);
+    std::panic::set_hook(Box::new(move |info| {
+        if std::thread::current().id() != me {
+            forward(info);
+        }
+    }));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    // Our hook (and its clone of the previous one) goes; the previous returns.
+    drop(std::panic::take_hook());
+    match Arc::try_unwrap(previous) {
+        Ok(hook) => std::panic::set_hook(hook),
+        Err(shared) => std::panic::set_hook(Box::new(move |info| shared(info))),
+    }
+    result.map_err(|p| panic_line(p.as_ref()))
+}
+
+/// The first line of a panic's message.
+fn panic_line(p: &(dyn std::any::Any + Send)) -> String {
+    let message = p
+        .downcast_ref::<String>()
+        .map(String::as_str)
+        .or_else(|| p.downcast_ref::<&str>().copied())
+        .unwrap_or("the device's runtime panicked");
+    message.lines().next().unwrap_or(message).to_string()
 }
 
 #[cfg(feature = "wgpu")]

@@ -11,6 +11,7 @@
 pub mod backends;
 mod compute;
 mod spec;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -39,6 +40,42 @@ pub enum ExecError {
         what: String,
         hint: String,
     },
+    /// The device's runtime failed during the job (a panic inside cubecl,
+    /// wgpu or the driver, caught on the computing thread).
+    #[error("{}", failed_line(.device, .message, *.out_of_memory))]
+    Failed {
+        device: String,
+        message: String,
+        /// The driver refused an allocation.
+        out_of_memory: bool,
+    },
+}
+
+fn failed_line(device: &str, message: &str, out_of_memory: bool) -> String {
+    match out_of_memory {
+        true => format!("out of device memory on {device}: the driver refused an allocation ({message})"),
+        false => format!("--device {device}: the device failed: {message}"),
+    }
+}
+
+impl ExecError {
+    /// A failure from the device's runtime, its first line kept.
+    pub fn failed(device: &str, message: &str) -> Self {
+        let lower = message.to_lowercase();
+        let out_of_memory = ["out of memory", "out-of-memory", "outofmemory", "failed to allocate"]
+            .iter()
+            .any(|k| lower.contains(k));
+        ExecError::Failed {
+            device: device.to_string(),
+            message: message.to_string(),
+            out_of_memory,
+        }
+    }
+
+    /// True when the driver refused an allocation.
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, ExecError::Failed { out_of_memory: true, .. })
+    }
 }
 
 /// The rank of this process in a distributed run, and how its statistics
@@ -141,6 +178,24 @@ impl Exec {
         self.opened.run(job)
     }
 
+    /// Runs `job` like [`Exec::run`]; on a device, a panic inside the
+    /// device's runtime (an allocation the driver refused, a kernel that
+    /// failed) ends the job as [`ExecError::Failed`] instead of unwinding
+    /// through it, so the run can still end with its logs complete.
+    pub fn run_caught<T, E, J>(&self, job: J) -> Result<T, E>
+    where
+        E: From<ExecError>,
+        J: OnDevice<Output = Result<T, E>>,
+    {
+        if !self.is_device() {
+            return self.run(job);
+        }
+        match backends::caught_on_this_thread(|| self.run(job)) {
+            Ok(out) => out,
+            Err(message) => Err(ExecError::failed(&self.spec.to_string(), &message).into()),
+        }
+    }
+
     /// Checks that a compute dtype (Burn's) is supported here (Vulkan has
     /// no bf16).
     pub fn check_dtype(&self, dtype: burn::tensor::DType) -> Result<(), ExecError> {
@@ -167,6 +222,31 @@ mod tests {
         r.max_f32(&mut v);
         assert_eq!(r.world(), (0, 1));
         assert_eq!(v, vec![1.0, -2.0]);
+    }
+
+    #[test]
+    fn a_refused_allocation_is_out_of_memory_and_other_failures_are_not() {
+        let oom = ExecError::failed("wgpu", "An out-of-memory error happened during launch");
+        assert!(oom.is_out_of_memory());
+        assert!(oom.to_string().starts_with("out of device memory on wgpu"), "{oom}");
+        let cuda = ExecError::failed("cuda:0", "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")");
+        assert!(cuda.is_out_of_memory());
+        let other = ExecError::failed("wgpu", "Validation Error: buffer size exceeds the limit");
+        assert!(!other.is_out_of_memory());
+        assert_eq!(
+            other.to_string(),
+            "--device wgpu: the device failed: Validation Error: buffer size exceeds the limit"
+        );
+    }
+
+    #[test]
+    fn a_panic_on_the_computing_thread_becomes_its_first_line() {
+        let r: Result<(), String> = backends::caught_on_this_thread(|| panic!("first line\nsecond"));
+        assert_eq!(r, Err("first line".to_string()));
+        assert_eq!(backends::caught_on_this_thread(|| 7), Ok(7));
+        // The previous hook is back: a later panic elsewhere still unwinds
+        // and is caught by its own thread's join.
+        assert!(std::thread::spawn(|| panic!("other")).join().is_err());
     }
 
     #[test]

@@ -150,9 +150,9 @@ impl Run {
     pub fn fail(self, error: super::JobError) -> super::JobError {
         self.profiler
             .message(crate::events::Level::Error, error.to_string());
-        let status = match error.device_oom() {
-            Some(_) => RunStatus::Oom(error.to_string()),
-            None => RunStatus::Failed(error.to_string()),
+        let status = match error.is_out_of_memory() {
+            true => RunStatus::Oom(error.to_string()),
+            false => RunStatus::Failed(error.to_string()),
         };
         self.finish(status);
         error

@@ -49,7 +49,7 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     }
     let (windows, _) = text::evaluation(&tok, &job.text, seqlen, job.windows)?;
     let exec = run.exec.clone();
-    let result = exec.run(Evaluate {
+    let result = exec.run_caught(Evaluate {
         job,
         ckpt: &ckpt,
         windows: &windows,
@@ -85,6 +85,7 @@ struct Evaluate<'a> {
 impl OnDevice for Evaluate<'_> {
     type Output = Result<Perplexity, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        let _watch = self.run.profiler.watch_device();
         evaluate::<B>(self, device)
     }
 }

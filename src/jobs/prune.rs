@@ -93,7 +93,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         seqlen,
         run: &mut run,
     };
-    if let Err(e) = exec.run(dense) {
+    if let Err(e) = exec.run_caught(dense) {
         return Err(run.fail(e));
     }
     let gradprobe = job.method == Method::GradProbe;
@@ -105,7 +105,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         stages::SEQUENTIAL_CLOSING
     };
     let opened = Opened { ckpt, tok, seqlen };
-    let pruned = exec.run(Pruning {
+    let pruned = exec.run_caught(Pruning {
         job,
         opened: &opened,
         writer: writer.as_mut(),
@@ -257,6 +257,7 @@ struct Pruning<'a, 'w> {
 impl OnDevice for Pruning<'_, '_> {
     type Output = Result<Pruned, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        let _watch = self.run.profiler.watch_device();
         match self.job.method {
             Method::GradProbe => super::gradprobe::prune_and_eval::<B>(
                 self.job,
@@ -282,6 +283,7 @@ struct DenseEval<'a> {
 impl OnDevice for DenseEval<'_> {
     type Output = Result<(), JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        let _watch = self.run.profiler.watch_device();
         dense_eval::<B>(self.job, self.ckpt, self.tok, self.seqlen, self.run, device)
     }
 }

@@ -67,6 +67,11 @@ pub struct MemorySnapshot {
     /// On stage snapshots: the highest live heap since the previous stage.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_heap_peak: Option<u64>,
+    /// On stage snapshots of a device run: the highest device bytes in use
+    /// since the previous stage, from every reading the profiler took
+    /// (inside passes too, `Profiler::watch_device`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub window_device_peak: Option<u64>,
 }
 
 impl MemorySnapshot {

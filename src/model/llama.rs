@@ -511,10 +511,12 @@ impl<B: Compute> Head<'_, B> {
     /// Logits for hidden states `[n, hidden]` → `[n, vocab]`.
     pub fn logits(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
         let _span = timing::work(Work::Gemm);
-        match self {
-            Head::Linear(l) => l.forward(h),
-            Head::Tied(e) => h.matmul(e.weight.val().transpose()),
-        }
+        let logits = match self {
+            Head::Linear(l) => l.forward(h.clone()),
+            Head::Tied(e) => h.clone().matmul(e.weight.val().transpose()),
+        };
+        crate::exec::watch::after_op();
+        logits
     }
 }
 

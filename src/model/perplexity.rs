@@ -52,7 +52,7 @@ pub fn token_tensor<B: Compute>(windows: &[Vec<u32>], device: &B::Device) -> Ten
 }
 
 /// Rows of logits per chunk: about 8 Mi f32 elements (32 MiB) at a time.
-fn chunk_rows(vocab: usize) -> usize {
+pub fn chunk_rows(vocab: usize) -> usize {
     ((1usize << 23) / vocab.max(1)).max(1)
 }
 
@@ -78,7 +78,10 @@ pub fn window_nll<B: Compute>(
             let logits = if logits.dtype() == DType::F32 {
                 logits
             } else {
-                logits.cast(FloatDType::F32)
+                let f32s = logits.clone().cast(FloatDType::F32);
+                // The chunk in both dtypes: the evaluation's high-water mark.
+                crate::exec::watch::after_op();
+                f32s
             };
             let _span = timing::work(Work::Logits);
             let mut values: Vec<f32> = logits.into_data().into_vec().unwrap_or_default();

@@ -150,6 +150,10 @@ impl Profiler {
         if let Ok(mut peaks) = self.inner.peaks.lock() {
             snapshot.window_rss_peak = max_opt(peaks.rss.stage_window(), snapshot.rss);
             snapshot.window_heap_peak = max_opt(peaks.heap.stage_window(), snapshot.heap_allocated);
+            if !self.inner.device.is_host_heap() {
+                snapshot.window_device_peak =
+                    max_opt(peaks.device.stage_window(), snapshot.device_allocated);
+            }
         }
         if let Some(heap) = snapshot.heap_allocated {
             let (_, parts) = memory::tag::take_window(heap);
@@ -172,10 +176,17 @@ impl Profiler {
             return Ok(());
         }
         let reading = device.read();
-        if let Ok(peaks) = self.inner.peaks.lock() {
-            peaks.device.observe(reading.allocated);
-        }
-        match (device.cap(), reading.allocated) {
+        // The highest reading so far, in-op readings ([`Profiler::watch_device`])
+        // included: a pass that went past the cap and came back under it
+        // still went past it.
+        let high = match self.inner.peaks.lock() {
+            Ok(peaks) => {
+                peaks.device.observe(reading.allocated);
+                peaks.device.run_peak()
+            }
+            Err(_) => reading.allocated,
+        };
+        match (device.cap(), high) {
             (Some(cap), Some(in_use)) if in_use > cap => Err(memory::DeviceOom {
                 device: device.name(),
                 at: at(),
@@ -184,6 +195,24 @@ impl Profiler {
             }),
             _ => Ok(()),
         }
+    }
+
+    /// Reads the device pool after every device operation on the calling
+    /// thread (the computing one) until the guard drops, so that the peak
+    /// inside a pass is seen, not only the pool between passes
+    /// ([`crate::exec::watch`]). Nothing to do on the CPU backend, whose
+    /// heap peak is exact.
+    pub fn watch_device(&self) -> Option<crate::exec::watch::WatchGuard> {
+        if self.inner.device.is_host_heap() {
+            return None;
+        }
+        let inner = Arc::clone(&self.inner);
+        Some(crate::exec::watch::install(move || {
+            let reading = inner.device.read();
+            if let Ok(peaks) = inner.peaks.lock() {
+                peaks.device.observe(reading.allocated);
+            }
+        }))
     }
 
     /// Opens a scope; when the guard drops, a [`Event::ScopeEnd`] reports the
@@ -338,6 +367,7 @@ impl Inner {
             window_peak_categories: Default::default(),
             window_rss_peak: None,
             window_heap_peak: None,
+            window_device_peak: None,
         }
     }
 

@@ -51,7 +51,13 @@ impl<B: Compute> Activations<B> {
     pub fn get(&self, i: usize) -> Tensor<B, 3> {
         match self {
             Activations::Device(b) => b[i].clone(),
-            Activations::Host { batches, device } => Tensor::from_data(batches[i].clone(), device),
+            // In the dtype it was read back in: `from_data` alone would
+            // upload in the backend's default float (f32 on wgpu).
+            Activations::Host { batches, device } => {
+                let data = batches[i].clone();
+                let dtype = data.dtype;
+                Tensor::from_data(data, (device, dtype))
+            }
         }
     }
 
@@ -87,5 +93,13 @@ mod tests {
             let first: Vec<f32> = a.get(0).into_data().into_vec().unwrap();
             assert_eq!(first, vec![1.0; 24]);
         }
+    }
+
+    #[test]
+    fn offloaded_f16_batches_come_back_in_f16() {
+        let device = Default::default();
+        let x = Tensor::<Cpu, 3>::full([2, 3, 4], 1.5, &device).cast(burn::tensor::FloatDType::F16);
+        let a = Activations::new(vec![x], true, &device);
+        assert_eq!(a.get(0).dtype(), burn::tensor::DType::F16);
     }
 }

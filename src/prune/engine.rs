@@ -208,10 +208,13 @@ pub fn embed_windows<B: Compute>(
             &loaded
         }
     };
-    Ok(windows
+    let hidden: Vec<Tensor<B, 3>> = windows
         .chunks(batch_size.max(1))
         .map(|batch| embed.forward(token_tensor(batch, device)))
-        .collect())
+        .collect();
+    // Every batch's hidden states beside the embedding table.
+    crate::exec::watch::after_op();
+    Ok(hidden)
 }
 
 /// Prunes every decoder layer of `ckpt` (or of the resident model), writing

@@ -97,6 +97,8 @@ pub fn set_weight<B: Compute>(
     if let Some(lin) = layer.linear_mut(name) {
         let t =
             Tensor::<B, 2>::from_data(TensorData::new(values, [out, inp]), (device, dtype.burn()));
+        // The pruned copy is up beside the weight it replaces.
+        crate::exec::watch::after_op();
         lin.weight = Param::from_tensor(t.transpose());
     }
 }

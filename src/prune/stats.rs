@@ -139,6 +139,8 @@ impl<B: Compute> LayerStats<B> {
         let mut x3 = x.clone();
         if x3.dtype() != DType::F32 {
             x3 = x3.cast(FloatDType::F32);
+            // The f32 copy beside the input it was cast from.
+            crate::exec::watch::after_op();
         }
         let acc = self.acc.entry(input).or_default();
         if self.needs.moments {
@@ -156,7 +158,11 @@ impl<B: Compute> LayerStats<B> {
             add(&mut acc.norms, column_square_sums(x2.clone()));
         }
         if self.needs.hessian {
-            add(&mut acc.hessian, x2.clone().transpose().matmul(x2));
+            let xtx = x2.clone().transpose().matmul(x2.clone());
+            // This batch's `Xᵀ X` beside the sum it joins and its f32 input.
+            crate::exec::watch::after_op();
+            drop(x2);
+            add(&mut acc.hessian, xtx);
         }
     }
 

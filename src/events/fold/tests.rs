@@ -143,3 +143,44 @@ fn exact_window_peaks_from_the_profiler_count() {
     assert_eq!(f.stages[1].heap_peak, Some(280 * M));
     assert_eq!(f.peak_between("01_a", "02_b"), Some(300 * M));
 }
+
+fn with_categories(mut e: Event, cats: &[(&str, u64)]) -> Event {
+    if let Event::Stage { snapshot } | Event::Sample { snapshot } = &mut e {
+        snapshot.categories = cats.iter().map(|(k, v)| (k.to_string(), v * M)).collect();
+    }
+    e
+}
+
+#[test]
+fn the_at_peak_composition_follows_samples_between_stages() {
+    let mut f = RunFold::of(&[with_categories(stage("a", 0.0, 10, 10), &[("weights", 5)])]);
+    assert_eq!(f.heap_peak_composition().unwrap()["weights"], 5 * M);
+    // A sample inside the next stage's window is fuller: the view shows it
+    // now, not when the stage closes.
+    f.apply(&with_categories(
+        sample(0.5, 200, 200),
+        &[("weights", 5), ("logits", 90)],
+    ));
+    let now = f.heap_peak_composition().unwrap();
+    assert_eq!(now.get("logits"), Some(&(90 * M)));
+    // A later, emptier reading does not replace it.
+    f.apply(&with_categories(sample(0.9, 20, 200), &[("weights", 5)]));
+    assert_eq!(f.heap_peak_composition().unwrap().get("logits"), Some(&(90 * M)));
+}
+
+#[test]
+fn device_peaks_between_stages_come_from_the_device_windows() {
+    let dev = |label: &str, now: u64, window: Option<u64>| {
+        let mut s = snap(label, 0.0, 10, 10);
+        s.device_allocated = Some(now * M);
+        s.window_device_peak = window.map(|w| w * M);
+        Event::Stage { snapshot: s }
+    };
+    let f = RunFold::of(&[dev("a", 1, Some(1)), dev("b", 2, Some(40)), dev("c", 3, Some(7))]);
+    assert_eq!(f.device_peak_between("a", "b"), Some(40 * M));
+    assert_eq!(f.device_peak_between("b", "c"), Some(7 * M));
+    assert_eq!(f.device_peak_between("a", "c"), Some(40 * M));
+    // A CPU run's stages carry no device windows.
+    let cpu = RunFold::of(&[stage("a", 0.0, 10, 10), stage("b", 1.0, 10, 10)]);
+    assert_eq!(cpu.device_peak_between("a", "b"), None);
+}

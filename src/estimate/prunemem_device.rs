@@ -1,0 +1,346 @@
+//! Device memory of prunemem's own engine on a GPU (`--device wgpu|cuda`):
+//! the bytes cubecl's pool holds, phase by phase, from the buffers the
+//! engine puts on the device.
+//!
+//! cubecl's `bytes_in_use` is the sum of the live buffers' sizes, so every
+//! term below is a tensor the engine holds, at the moment the profiler reads
+//! the pool: after every linear's output exists beside its input, after each
+//! statistic's update, after each pruned weight is uploaded beside the one it
+//! replaces, and between passes (`exec::watch`). What the device holds for
+//! the whole run:
+//! - the calibration hidden states, `nsamples · seqlen · hidden` in the
+//!   compute dtype (one batch with `--offload-activations`);
+//! - the rotary tables: cos and sin `[seqlen, head_dim]`, the `head_dim²`
+//!   rotation, and cos and sin expanded to q's and k's shapes for each batch
+//!   shape (full batches and the last, shorter one);
+//! - one decoder layer (all of them with `--resident`);
+//! - the statistics in f32: one value per input column for Wanda, RIA and
+//!   DSnoT (two more for DSnoT's moments), an `in × in` Hessian per linear
+//!   input for SparseGPT.
+//!
+//! And the largest moment inside a pass, on top: the MLP's gate and up
+//! projections beside the residual stream and the normed input,
+//! `T · (2h + 2i)` values for `T` batch tokens; for SparseGPT, the widest
+//! input's f32 copy and its `Xᵀ X` beside the running Hessian; the
+//! embedding table while the calibration windows are embedded; at the
+//! evaluation's head, a logits chunk in the compute dtype and in f32.
+//!
+//! Not estimated here: OWL's outlier pass (taken as the calibration's
+//! forward), GradProbe (its CPU accounting, see `reference`), and the CUDA
+//! context, which lives outside the pool (nvidia-smi counts it; the
+//! profiler's device figures do not; the GPU table subtracts it from each
+//! card).
+
+use super::{Arch, Device, Phase, Workload};
+use crate::events::stages;
+use crate::prune::Method;
+
+/// The sizes every phase shares.
+struct Sizes {
+    c: u64,
+    hidden: u64,
+    inter: u64,
+    seqlen: u64,
+}
+
+impl Sizes {
+    fn of(a: &Arch, w: &Workload) -> Self {
+        Self {
+            c: w.dtype.size(),
+            hidden: a.hidden,
+            inter: a.intermediate,
+            seqlen: w.seqlen,
+        }
+    }
+
+    /// A layer's forward at its fullest, for `tokens` tokens: the residual
+    /// stream's new copy, the normed input, gate and up.
+    fn forward(&self, tokens: u64) -> u64 {
+        tokens * (2 * self.hidden + 2 * self.inter) * self.c
+    }
+
+    /// Hidden states of `windows` windows.
+    fn hidden_states(&self, windows: u64) -> u64 {
+        windows * self.seqlen * self.hidden * self.c
+    }
+}
+
+/// Rotary tables on the device: the `[seqlen, head_dim]` pair and the
+/// rotation, and the pair expanded to q's and k's shapes for batches of
+/// `batch` windows and for the last, shorter batch of `windows`.
+fn rope(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
+    let c = w.dtype.size();
+    let base = (2 * w.seqlen * a.head_dim + a.head_dim * a.head_dim) * c;
+    let widths = if a.q_dim() == a.kv_dim() {
+        a.q_dim()
+    } else {
+        a.q_dim() + a.kv_dim()
+    };
+    let rest = if batch > 0 { windows % batch } else { 0 };
+    base + 2 * (batch.min(windows) + rest) * w.seqlen * widths * c
+}
+
+/// The f32 statistics of one layer, and the largest moment of their update
+/// beyond the forward's own (SparseGPT: the widest input's f32 copy and
+/// its `Xᵀ X`).
+fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64) -> (u64, u64) {
+    let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
+    let columns = 2 * h + q + i;
+    let norms = match m {
+        Method::Wanda | Method::Ria => columns * 4,
+        _ if w.dsnot => columns * 4,
+        _ => 0,
+    };
+    let moments = if w.dsnot { 2 * columns * 4 } else { 0 };
+    let cast = if w.dtype.size() == 4 { 0 } else { tokens * i * 4 };
+    match m {
+        Method::SparseGpt => {
+            let hessians = (2 * h * h + q * q + i * i) * 4;
+            // At the down projection's input: the residual stream, the
+            // input, its f32 copy and the new product.
+            let update = tokens * (h + i) * w.dtype.size() + cast + i * i * 4;
+            (hessians + norms + moments, update)
+        }
+        _ => (norms + moments, tokens * (h + i) * w.dtype.size() + cast),
+    }
+}
+
+/// The phases of a prunemem pruning run on a GPU device.
+pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec<Phase> {
+    let s = Sizes::of(a, w);
+    let calibrated = m != Method::Magnitude || w.owl || w.dsnot;
+    let n = if calibrated { w.nsamples } else { 0 };
+    let batch = w.batch_size.min(n.max(1));
+    let tokens = batch * w.seqlen;
+    let weights = match w.resident {
+        true => ("weights (resident)", a.params * s.c),
+        false => ("weights (one layer)", a.layer_params() * s.c),
+    };
+    if w.device == Device::Cuda {
+        notes.push(
+            "device figures are cubecl's pool; the CUDA context lives outside it (nvidia-smi counts it, \
+             the GPU table subtracts it); no CUDA run has validated these figures, lavapipe runs have"
+                .into(),
+        );
+    }
+    if w.owl {
+        notes.push("OWL's outlier pass on a device is taken as one calibration forward".into());
+    }
+    let mut out = vec![
+        Phase::new("load", &[stages::START, stages::MODEL_LOADED])
+            .add(
+                "weights (resident)",
+                if w.resident { a.params * s.c } else { 0 },
+            ),
+    ];
+    let acts = s.hidden_states(n);
+    if calibrated {
+        let first = if w.owl {
+            stages::OWL_RATIOS
+        } else {
+            stages::MODEL_LOADED
+        };
+        out.push(
+            Phase::new("calibration", &[first, stages::BEFORE_PRUNING])
+                    .add(
+                    "weights (resident)",
+                    if w.resident { a.params * s.c } else { 0 },
+                )
+                .add(
+                    "embeddings",
+                    if w.resident {
+                        0
+                    } else {
+                        a.embedding_params() * s.c
+                    },
+                )
+                .add("calibration buffers", acts),
+        );
+    }
+    out.push(prune_phase(a, w, m, &s, weights, tokens, n));
+    if w.eval_windows > 0 {
+        out.push(eval_phase(a, w, &s, "eval", [stages::BEFORE_EVAL, stages::AFTER_EVAL], w.resident));
+    }
+    if w.eval_dense && w.eval_windows > 0 {
+        let stages = [stages::BEFORE_DENSE_EVAL, stages::AFTER_DENSE_EVAL];
+        out.insert(0, eval_phase(a, w, &s, "dense eval", stages, false));
+    }
+    out
+}
+
+/// The layer-by-layer pass: what stays for the run, one layer and its
+/// statistics, and the largest of the forward, the statistics' update and a
+/// pruned weight uploaded beside the one it replaces.
+fn prune_phase(
+    a: &Arch,
+    w: &Workload,
+    m: Method,
+    s: &Sizes,
+    weights: (&str, u64),
+    tokens: u64,
+    n: u64,
+) -> Phase {
+    let calibrated = n > 0;
+    let batch = w.batch_size.min(n.max(1));
+    let acts = match w.offload_activations {
+        true => s.hidden_states(batch.min(n)),
+        false => s.hidden_states(n),
+    };
+    let (stats, update) = if calibrated {
+        statistics(a, w, m, tokens)
+    } else {
+        (0, 0)
+    };
+    let forward = if calibrated { s.forward(tokens) } else { 0 };
+    let (t_name, t) = [
+        ("activations", forward),
+        ("statistics update", update),
+        ("pruned weight (upload)", a.largest_linear() * s.c),
+    ]
+    .into_iter()
+    .max_by_key(|(_, b)| *b)
+    .unwrap_or(("activations", 0));
+    Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
+        .add(weights.0, weights.1)
+        .add(
+            if w.offload_activations {
+                "calibration buffers (one batch; the rest on the host)"
+            } else {
+                "calibration buffers"
+            },
+            acts,
+        )
+        .add(
+            "rotary tables",
+            // Built for every run; expanded per batch shape once windows run.
+            match calibrated {
+                true => rope(a, w, batch, n),
+                false => rope(a, w, 0, 0),
+            },
+        )
+        .add("statistics", stats)
+        .add(t_name, t)
+}
+
+/// An evaluation on the device: the embedding table (and an untied head),
+/// one layer (or the whole model), every window's hidden states, the rotary
+/// tables, and the larger of a layer's forward and the head's logits chunk.
+fn eval_phase(
+    a: &Arch,
+    w: &Workload,
+    s: &Sizes,
+    name: &str,
+    stages: [&str; 2],
+    resident: bool,
+) -> Phase {
+    let eval_batch = w.batch_size.min(w.eval_windows);
+    let embed = a.embedding_params() * s.c;
+    let head = if a.tied { 0 } else { embed };
+    let rows = (crate::model::perplexity::chunk_rows(a.vocab as usize) as u64).min(w.seqlen - 1);
+    let f32_copy = if s.c == 4 { 0 } else { rows * a.vocab * 4 };
+    // The head runs after the last layer: the normed batch and its chunk.
+    let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c + f32_copy;
+    let forward = s.forward(eval_batch * w.seqlen);
+    // Streamed, the layer is gone by the time the head runs.
+    let layer = if resident { 0 } else { a.layer_params() * s.c };
+    let (layer, t_name, t) = if layer + forward >= logits {
+        (layer, "activations", forward)
+    } else {
+        (0, "logits chunk", logits)
+    };
+    let (weights_name, weights) = match resident {
+        true => ("weights (resident)", a.params * s.c),
+        false => ("embeddings and head", embed + head),
+    };
+    Phase::new(name, &stages)
+        .add(weights_name, weights)
+        .add("weights (one layer)", layer)
+        .add(
+            "hidden states",
+            match (resident, t_name) {
+                (true, "logits chunk") => 0,
+                (true, _) => s.hidden_states(eval_batch),
+                // At the head, the first batch has been normed (counted in
+                // the logits) and the rest wait.
+                (false, "logits chunk") => s.hidden_states(w.eval_windows - eval_batch),
+                (false, _) => s.hidden_states(w.eval_windows),
+            },
+        )
+        .add(
+            "rotary tables",
+            rope(a, w, eval_batch, w.eval_windows),
+        )
+        .add(t_name, t)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::{Task, estimate, presets};
+    use crate::model::ComputeDtype;
+
+    fn llama7b(task: Task) -> (Arch, Workload) {
+        let a = presets::load("llama-7b").unwrap();
+        let mut w = Workload::new(task);
+        (w.device, w.dtype, w.nsamples, w.seqlen, w.batch_size) =
+            (Device::Wgpu, ComputeDtype::F16, 128, 2048, 8);
+        (a, w)
+    }
+
+    fn component(e: &crate::estimate::Estimate, phase: &str, name: &str) -> u64 {
+        let p = e.phases.iter().find(|p| p.name == phase).unwrap();
+        p.components
+            .iter()
+            .filter(|c| c.name == name || c.name.starts_with(&format!("{name} (")))
+            .map(|c| c.bytes)
+            .sum()
+    }
+
+    #[test]
+    fn the_pool_holds_the_calibration_set_one_layer_and_its_statistics() {
+        let (a, w) = llama7b(Task::SparseGpt);
+        let e = estimate(&a, &w).unwrap();
+        // 128 × 2048 × 4096 f16 hidden states: 2 GiB.
+        assert_eq!(component(&e, "prune", "calibration buffers"), 2 << 30);
+        assert_eq!(component(&e, "prune", "weights"), a.layer_params() * 2);
+        // Four Hessians (q/k/v and gate/up share theirs), f32.
+        let (h, i) = (4096u64, 11008u64);
+        assert_eq!(component(&e, "prune", "statistics"), (3 * h * h + i * i) * 4);
+        // The embedding is on the device while the windows are embedded.
+        assert_eq!(component(&e, "calibration", "embeddings"), a.embedding_params() * 2);
+        assert!(e.notes.iter().all(|n| !n.contains("CUDA")), "{:?}", e.notes);
+    }
+
+    #[test]
+    fn offloaded_activations_leave_one_batch_on_the_device() {
+        let (a, mut w) = llama7b(Task::Wanda);
+        let resident = estimate(&a, &w).unwrap();
+        w.offload_activations = true;
+        let offloaded = estimate(&a, &w).unwrap();
+        assert_eq!(component(&offloaded, "prune", "calibration buffers"), (2 << 30) / 16);
+        let prune = |e: &crate::estimate::Estimate| {
+            e.phases.iter().find(|p| p.name == "prune").unwrap().total()
+        };
+        let saved = prune(&resident) - prune(&offloaded);
+        assert_eq!(saved, (2 << 30) - (2 << 30) / 16);
+    }
+
+    #[test]
+    fn cuda_is_the_same_pool_with_its_context_noted_not_added() {
+        let (a, mut w) = llama7b(Task::Wanda);
+        let wgpu = estimate(&a, &w).unwrap();
+        w.device = Device::Cuda;
+        let cuda = estimate(&a, &w).unwrap();
+        assert_eq!(wgpu.peak(), cuda.peak());
+        assert!(cuda.notes.iter().any(|n| n.contains("CUDA context")), "{:?}", cuda.notes);
+    }
+
+    #[test]
+    fn wgpu_estimates_prunemem_pruning_only() {
+        let (a, mut w) = llama7b(Task::Inference);
+        assert!(estimate(&a, &w).is_err());
+        w.task = Task::Wanda;
+        w.engine = crate::estimate::Engine::Reference;
+        assert!(estimate(&a, &w).is_err());
+    }
+}
