@@ -565,3 +565,47 @@ fn unsupported_device_requests_are_one_line() {
         assert!(stderr.contains(expect), "{stderr}");
     }
 }
+
+/// A tensor past the device's largest buffer (lavapipe: 128 MiB; a 49 152 ×
+/// 768 f32 embedding is 144 MiB) is refused inside cubecl's server thread,
+/// which used to leave the embedding empty and the run going to a garbage
+/// perplexity with exit 0. Now the run fails with one line (exit 2) and its
+/// log says so.
+#[test]
+fn a_tensor_past_the_devices_largest_buffer_fails_the_run_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        hidden: 768,
+        intermediate: 256,
+        layers: 1,
+        heads: 12,
+        kv_heads: 4,
+        vocab: 49152,
+        dtype: safetensors::Dtype::F16,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(2000)).unwrap();
+    let logs = dir.path().join("logs");
+    let (code, stdout, stderr) = run_prunemem(&[
+        "eval", "--model", s(&model), "--text", s(&text), "--windows", "1", "--seqlen", "32",
+        "--device", "wgpu", "--dtype", "f32", "--ui", "none", "--log-memory", s(&logs),
+    ]);
+    let adapter = wgpu().adapter().to_string();
+    if !adapter.contains("llvmpipe") {
+        // A real GPU's buffers are larger: the run must simply succeed.
+        assert_eq!(code, Some(0), "{adapter}: {stdout}\n{stderr}");
+        return;
+    }
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "one line: {stderr}");
+    assert!(lines[0].contains("passes the device's largest buffer"), "{stderr}");
+    assert!(!stdout.contains("perplexity"), "no result from a failed device: {stdout}");
+    let Some(Event::RunFinished { summary }) = events(&logs).pop() else {
+        panic!("the log ends with the run's summary")
+    };
+    assert!(matches!(summary.status, RunStatus::Failed(_)), "{:?}", summary.status);
+}

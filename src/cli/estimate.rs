@@ -219,6 +219,10 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
             let mut r = w.clone();
             r.engine = Engine::Reference;
             r.batch_size = 1;
+            // The reference scripts run on CUDA: a wgpu user's alternative.
+            if r.device == Device::Wgpu {
+                r.device = Device::Cuda;
+            }
             Some(estimate(&arch, &r)?)
         } else {
             None
@@ -363,7 +367,7 @@ pub fn render(
             r.phases[r.peak_phase()].name
         );
     }
-    if device == Device::Cuda {
+    if device.is_gpu() {
         s += "\nGPUs (usable = memory − CUDA context)\n";
         for g in gpus {
             let fits = est.peak() <= g.usable();

@@ -154,7 +154,17 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
                         a.embedding_params() * s.c
                     },
                 )
-                .add("calibration buffers", acts),
+                .add(
+                    if w.offload_activations {
+                        "calibration buffers (one batch; the rest on the host)"
+                    } else {
+                        "calibration buffers"
+                    },
+                    match w.offload_activations {
+                        true => s.hidden_states(batch.min(n)),
+                        false => acts,
+                    },
+                ),
         );
     }
     out.push(prune_phase(a, w, m, &s, weights, tokens, n));
@@ -186,12 +196,24 @@ fn prune_phase(
         true => s.hidden_states(batch.min(n)),
         false => s.hidden_states(n),
     };
+    // An offloaded batch is uploaded for the pass and held by nothing else,
+    // so the residual stream is added into its buffer instead of a new one.
+    let in_place = if w.offload_activations {
+        tokens * s.hidden * s.c
+    } else {
+        0
+    };
     let (stats, update) = if calibrated {
-        statistics(a, w, m, tokens)
+        let (stats, update) = statistics(a, w, m, tokens);
+        (stats, update - in_place)
     } else {
         (0, 0)
     };
-    let forward = if calibrated { s.forward(tokens) } else { 0 };
+    let forward = if calibrated {
+        s.forward(tokens) - in_place
+    } else {
+        0
+    };
     let (t_name, t) = [
         ("activations", forward),
         ("statistics update", update),
@@ -240,7 +262,9 @@ fn eval_phase(
     let f32_copy = if s.c == 4 { 0 } else { rows * a.vocab * 4 };
     // The head runs after the last layer: the normed batch and its chunk.
     let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c + f32_copy;
-    let forward = s.forward(eval_batch * w.seqlen);
+    // Each batch's hidden states are moved through the layers, held by
+    // nothing else: the residual stream is added in place.
+    let forward = s.forward(eval_batch * w.seqlen) - s.hidden_states(eval_batch);
     // Streamed, the layer is gone by the time the head runs.
     let layer = if resident { 0 } else { a.layer_params() * s.c };
     let (layer, t_name, t) = if layer + forward >= logits {

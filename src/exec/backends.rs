@@ -146,16 +146,33 @@ fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
 }
 
 /// Runs `f`; a panic on this thread becomes its message's first line, and
-/// is not printed. Panics on other threads meanwhile print as usual.
+/// is not printed. A panic inside the device's runtime on another thread
+/// (cubecl's server, wgpu's callbacks) while `f` runs fails it the same
+/// way: the job's results are not to be trusted after one (a refused
+/// allocation there leaves the tensor empty and the job going). Other
+/// threads' panics print as usual.
 pub(super) fn caught_on_this_thread<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    use std::sync::Arc;
+    use std::sync::{Arc, Mutex};
     let me = std::thread::current().id();
     let previous: Arc<Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>> =
         Arc::new(std::panic::take_hook());
     let forward = Arc::clone(&previous);
+    let elsewhere: Arc<Mutex<Option<String>>> = Arc::default();
+    let seen = Arc::clone(&elsewhere);
     std::panic::set_hook(Box::new(move |info| {
-        if std::thread::current().id() != me {
-            forward(info);
+        if std::thread::current().id() == me {
+            return;
+        }
+        let in_runtime = info.location().is_some_and(|l| {
+            ["cubecl", "wgpu", "burn-", "cudarc"]
+                .iter()
+                .any(|k| l.file().contains(k))
+        });
+        if !in_runtime {
+            return forward(info);
+        }
+        if let Ok(mut first) = seen.lock() {
+            first.get_or_insert_with(|| panic_line(info.payload()));
         }
     }));
     let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
@@ -165,7 +182,11 @@ pub(super) fn caught_on_this_thread<T>(f: impl FnOnce() -> T) -> Result<T, Strin
         Ok(hook) => std::panic::set_hook(hook),
         Err(shared) => std::panic::set_hook(Box::new(move |info| shared(info))),
     }
-    result.map_err(|p| panic_line(p.as_ref()))
+    let out = result.map_err(|p| panic_line(p.as_ref()))?;
+    match elsewhere.lock().ok().and_then(|mut m| m.take()) {
+        Some(message) => Err(message),
+        None => Ok(out),
+    }
 }
 
 /// The first line of a panic's message.

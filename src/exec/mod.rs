@@ -61,6 +61,23 @@ fn failed_line(device: &str, message: &str, out_of_memory: bool) -> String {
 impl ExecError {
     /// A failure from the device's runtime, its first line kept.
     pub fn failed(device: &str, message: &str) -> Self {
+        // cubecl's `BufferTooBig`: one tensor passes the device's largest
+        // buffer (lavapipe: 128 MiB), whatever memory is free.
+        if let Some(size) = message
+            .strip_prefix("called `Result::unwrap()` on an `Err` value: ")
+            .unwrap_or(message)
+            .strip_prefix("can't allocate buffer of size: ")
+            .and_then(|n| n.trim().parse::<u64>().ok())
+        {
+            return ExecError::Failed {
+                device: device.to_string(),
+                message: format!(
+                    "one tensor of {} passes the device's largest buffer; a smaller --dtype (f16) or a device with larger buffers is needed",
+                    crate::units::format_bytes(size)
+                ),
+                out_of_memory: false,
+            };
+        }
         let lower = message.to_lowercase();
         let out_of_memory = ["out of memory", "out-of-memory", "outofmemory", "failed to allocate"]
             .iter()
@@ -231,6 +248,12 @@ mod tests {
         assert!(oom.to_string().starts_with("out of device memory on wgpu"), "{oom}");
         let cuda = ExecError::failed("cuda:0", "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")");
         assert!(cuda.is_out_of_memory());
+        let big = ExecError::failed(
+            "wgpu",
+            "called `Result::unwrap()` on an `Err` value: can't allocate buffer of size: 150994944",
+        );
+        assert!(!big.is_out_of_memory());
+        assert!(big.to_string().contains("one tensor of 144.0 MiB passes the device's largest buffer"), "{big}");
         let other = ExecError::failed("wgpu", "Validation Error: buffer size exceeds the limit");
         assert!(!other.is_out_of_memory());
         assert_eq!(
@@ -247,6 +270,9 @@ mod tests {
         // The previous hook is back: a later panic elsewhere still unwinds
         // and is caught by its own thread's join.
         assert!(std::thread::spawn(|| panic!("other")).join().is_err());
+        // Outside the device's runtime, another thread's panic is its own.
+        let r = backends::caught_on_this_thread(|| std::thread::spawn(|| panic!("sink")).join().is_err());
+        assert_eq!(r, Ok(true));
     }
 
     #[test]

@@ -27,12 +27,29 @@ pub enum Activations<B: Compute> {
 impl<B: Compute> Activations<B> {
     /// `batches`, kept where `offload` says.
     pub fn new(batches: Vec<Tensor<B, 3>>, offload: bool, device: &B::Device) -> Self {
+        let mut out = Self::empty(offload, device);
+        for b in batches {
+            out.push(b);
+        }
+        out
+    }
+
+    /// No batches yet; those pushed are kept where `offload` says.
+    pub fn empty(offload: bool, device: &B::Device) -> Self {
         match offload {
-            false => Activations::Device(batches),
+            false => Activations::Device(Vec::new()),
             true => Activations::Host {
-                batches: batches.into_iter().map(Tensor::into_data).collect(),
+                batches: Vec::new(),
                 device: device.clone(),
             },
+        }
+    }
+
+    /// Adds the next batch (read back to the host at once when offloaded).
+    pub fn push(&mut self, x: Tensor<B, 3>) {
+        match self {
+            Activations::Device(b) => b.push(x),
+            Activations::Host { batches, .. } => batches.push(x.into_data()),
         }
     }
 

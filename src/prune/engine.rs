@@ -200,6 +200,24 @@ pub fn embed_windows<B: Compute>(
     dtype: ComputeDtype,
     device: &B::Device,
 ) -> Result<Vec<Tensor<B, 3>>, PruneError> {
+    let mut hidden = Vec::new();
+    embed_each(ckpt, source, windows, batch_size, dtype, device, &mut |t| {
+        hidden.push(t)
+    })?;
+    Ok(hidden)
+}
+
+/// Each batch's hidden states after the embedding, handed to `keep` as it
+/// is made (so that offloaded batches leave the device one at a time).
+fn embed_each<B: Compute>(
+    ckpt: &Checkpoint,
+    source: &Source<'_, B>,
+    windows: &[Vec<u32>],
+    batch_size: usize,
+    dtype: ComputeDtype,
+    device: &B::Device,
+    keep: &mut dyn FnMut(Tensor<B, 3>),
+) -> Result<(), PruneError> {
     let loaded;
     let embed = match source {
         Source::Resident(m) => &m.model.embed_tokens,
@@ -208,13 +226,14 @@ pub fn embed_windows<B: Compute>(
             &loaded
         }
     };
-    let hidden: Vec<Tensor<B, 3>> = windows
-        .chunks(batch_size.max(1))
-        .map(|batch| embed.forward(token_tensor(batch, device)))
-        .collect();
-    // Every batch's hidden states beside the embedding table.
-    crate::exec::watch::after_op();
-    Ok(hidden)
+    for batch in windows.chunks(batch_size.max(1)) {
+        let hidden = embed.forward(token_tensor(batch, device));
+        // This batch's hidden states beside the embedding table (and the
+        // batches kept on the device before it).
+        crate::exec::watch::after_op();
+        keep(hidden);
+    }
+    Ok(())
 }
 
 /// Prunes every decoder layer of `ckpt` (or of the resident model), writing
@@ -232,21 +251,19 @@ pub fn prune<B: Compute>(
     let c = &ckpt.config;
     let kind = needs(config);
     let nsamples = calibration.len();
-    let inps = match kind {
-        Some(_) => {
-            let _tag = tag::tag(Category::Activations);
-            embed_windows(
-                ckpt,
-                &source,
-                calibration,
-                config.batch_size,
-                config.dtype,
-                device,
-            )?
-        }
-        None => Vec::new(),
-    };
-    let mut inps = Activations::new(inps, config.offload_activations, device);
+    let mut inps = Activations::empty(config.offload_activations, device);
+    if kind.is_some() {
+        let _tag = tag::tag(Category::Activations);
+        embed_each(
+            ckpt,
+            &source,
+            calibration,
+            config.batch_size,
+            config.dtype,
+            device,
+            &mut |t| inps.push(t),
+        )?;
+    }
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
     let act_bytes = (nsamples * config.seqlen * c.hidden_size) as u64 * config.dtype.size();
     let mut components = BTreeMap::new();
