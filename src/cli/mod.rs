@@ -62,6 +62,9 @@ pub enum Command {
 /// a failed device allocation); its logs are complete up to that point.
 pub const EXIT_OOM: i32 = 3;
 
+/// Exit status after a panic (a prunemem bug), as Rust's own.
+pub const EXIT_INTERNAL: i32 = 101;
+
 /// A run that ended out of device memory: the job's one line.
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -70,7 +73,39 @@ pub struct OutOfMemory(pub String);
 /// Parses `std::env::args`, runs the command and returns the exit status.
 pub fn main() -> i32 {
     quiet_wayland_probe();
-    run_from(std::env::args().collect())
+    // Started by `mpirun`/`srun`: join the world first (one line if this
+    // build cannot).
+    let dist = match crate::exec::dist::init() {
+        Ok(guard) => guard,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return EXIT_USAGE;
+        }
+    };
+    let (rank, world) = crate::exec::dist::world();
+    if rank != 0 {
+        // Rank 0 prints the results; the others' stdout would repeat them.
+        silence_stdout();
+    }
+    let argv = std::env::args().collect();
+    let code = std::panic::catch_unwind(|| run_from(argv)).unwrap_or(EXIT_INTERNAL);
+    if code != 0 && world > 1 {
+        // The other ranks may be waiting in a reduction this rank will never
+        // join: end them all now rather than hang in MPI's finalisation.
+        eprintln!("rank {rank} of {world} failed (exit {code}): stopping every rank");
+        dist.abort(code);
+    }
+    code
+}
+
+/// Points stdout at /dev/null.
+fn silence_stdout() {
+    if let Ok(null) = std::fs::OpenOptions::new().write(true).open("/dev/null") {
+        use std::os::fd::AsRawFd;
+        // SAFETY: dup2 onto fd 1 replaces stdout; `null` stays open until
+        // then and fd 1 keeps its own reference afterwards.
+        unsafe { libc::dup2(null.as_raw_fd(), 1) };
+    }
 }
 
 /// wgpu's Vulkan instance asks libwayland whether a compositor runs; with

@@ -1,8 +1,9 @@
-//! The execution context: which Burn backend computes, on which device, the
-//! memory probe that belongs to that device, and the rank slot a distributed
-//! run fills. Chosen once by a job (`--device`) and passed down, so that no
-//! engine picks a backend on its own and Burn's CPU backend is named in one
-//! place ([`backends`]).
+//! The execution context: which Burn backend computes, on which device, and
+//! the memory probe that belongs to that device. Chosen once by a job
+//! (`--device`) and passed down, so that no engine picks a backend on its
+//! own and Burn's CPU backend is named in one place ([`backends`]). The
+//! process's rank in a distributed run is process-wide, as MPI's world is
+//! ([`dist`]).
 //!
 //! Engines are generic over `B: Backend`; a job hands its device-specific
 //! part to [`Exec::run`] as an [`OnDevice`] value, whose generic method is
@@ -10,10 +11,12 @@
 
 pub mod backends;
 mod compute;
+pub mod dist;
+#[cfg(feature = "mpi")]
+mod mpi;
 mod spec;
 pub mod watch;
 
-use std::sync::Arc;
 
 use thiserror::Error;
 
@@ -49,6 +52,10 @@ pub enum ExecError {
         /// The driver refused an allocation.
         out_of_memory: bool,
     },
+    /// A distributed launch that cannot go on (`mpirun` without the `mpi`
+    /// feature, fewer windows than ranks...).
+    #[error("{0}")]
+    Distributed(String),
 }
 
 fn failed_line(device: &str, message: &str, out_of_memory: bool) -> String {
@@ -95,30 +102,6 @@ impl ExecError {
     }
 }
 
-/// The rank of this process in a distributed run, and how its statistics
-/// are combined with the other ranks'. A single process is rank 0 of 1 and
-/// reduces nothing.
-pub trait Reducer: Send + Sync {
-    /// `(rank, world size)`.
-    fn world(&self) -> (usize, usize);
-    /// Element-wise sum across ranks, in place, in a fixed rank order.
-    fn sum_f32(&self, values: &mut [f32]);
-    /// Element-wise maximum across ranks, in place.
-    fn max_f32(&self, values: &mut [f32]);
-}
-
-/// One process: nothing to reduce.
-#[derive(Debug, Default, Clone, Copy)]
-pub struct SingleProcess;
-
-impl Reducer for SingleProcess {
-    fn world(&self) -> (usize, usize) {
-        (0, 1)
-    }
-    fn sum_f32(&self, _: &mut [f32]) {}
-    fn max_f32(&self, _: &mut [f32]) {}
-}
-
 /// A job's device-specific part, run on whichever backend the context
 /// holds. `run` is instantiated once per compiled backend.
 pub trait OnDevice {
@@ -126,14 +109,13 @@ pub trait OnDevice {
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output;
 }
 
-/// An opened device: its spec, its probe, a human-readable name (the
-/// adapter's), and the rank slot. Cheap to clone.
+/// An opened device: its spec, its probe and a human-readable name (the
+/// adapter's). Cheap to clone.
 #[derive(Clone)]
 pub struct Exec {
     spec: DeviceSpec,
     adapter: String,
     memory_cap: Option<u64>,
-    reducer: Arc<dyn Reducer>,
     opened: backends::Opened,
 }
 
@@ -147,7 +129,6 @@ impl Exec {
             adapter: opened.adapter_name(),
             spec,
             memory_cap,
-            reducer: Arc::new(SingleProcess),
             opened,
         })
     }
@@ -169,16 +150,6 @@ impl Exec {
     /// True for a GPU-style device (its own memory pool), false on the CPU.
     pub fn is_device(&self) -> bool {
         self.spec.is_device()
-    }
-
-    pub fn reducer(&self) -> &Arc<dyn Reducer> {
-        &self.reducer
-    }
-
-    /// Replaces the rank slot (the distributed run's reducer).
-    pub fn with_reducer(mut self, reducer: Arc<dyn Reducer>) -> Self {
-        self.reducer = reducer;
-        self
     }
 
     /// The memory probe of this device, for the profiler. On a device it
@@ -230,16 +201,6 @@ impl Exec {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn single_process_is_rank_zero_of_one_and_reduces_nothing() {
-        let r = SingleProcess;
-        let mut v = vec![1.0, -2.0];
-        r.sum_f32(&mut v);
-        r.max_f32(&mut v);
-        assert_eq!(r.world(), (0, 1));
-        assert_eq!(v, vec![1.0, -2.0]);
-    }
 
     #[test]
     fn a_refused_allocation_is_out_of_memory_and_other_failures_are_not() {

@@ -98,6 +98,16 @@ impl Run {
                 plan.settings.insert("device_memory".into(), cap.into());
             }
         }
+        // A distributed run's logs and views are rank 0's; the other ranks
+        // compute silently and hand rank 0 their figures.
+        let (rank, world) = crate::exec::dist::world();
+        if world > 1 {
+            plan.settings.insert("ranks".into(), world.into());
+            if rank != 0 {
+                options.log_dir = None;
+                options.sinks.clear();
+            }
+        }
         let emitter = Arc::new(Emitter::new());
         if let Some(dir) = &options.log_dir {
             sinks::attach_log_dir(&emitter, dir)?;

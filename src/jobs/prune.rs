@@ -59,9 +59,10 @@ pub(super) struct Pruned {
 pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError> {
     job.validate()?;
     let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;
+    // Rank 0 alone writes the pruned model (every rank derives the same).
     let mut writer = match &job.save {
-        Some(dir) => Some(PrunedWriter::create(&ckpt, dir)?),
-        None => None,
+        Some(dir) if crate::exec::dist::is_writer() => Some(PrunedWriter::create(&ckpt, dir)?),
+        _ => None,
     };
     // Logs default to SAVE/logs (written inside the partial folder, which is
     // renamed into place at the end).
@@ -115,6 +116,7 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         Ok(o) => o,
         Err(e) => return Err(run.fail(e)),
     };
+    rank_results(&mut run);
     let mut compressed = None;
     let saved = match writer {
         Some(w) => {
@@ -259,6 +261,12 @@ impl OnDevice for Pruning<'_, '_> {
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
         let _watch = self.run.profiler.watch_device();
         match self.job.method {
+            Method::GradProbe if crate::exec::dist::world().1 > 1 => Err(
+                crate::exec::ExecError::Distributed(
+                    "GradProbe does not run across MPI ranks yet (its gradient maxima are not reduced): run it as one process".into(),
+                )
+                .into(),
+            ),
             Method::GradProbe => super::gradprobe::prune_and_eval::<B>(
                 self.job,
                 self.opened,
@@ -305,6 +313,17 @@ fn prune_and_eval<B: Compute>(
             text::calibration(tok, src, job.nsamples, *seqlen, job.seed)?
         }
         _ => (Vec::new(), 0),
+    };
+    // Distributed: this rank's share of the windows (the same windows in
+    // all, drawn from the same seed on every rank).
+    let calib = match crate::exec::dist::world().1 {
+        1 => calib,
+        _ if calib.is_empty() => calib,
+        _ => {
+            let batch = job.batch_size();
+            crate::exec::dist::check_share("calibration batches", calib.len().div_ceil(batch))?;
+            crate::exec::dist::share_batches(&calib, batch)
+        }
     };
     // Only the windows are kept: the tokenised text is dropped here.
     let eval_wins = match &job.eval {
@@ -386,6 +405,24 @@ fn prune_and_eval<B: Compute>(
         prune,
         perplexity: Some(result),
     })
+}
+
+/// A distributed run's per-rank figures, gathered on every rank and kept
+/// in rank 0's results: peak RSS, bytes moved in reductions and seconds
+/// spent in them (the slowest rank's lead is the others' wait).
+fn rank_results(run: &mut Run) {
+    let r = crate::exec::dist::reducer();
+    if r.world().1 == 1 {
+        return;
+    }
+    let mine = run.profiler.snapshot("ranks").rss_peak;
+    let peaks = r.gather_f64(mine.map_or(-1.0, |b| b as f64));
+    let (bytes, seconds) = r.traffic();
+    let bytes = r.gather_f64(bytes as f64);
+    let seconds = r.gather_f64(seconds);
+    run.result("rank_rss_peaks", json!(peaks));
+    run.result("rank_reduced_bytes", json!(bytes));
+    run.result("rank_reduction_seconds", json!(seconds));
 }
 
 /// The engine's settings for `job`.

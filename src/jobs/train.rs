@@ -106,6 +106,12 @@ fn trainable_of(
 }
 
 pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
+    if crate::exec::dist::world().1 > 1 {
+        return Err(crate::exec::ExecError::Distributed(
+            "train does not run across MPI ranks: run it as one process".into(),
+        )
+        .into());
+    }
     let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;
     let (seqlen, capped) =
         crate::data::windows::resolve_seqlen(job.seqlen, ckpt.config.max_position_embeddings)?;

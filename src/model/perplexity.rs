@@ -107,6 +107,22 @@ pub fn perplexity<B: Compute>(
             "evaluation needs at least one window of 2 or more tokens".into(),
         ));
     }
+    // In a distributed run each rank evaluates its share of the windows and
+    // the losses are summed across ranks.
+    let (_, world) = crate::exec::dist::world();
+    if windows.len() < world {
+        return Err(ModelError::Checkpoint(format!(
+            "{} evaluation windows cannot be shared across {world} ranks: give at least one per rank",
+            windows.len()
+        )));
+    }
+    let shared;
+    let windows = if world > 1 {
+        shared = crate::exec::dist::share(windows);
+        &shared[..]
+    } else {
+        windows
+    };
     let t = Instant::now();
     let _phase = timing::phase(timing::Phase::Eval);
     let bs = options.batch_size.max(1);
@@ -170,15 +186,17 @@ pub fn perplexity<B: Compute>(
             }
         }
     }
-    let mean_loss = nll.iter().map(|n| n / (seqlen - 1) as f64).sum::<f64>() / nll.len() as f64;
+    let mut sums = [nll.iter().map(|n| n / (seqlen - 1) as f64).sum::<f64>(), nll.len() as f64];
+    crate::exec::dist::reducer().sum_f64(&mut sums);
+    let (mean_loss, evaluated) = (sums[0] / sums[1], sums[1] as usize);
     let seconds = t.elapsed().as_secs_f64();
     Ok(Perplexity {
         perplexity: mean_loss.exp(),
         mean_loss,
-        windows: windows.len(),
+        windows: evaluated,
         seqlen,
         seconds,
-        tokens_per_second: (windows.len() * seqlen) as f64 / seconds.max(1e-9),
+        tokens_per_second: (evaluated * seqlen) as f64 / seconds.max(1e-9),
     })
 }
 

@@ -250,7 +250,9 @@ pub fn prune<B: Compute>(
     let start = Instant::now();
     let c = &ckpt.config;
     let kind = needs(config);
-    let nsamples = calibration.len();
+    // Statistics are sums over every rank's windows, scaled by the count of
+    // all of them (one rank alone: its own).
+    let nsamples = crate::exec::dist::global_count(calibration.len());
     let mut inps = Activations::empty(config.offload_activations, device);
     if kind.is_some() {
         let _tag = tag::tag(Category::Activations);

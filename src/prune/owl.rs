@@ -103,6 +103,7 @@ pub fn outlier_pass<B: Compute>(
 ) -> Result<Vec<f64>, PruneError> {
     let c = &ckpt.config;
     let _scope = profiler.scope(stages::OWL_SCOPE);
+    let nsamples = crate::exec::dist::global_count(calibration.len());
     let mut inps = tag::tagged(Category::Activations, || {
         embed_windows(
             ckpt,
@@ -138,7 +139,7 @@ pub fn outlier_pass<B: Compute>(
         let _tag = tag::tag(Category::Statistics);
         let mut metrics = Vec::with_capacity(7);
         for input in LinearInput::ALL {
-            let Some(norms) = stats.finish(input, calibration.len()).and_then(|s| s.norms) else {
+            let Some(norms) = stats.finish(input, nsamples).and_then(|s| s.norms) else {
                 continue;
             };
             for name in input.linears() {

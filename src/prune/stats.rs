@@ -121,8 +121,20 @@ fn f32_bytes<B: Compute>(t: &Option<Tensor<B, 1>>) -> u64 {
     t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4)
 }
 
+/// An accumulator on the host, summed across ranks in a distributed run
+/// (`exec::dist`), times `scale`.
 fn host<B: Compute, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
-    t?.mul_scalar(scale).into_data().into_vec().ok()
+    let reducer = crate::exec::dist::reducer();
+    if reducer.world().1 == 1 {
+        return t?.mul_scalar(scale).into_data().into_vec().ok();
+    }
+    let t = t?;
+    let t = if t.dtype() == DType::F32 { t } else { t.cast(FloatDType::F32) };
+    let mut v: Vec<f32> = t.into_data().into_vec().ok()?;
+    reducer.sum_f32(&mut v);
+    let scale = scale as f32;
+    v.iter_mut().for_each(|x| *x *= scale);
+    Some(v)
 }
 
 impl<B: Compute> LayerStats<B> {
