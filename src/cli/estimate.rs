@@ -66,6 +66,9 @@ pub struct EstimateArgs {
     /// prunemem on a device: calibration activations in host memory
     #[arg(long)]
     offload_activations: bool,
+    /// prunemem across MPI ranks: each rank's peak and the bytes exchanged per layer
+    #[arg(long, default_value_t = 1)]
+    ranks: u64,
     /// prunemem (layer-streamed) or reference (the Python scripts)
     #[arg(long, default_value = "prunemem", value_parser = ["prunemem", "reference"])]
     engine: String,
@@ -211,7 +214,26 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         return run_table(&args);
     }
     let (arch, mut notes) = arch_of(&args)?;
-    let w = workload(&args, &arch, &mut notes)?;
+    let mut w = workload(&args, &arch, &mut notes)?;
+    let ranks = match args.ranks {
+        0 => return Err("--ranks must be at least 1".into()),
+        1 => None,
+        n if w.engine != Engine::Prunemem => {
+            return Err(format!("--ranks {n}: only prunemem's engine runs across ranks").into());
+        }
+        n => {
+            let share = crate::estimate::ranks::share(&arch, &w, n);
+            notes.push(format!(
+                "{n} ranks: each rank holds at most {} of the {} calibration windows (the figures below are one rank's);                  per layer {} of statistics go to rank 0 and back ({} through rank 0)",
+                share.windows_per_rank,
+                w.nsamples,
+                format_bytes(share.statistics_per_layer),
+                format_bytes(share.rank0_traffic_per_layer),
+            ));
+            w.nsamples = share.windows_per_rank;
+            Some(share)
+        }
+    };
     let est = estimate(&arch, &w)?;
     notes.extend(est.notes.iter().cloned());
     let reference =
@@ -246,6 +268,7 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
                 "estimate": est, "peak": est.peak(), "peak_phase": est.phases[est.peak_phase()].name,
                 "gpus": fits, "smallest_gpu": catalog::smallest_fitting(est.peak(), 0.0).map(|g| g.name),
                 "reference_peak": reference.as_ref().map(Estimate::peak), "fit": limits, "notes": notes,
+                "ranks": ranks,
             })
         );
         return Ok(0);

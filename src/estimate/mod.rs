@@ -15,6 +15,7 @@ pub mod fit;
 pub mod forecast;
 pub mod presets;
 pub mod projection;
+pub mod ranks;
 pub mod prunemem;
 pub mod prunemem_device;
 pub mod prunemem_train;

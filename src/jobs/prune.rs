@@ -572,6 +572,14 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "reallocation": o.prune.reallocation(),
         "save_format": job.save.as_ref().map(|_| job.save_format),
         "saved_bytes": o.saved_bytes,
+        // Across MPI ranks: each rank's peak RSS, bytes moved in
+        // reductions and seconds spent in them (absent for one process).
+        "ranks": s.results.get("rank_rss_peaks").map(|peaks| json!({
+            "rss_peaks": peaks,
+            "reduced_bytes": s.results.get("rank_reduced_bytes"),
+            "reduction_seconds": s.results.get("rank_reduction_seconds"),
+        })),
+        "layers": o.prune.layers.len(),
     })
 }
 
