@@ -395,18 +395,32 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
     let mut checked = 0;
-    for p in cmp["phases"].as_array().unwrap().iter().chain([&cmp["peak"]]) {
+    for p in cmp["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .chain([&cmp["peak"]])
+    {
         let (predicted, measured) = (p["predicted"].as_u64().unwrap(), p["measured"].as_u64());
         let Some(measured) = measured.filter(|m| *m > 0) else {
-            assert_eq!(predicted, 0, "{p}: predicted bytes where none were measured");
+            assert_eq!(
+                predicted, 0,
+                "{p}: predicted bytes where none were measured"
+            );
             continue;
         };
         let error = p["error_percent"].as_f64().unwrap();
-        println!("{}: predicted {predicted}, measured {measured} ({error:+.2}%)", p["phase"]);
+        println!(
+            "{}: predicted {predicted}, measured {measured} ({error:+.2}%)",
+            p["phase"]
+        );
         assert!(error.abs() <= 5.0, "{p}");
         checked += 1;
     }
-    assert!(checked >= 4, "calibration, prune, eval and the peak: {stdout}");
+    assert!(
+        checked >= 4,
+        "calibration, prune, eval and the peak: {stdout}"
+    );
 }
 
 /// Every device allocation is on the computing thread's stream: work
@@ -590,8 +604,23 @@ fn a_tensor_past_the_devices_largest_buffer_fails_the_run_in_one_line() {
     std::fs::write(&text, support::sample_text(2000)).unwrap();
     let logs = dir.path().join("logs");
     let (code, stdout, stderr) = run_prunemem(&[
-        "eval", "--model", s(&model), "--text", s(&text), "--windows", "1", "--seqlen", "32",
-        "--device", "wgpu", "--dtype", "f32", "--ui", "none", "--log-memory", s(&logs),
+        "eval",
+        "--model",
+        s(&model),
+        "--text",
+        s(&text),
+        "--windows",
+        "1",
+        "--seqlen",
+        "32",
+        "--device",
+        "wgpu",
+        "--dtype",
+        "f32",
+        "--ui",
+        "none",
+        "--log-memory",
+        s(&logs),
     ]);
     let adapter = wgpu().adapter().to_string();
     if !adapter.contains("llvmpipe") {
@@ -602,10 +631,20 @@ fn a_tensor_past_the_devices_largest_buffer_fails_the_run_in_one_line() {
     assert_eq!(code, Some(2), "{stdout}\n{stderr}");
     let lines: Vec<&str> = stderr.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "one line: {stderr}");
-    assert!(lines[0].contains("passes the device's largest buffer"), "{stderr}");
-    assert!(!stdout.contains("perplexity"), "no result from a failed device: {stdout}");
+    assert!(
+        lines[0].contains("passes the device's largest buffer"),
+        "{stderr}"
+    );
+    assert!(
+        !stdout.contains("perplexity"),
+        "no result from a failed device: {stdout}"
+    );
     let Some(Event::RunFinished { summary }) = events(&logs).pop() else {
         panic!("the log ends with the run's summary")
     };
-    assert!(matches!(summary.status, RunStatus::Failed(_)), "{:?}", summary.status);
+    assert!(
+        matches!(summary.status, RunStatus::Failed(_)),
+        "{:?}",
+        summary.status
+    );
 }

@@ -33,7 +33,12 @@ fn fixture() -> (tempfile::TempDir, PathBuf, PathBuf) {
 /// `mpirun -np N prunemem ARGS`, as root too (CI).
 fn mpirun(n: usize, args: &[&str]) -> Command {
     let mut c = Command::new("mpirun");
-    c.args(["-np", &n.to_string(), "--oversubscribe", "--allow-run-as-root"]);
+    c.args([
+        "-np",
+        &n.to_string(),
+        "--oversubscribe",
+        "--allow-run-as-root",
+    ]);
     c.arg(env!("CARGO_BIN_EXE_prunemem")).args(args);
     c
 }
@@ -47,8 +52,21 @@ fn prune_args<'a>(
     let mut a = vec!["prune", "--model", s(model)];
     a.extend_from_slice(method);
     a.extend_from_slice(&[
-        "--nsamples", nsamples, "--seqlen", "32", "--batch-size", "2", "--calib-text", s(text),
-        "--eval-text", s(text), "--eval-windows", "4", "--ui", "none", "--json",
+        "--nsamples",
+        nsamples,
+        "--seqlen",
+        "32",
+        "--batch-size",
+        "2",
+        "--calib-text",
+        s(text),
+        "--eval-text",
+        s(text),
+        "--eval-windows",
+        "4",
+        "--ui",
+        "none",
+        "--json",
     ]);
     a
 }
@@ -126,7 +144,11 @@ fn two_ranks_prune_the_same_model_as_one_process() {
             assert!(agree >= 0.999, "{method:?}: masks {agree}");
             assert!((p1 / p2 - 1.0).abs() < 1e-3, "{method:?}: {p1} vs {p2}");
             // Rank 0 alone printed and logged; its log names both ranks.
-            assert_eq!(stdout.lines().filter(|l| l.starts_with('{')).count(), 1, "{stdout}");
+            assert_eq!(
+                stdout.lines().filter(|l| l.starts_with('{')).count(),
+                1,
+                "{stdout}"
+            );
             let text = std::fs::read_to_string(logs.join("events.jsonl")).unwrap();
             let last: Event = serde_json::from_str(text.lines().last().unwrap()).unwrap();
             let Event::RunFinished { summary } = last else {
@@ -151,8 +173,20 @@ fn a_killed_rank_stops_the_others_and_leaves_no_model() {
     // Long enough to be killed in the middle: SparseGPT over many windows.
     let mut args = vec!["prune", "--model", s(&model), "--method", "sparsegpt"];
     args.extend_from_slice(&[
-        "--nsamples", "512", "--seqlen", "64", "--batch-size", "2", "--calib-text", s(&text),
-        "--ui", "none", "--save", s(&save), "--log-memory", s(&logs),
+        "--nsamples",
+        "512",
+        "--seqlen",
+        "64",
+        "--batch-size",
+        "2",
+        "--calib-text",
+        s(&text),
+        "--ui",
+        "none",
+        "--save",
+        s(&save),
+        "--log-memory",
+        s(&logs),
     ]);
     let mut child = mpirun(2, &args)
         .stdout(std::process::Stdio::null())
@@ -162,7 +196,10 @@ fn a_killed_rank_stops_the_others_and_leaves_no_model() {
     // Wait for rank 1 to exist and the run to be under way, then kill it.
     let start = Instant::now();
     let rank1 = loop {
-        assert!(start.elapsed() < Duration::from_secs(60), "rank 1 never started");
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "rank 1 never started"
+        );
         if let Some(pid) = rank_pid(1, s(&save)) {
             if std::fs::read_to_string(logs.join("events.jsonl"))
                 .is_ok_and(|t| t.contains("layer_00_stats"))
@@ -184,16 +221,26 @@ fn a_killed_rank_stops_the_others_and_leaves_no_model() {
         );
         std::thread::sleep(Duration::from_millis(100));
     };
-    println!("mpirun ended {:.2} s after rank 1 was killed", killed.elapsed().as_secs_f64());
+    println!(
+        "mpirun ended {:.2} s after rank 1 was killed",
+        killed.elapsed().as_secs_f64()
+    );
     assert!(!status.success());
-    assert!(!save.exists(), "no model may be left behind by a failed run");
+    assert!(
+        !save.exists(),
+        "no model may be left behind by a failed run"
+    );
     // Rank 0's log is complete: it ends with the run's summary.
     let text = std::fs::read_to_string(logs.join("events.jsonl")).unwrap();
     let last: Event = serde_json::from_str(text.lines().last().unwrap()).unwrap();
     let Event::RunFinished { summary } = last else {
         panic!("the log ends with the summary")
     };
-    assert!(!matches!(summary.status, RunStatus::Ok), "{:?}", summary.status);
+    assert!(
+        !matches!(summary.status, RunStatus::Ok),
+        "{:?}",
+        summary.status
+    );
 }
 
 /// The pid of the `prunemem` process whose command line names `marker`,
@@ -227,8 +274,16 @@ fn launches_that_cannot_share_the_work_are_one_line() {
     // Three calibration windows in batches of two: two batches, three ranks.
     let mut args = vec!["prune", "--model", s(&model), "--method", "wanda"];
     args.extend_from_slice(&[
-        "--nsamples", "3", "--seqlen", "32", "--batch-size", "2", "--calib-text", s(&text),
-        "--ui", "none",
+        "--nsamples",
+        "3",
+        "--seqlen",
+        "32",
+        "--batch-size",
+        "2",
+        "--calib-text",
+        s(&text),
+        "--ui",
+        "none",
     ]);
     let out = mpirun(3, &args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -239,11 +294,23 @@ fn launches_that_cannot_share_the_work_are_one_line() {
     );
     // GradProbe is not distributed: said, not run N times.
     let mut args = vec!["prune", "--model", s(&model), "--method", "gradprobe"];
-    args.extend_from_slice(&["--nsamples", "4", "--seqlen", "32", "--calib-text", s(&text), "--ui", "none"]);
+    args.extend_from_slice(&[
+        "--nsamples",
+        "4",
+        "--seqlen",
+        "32",
+        "--calib-text",
+        s(&text),
+        "--ui",
+        "none",
+    ]);
     let out = mpirun(2, &args).output().unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!out.status.success());
-    assert!(stderr.contains("GradProbe does not run across MPI ranks"), "{stderr}");
+    assert!(
+        stderr.contains("GradProbe does not run across MPI ranks"),
+        "{stderr}"
+    );
     // A launcher's environment without its MPI world: one line, exit 2.
     let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
         .args(["estimate", "--params", "7e9"])
@@ -253,5 +320,8 @@ fn launches_that_cannot_share_the_work_are_one_line() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert_eq!(stderr.lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("announced 2 ranks but MPI's world has 1"), "{stderr}");
+    assert!(
+        stderr.contains("announced 2 ranks but MPI's world has 1"),
+        "{stderr}"
+    );
 }

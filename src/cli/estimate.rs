@@ -154,7 +154,9 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         Device::Cpu => ComputeDtype::F32,
     });
     if device == Device::Wgpu && w.dtype == ComputeDtype::Bf16 {
-        return Err("--device wgpu has no bf16 (Vulkan has no bf16): use --dtype f16 or f32".into());
+        return Err(
+            "--device wgpu has no bf16 (Vulkan has no bf16): use --dtype f16 or f32".into(),
+        );
     }
     w.offload_activations = args.offload_activations;
     w.stored_bytes = w.dtype.size();

@@ -182,6 +182,17 @@ fn prune_transient(a: &Arch, m: Method) -> u64 {
     }
 }
 
+/// The calibration phase, empty: from the model loaded (or OWL's ratios)
+/// to the first layer's pass.
+pub(super) fn calibration_phase(w: &Workload) -> Phase {
+    let first = if w.owl {
+        stages::OWL_RATIOS
+    } else {
+        stages::MODEL_LOADED
+    };
+    Phase::new("calibration", &[first, stages::BEFORE_PRUNING])
+}
+
 /// Text and its tokens while a text is tokenised (`model::tokenizer`):
 /// the file, the selected lines, and the growing id vector.
 fn text_transient(text_bytes: u64) -> u64 {
@@ -249,13 +260,8 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         // The embedding is decoded straight into its compute-dtype vector
         // (`model::dtype::Converted`, one copy), then the calibration
         // buffers are filled beside it.
-        let first = if w.owl {
-            stages::OWL_RATIOS
-        } else {
-            stages::MODEL_LOADED
-        };
         out.push(
-            Phase::new("calibration", &[first, stages::BEFORE_PRUNING])
+            calibration_phase(w)
                 .add(runtime_name, runtime)
                 .add(
                     "weights (resident)",

@@ -92,7 +92,11 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64) -> (u64, u64) {
         _ => 0,
     };
     let moments = if w.dsnot { 2 * columns * 4 } else { 0 };
-    let cast = if w.dtype.size() == 4 { 0 } else { tokens * i * 4 };
+    let cast = if w.dtype.size() == 4 {
+        0
+    } else {
+        tokens * i * 4
+    };
     match m {
         Method::SparseGpt => {
             let hessians = (2 * h * h + q * q + i * i) * 4;
@@ -127,22 +131,16 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
         notes.push("OWL's outlier pass on a device is taken as one calibration forward".into());
     }
     let mut out = vec![
-        Phase::new("load", &[stages::START, stages::MODEL_LOADED])
-            .add(
-                "weights (resident)",
-                if w.resident { a.params * s.c } else { 0 },
-            ),
+        Phase::new("load", &[stages::START, stages::MODEL_LOADED]).add(
+            "weights (resident)",
+            if w.resident { a.params * s.c } else { 0 },
+        ),
     ];
     let acts = s.hidden_states(n);
     if calibrated {
-        let first = if w.owl {
-            stages::OWL_RATIOS
-        } else {
-            stages::MODEL_LOADED
-        };
         out.push(
-            Phase::new("calibration", &[first, stages::BEFORE_PRUNING])
-                    .add(
+            super::prunemem::calibration_phase(w)
+                .add(
                     "weights (resident)",
                     if w.resident { a.params * s.c } else { 0 },
                 )
@@ -169,7 +167,14 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
     }
     out.push(prune_phase(a, w, m, &s, weights, tokens, n));
     if w.eval_windows > 0 {
-        out.push(eval_phase(a, w, &s, "eval", [stages::BEFORE_EVAL, stages::AFTER_EVAL], w.resident));
+        out.push(eval_phase(
+            a,
+            w,
+            &s,
+            "eval",
+            [stages::BEFORE_EVAL, stages::AFTER_EVAL],
+            w.resident,
+        ));
     }
     if w.eval_dense && w.eval_windows > 0 {
         let stages = [stages::BEFORE_DENSE_EVAL, stages::AFTER_DENSE_EVAL];
@@ -290,10 +295,7 @@ fn eval_phase(
                 (false, _) => s.hidden_states(w.eval_windows),
             },
         )
-        .add(
-            "rotary tables",
-            rope(a, w, eval_batch, w.eval_windows),
-        )
+        .add("rotary tables", rope(a, w, eval_batch, w.eval_windows))
         .add(t_name, t)
 }
 
@@ -329,9 +331,15 @@ mod tests {
         assert_eq!(component(&e, "prune", "weights"), a.layer_params() * 2);
         // Four Hessians (q/k/v and gate/up share theirs), f32.
         let (h, i) = (4096u64, 11008u64);
-        assert_eq!(component(&e, "prune", "statistics"), (3 * h * h + i * i) * 4);
+        assert_eq!(
+            component(&e, "prune", "statistics"),
+            (3 * h * h + i * i) * 4
+        );
         // The embedding is on the device while the windows are embedded.
-        assert_eq!(component(&e, "calibration", "embeddings"), a.embedding_params() * 2);
+        assert_eq!(
+            component(&e, "calibration", "embeddings"),
+            a.embedding_params() * 2
+        );
         assert!(e.notes.iter().all(|n| !n.contains("CUDA")), "{:?}", e.notes);
     }
 
@@ -341,7 +349,10 @@ mod tests {
         let resident = estimate(&a, &w).unwrap();
         w.offload_activations = true;
         let offloaded = estimate(&a, &w).unwrap();
-        assert_eq!(component(&offloaded, "prune", "calibration buffers"), (2 << 30) / 16);
+        assert_eq!(
+            component(&offloaded, "prune", "calibration buffers"),
+            (2 << 30) / 16
+        );
         let prune = |e: &crate::estimate::Estimate| {
             e.phases.iter().find(|p| p.name == "prune").unwrap().total()
         };
@@ -359,7 +370,11 @@ mod tests {
         w.device = Device::Cuda;
         let cuda = estimate(&a, &w).unwrap();
         assert_eq!(wgpu.peak(), cuda.peak());
-        assert!(cuda.notes.iter().any(|n| n.contains("CUDA context")), "{:?}", cuda.notes);
+        assert!(
+            cuda.notes.iter().any(|n| n.contains("CUDA context")),
+            "{:?}",
+            cuda.notes
+        );
     }
 
     #[test]

@@ -58,10 +58,16 @@ mod tests {
         // 16 batches over 8 ranks: two each.
         assert_eq!(s.windows_per_rank, 16);
         // Three 4096² Hessians and one 11008² in f32: 686 MB per layer.
-        assert_eq!(s.statistics_per_layer, (3 * 4096 * 4096 + 11008 * 11008) * 4);
+        assert_eq!(
+            s.statistics_per_layer,
+            (3 * 4096 * 4096 + 11008 * 11008) * 4
+        );
         assert_eq!(s.rank0_traffic_per_layer, 14 * s.statistics_per_layer);
         w.task = Task::Wanda;
-        assert_eq!(share(&a, &w, 8).statistics_per_layer, (3 * 4096 + 11008) * 4);
+        assert_eq!(
+            share(&a, &w, 8).statistics_per_layer,
+            (3 * 4096 + 11008) * 4
+        );
         // Uneven: 5 batches over 2 ranks, the busiest holds 3.
         w.nsamples = 40;
         assert_eq!(share(&a, &w, 2).windows_per_rank, 24);

@@ -259,7 +259,8 @@ impl RunFold {
             .flatten()
             .max();
         if !s.categories.is_empty() {
-            if s.categories.values().sum::<u64>() > self.live_peak_categories.values().sum::<u64>() {
+            if s.categories.values().sum::<u64>() > self.live_peak_categories.values().sum::<u64>()
+            {
                 self.live_peak_categories = s.categories.clone();
             }
             self.categories = s.categories.clone();
@@ -328,7 +329,11 @@ impl RunFold {
         self.window_max(
             from,
             to,
-            |r| r.snapshot.device_allocated.filter(|_| r.snapshot.window_device_peak.is_some()),
+            |r| {
+                r.snapshot
+                    .device_allocated
+                    .filter(|_| r.snapshot.window_device_peak.is_some())
+            },
             |r| r.snapshot.window_device_peak,
         )
     }

@@ -38,13 +38,19 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
 
 #[cfg(feature = "wgpu")]
 impl super::Compute for Wgpu {
-    fn linear(linear: &burn::nn::Linear<Self>, x: burn::tensor::Tensor<Self, 3>) -> burn::tensor::Tensor<Self, 3> {
+    fn linear(
+        linear: &burn::nn::Linear<Self>,
+        x: burn::tensor::Tensor<Self, 3>,
+    ) -> burn::tensor::Tensor<Self, 3> {
         watched_linear(linear, x)
     }
 }
 #[cfg(feature = "cuda")]
 impl super::Compute for Cuda {
-    fn linear(linear: &burn::nn::Linear<Self>, x: burn::tensor::Tensor<Self, 3>) -> burn::tensor::Tensor<Self, 3> {
+    fn linear(
+        linear: &burn::nn::Linear<Self>,
+        x: burn::tensor::Tensor<Self, 3>,
+    ) -> burn::tensor::Tensor<Self, 3> {
         watched_linear(linear, x)
     }
 }

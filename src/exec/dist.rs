@@ -112,7 +112,12 @@ pub fn share_batches_of<T: Clone>(items: &[T], batch: usize, rank: usize, world:
 
 /// Rank `rank`'s share of `items` among `world` ranks.
 pub fn share_of<T: Clone>(items: &[T], rank: usize, world: usize) -> Vec<T> {
-    items.iter().skip(rank).step_by(world.max(1)).cloned().collect()
+    items
+        .iter()
+        .skip(rank)
+        .step_by(world.max(1))
+        .cloned()
+        .collect()
 }
 
 /// Fails unless every rank gets at least one of `count` windows (a rank
@@ -134,7 +139,9 @@ pub fn launched_world_size() -> Option<usize> {
     let size = var("OMPI_COMM_WORLD_SIZE")
         .or_else(|| var("PMI_SIZE"))
         .or_else(|| var("PMIX_SIZE"))
-        .or_else(|| var("SLURM_STEP_NUM_TASKS").filter(|_| std::env::var_os("SLURM_PROCID").is_some()));
+        .or_else(|| {
+            var("SLURM_STEP_NUM_TASKS").filter(|_| std::env::var_os("SLURM_PROCID").is_some())
+        });
     size.filter(|n| *n > 1)
 }
 

@@ -17,7 +17,6 @@ mod mpi;
 mod spec;
 pub mod watch;
 
-
 use thiserror::Error;
 
 use crate::memory::{DeviceProbe, HostHeapProbe};
@@ -60,7 +59,9 @@ pub enum ExecError {
 
 fn failed_line(device: &str, message: &str, out_of_memory: bool) -> String {
     match out_of_memory {
-        true => format!("out of device memory on {device}: the driver refused an allocation ({message})"),
+        true => format!(
+            "out of device memory on {device}: the driver refused an allocation ({message})"
+        ),
         false => format!("--device {device}: the device failed: {message}"),
     }
 }
@@ -86,9 +87,14 @@ impl ExecError {
             };
         }
         let lower = message.to_lowercase();
-        let out_of_memory = ["out of memory", "out-of-memory", "outofmemory", "failed to allocate"]
-            .iter()
-            .any(|k| lower.contains(k));
+        let out_of_memory = [
+            "out of memory",
+            "out-of-memory",
+            "outofmemory",
+            "failed to allocate",
+        ]
+        .iter()
+        .any(|k| lower.contains(k));
         ExecError::Failed {
             device: device.to_string(),
             message: message.to_string(),
@@ -98,7 +104,13 @@ impl ExecError {
 
     /// True when the driver refused an allocation.
     pub fn is_out_of_memory(&self) -> bool {
-        matches!(self, ExecError::Failed { out_of_memory: true, .. })
+        matches!(
+            self,
+            ExecError::Failed {
+                out_of_memory: true,
+                ..
+            }
+        )
     }
 }
 
@@ -206,15 +218,25 @@ mod tests {
     fn a_refused_allocation_is_out_of_memory_and_other_failures_are_not() {
         let oom = ExecError::failed("wgpu", "An out-of-memory error happened during launch");
         assert!(oom.is_out_of_memory());
-        assert!(oom.to_string().starts_with("out of device memory on wgpu"), "{oom}");
-        let cuda = ExecError::failed("cuda:0", "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")");
+        assert!(
+            oom.to_string().starts_with("out of device memory on wgpu"),
+            "{oom}"
+        );
+        let cuda = ExecError::failed(
+            "cuda:0",
+            "DriverError(CUDA_ERROR_OUT_OF_MEMORY, \"out of memory\")",
+        );
         assert!(cuda.is_out_of_memory());
         let big = ExecError::failed(
             "wgpu",
             "called `Result::unwrap()` on an `Err` value: can't allocate buffer of size: 150994944",
         );
         assert!(!big.is_out_of_memory());
-        assert!(big.to_string().contains("one tensor of 144.0 MiB passes the device's largest buffer"), "{big}");
+        assert!(
+            big.to_string()
+                .contains("one tensor of 144.0 MiB passes the device's largest buffer"),
+            "{big}"
+        );
         let other = ExecError::failed("wgpu", "Validation Error: buffer size exceeds the limit");
         assert!(!other.is_out_of_memory());
         assert_eq!(
@@ -225,14 +247,17 @@ mod tests {
 
     #[test]
     fn a_panic_on_the_computing_thread_becomes_its_first_line() {
-        let r: Result<(), String> = backends::caught_on_this_thread(|| panic!("first line\nsecond"));
+        let r: Result<(), String> =
+            backends::caught_on_this_thread(|| panic!("first line\nsecond"));
         assert_eq!(r, Err("first line".to_string()));
         assert_eq!(backends::caught_on_this_thread(|| 7), Ok(7));
         // The previous hook is back: a later panic elsewhere still unwinds
         // and is caught by its own thread's join.
         assert!(std::thread::spawn(|| panic!("other")).join().is_err());
         // Outside the device's runtime, another thread's panic is its own.
-        let r = backends::caught_on_this_thread(|| std::thread::spawn(|| panic!("sink")).join().is_err());
+        let r = backends::caught_on_this_thread(|| {
+            std::thread::spawn(|| panic!("sink")).join().is_err()
+        });
         assert_eq!(r, Ok(true));
     }
 

@@ -77,7 +77,8 @@ where
     if rank == 0 {
         let mut incoming = vec![T::default(); values.len()];
         for r in 1..size {
-            comm.process_at_rank(r as i32).receive_into(&mut incoming[..]);
+            comm.process_at_rank(r as i32)
+                .receive_into(&mut incoming[..]);
             for (v, x) in values.iter_mut().zip(&incoming) {
                 *v += *x;
             }
@@ -93,10 +94,14 @@ impl Reducer for MpiReducer {
         (self.rank, self.size)
     }
     fn sum_f32(&self, values: &mut [f32]) {
-        self.counted(values.len(), 4, || ordered_sum(values, self.rank, self.size));
+        self.counted(values.len(), 4, || {
+            ordered_sum(values, self.rank, self.size)
+        });
     }
     fn sum_f64(&self, values: &mut [f64]) {
-        self.counted(values.len(), 8, || ordered_sum(values, self.rank, self.size));
+        self.counted(values.len(), 8, || {
+            ordered_sum(values, self.rank, self.size)
+        });
     }
     fn max_f32(&self, values: &mut [f32]) {
         // A maximum does not depend on the order.

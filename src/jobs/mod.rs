@@ -71,8 +71,7 @@ impl JobError {
     /// True when the job ended because device memory ran out: the run's
     /// cap passed, or the driver refused an allocation.
     pub fn is_out_of_memory(&self) -> bool {
-        self.device_oom().is_some()
-            || matches!(self, JobError::Exec(e) if e.is_out_of_memory())
+        self.device_oom().is_some() || matches!(self, JobError::Exec(e) if e.is_out_of_memory())
     }
 
     pub(crate) fn io(path: &std::path::Path, source: std::io::Error) -> Self {

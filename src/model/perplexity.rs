@@ -186,7 +186,10 @@ pub fn perplexity<B: Compute>(
             }
         }
     }
-    let mut sums = [nll.iter().map(|n| n / (seqlen - 1) as f64).sum::<f64>(), nll.len() as f64];
+    let mut sums = [
+        nll.iter().map(|n| n / (seqlen - 1) as f64).sum::<f64>(),
+        nll.len() as f64,
+    ];
     crate::exec::dist::reducer().sum_f64(&mut sums);
     let (mean_loss, evaluated) = (sums[0] / sums[1], sums[1] as usize);
     let seconds = t.elapsed().as_secs_f64();

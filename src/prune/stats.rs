@@ -129,7 +129,11 @@ fn host<B: Compute, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Opti
         return t?.mul_scalar(scale).into_data().into_vec().ok();
     }
     let t = t?;
-    let t = if t.dtype() == DType::F32 { t } else { t.cast(FloatDType::F32) };
+    let t = if t.dtype() == DType::F32 {
+        t
+    } else {
+        t.cast(FloatDType::F32)
+    };
     let mut v: Vec<f32> = t.into_data().into_vec().ok()?;
     reducer.sum_f32(&mut v);
     let scale = scale as f32;

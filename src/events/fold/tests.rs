@@ -165,7 +165,10 @@ fn the_at_peak_composition_follows_samples_between_stages() {
     assert_eq!(now.get("logits"), Some(&(90 * M)));
     // A later, emptier reading does not replace it.
     f.apply(&with_categories(sample(0.9, 20, 200), &[("weights", 5)]));
-    assert_eq!(f.heap_peak_composition().unwrap().get("logits"), Some(&(90 * M)));
+    assert_eq!(
+        f.heap_peak_composition().unwrap().get("logits"),
+        Some(&(90 * M))
+    );
 }
 
 #[test]
@@ -176,7 +179,11 @@ fn device_peaks_between_stages_come_from_the_device_windows() {
         s.window_device_peak = window.map(|w| w * M);
         Event::Stage { snapshot: s }
     };
-    let f = RunFold::of(&[dev("a", 1, Some(1)), dev("b", 2, Some(40)), dev("c", 3, Some(7))]);
+    let f = RunFold::of(&[
+        dev("a", 1, Some(1)),
+        dev("b", 2, Some(40)),
+        dev("c", 3, Some(7)),
+    ]);
     assert_eq!(f.device_peak_between("a", "b"), Some(40 * M));
     assert_eq!(f.device_peak_between("b", "c"), Some(7 * M));
     assert_eq!(f.device_peak_between("a", "c"), Some(40 * M));
