@@ -197,3 +197,35 @@ fn table_and_fit() {
     assert!(fits(nsamples));
     assert!(!fits(nsamples + nsamples / 20 + 1));
 }
+
+#[test]
+fn ranks_give_one_ranks_share_and_the_exchange_per_layer() {
+    let args = ["--model", "llama-2-7b", "--method", "sparsegpt", "--json"];
+    let (code, one, e) = estimate(&args);
+    assert_eq!(code, Some(0), "{e}");
+    let mut eight = args.to_vec();
+    eight.extend_from_slice(&["--ranks", "8"]);
+    let (code, out, e) = estimate(&eight);
+    assert_eq!(code, Some(0), "{e}");
+    let (one, out): (serde_json::Value, serde_json::Value) = (
+        serde_json::from_str(&one).unwrap(),
+        serde_json::from_str(&out).unwrap(),
+    );
+    let r = &out["ranks"];
+    assert_eq!(r["windows_per_rank"], 16, "{r}");
+    assert_eq!(
+        r["statistics_per_layer"],
+        (3u64 * 4096 * 4096 + 11008 * 11008) * 4
+    );
+    // One rank holds an eighth of the calibration set, so less memory; the
+    // reference scripts still run every window in one process.
+    assert!(
+        out["peak"].as_u64() < one["peak"].as_u64(),
+        "{} vs {}",
+        out["peak"],
+        one["peak"]
+    );
+    assert_eq!(out["reference_peak"], one["reference_peak"]);
+    let (code, _, e) = estimate(&["--params", "7e9", "--ranks", "0"]);
+    assert_eq!((code, e.lines().count()), (Some(2), 1), "{e}");
+}

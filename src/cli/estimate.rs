@@ -224,16 +224,17 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
             return Err(format!("--ranks {n}: only prunemem's engine runs across ranks").into());
         }
         n => {
+            let all_windows = w.nsamples;
             let share = crate::estimate::ranks::share(&arch, &w, n);
             notes.push(format!(
-                "{n} ranks: each rank holds at most {} of the {} calibration windows (the figures below are one rank's);                  per layer {} of statistics go to rank 0 and back ({} through rank 0)",
+                "{n} ranks: each rank holds at most {} of the {} calibration windows (the figures below are one rank's); per layer {} of statistics go to rank 0 and back ({} through rank 0)",
                 share.windows_per_rank,
                 w.nsamples,
                 format_bytes(share.statistics_per_layer),
                 format_bytes(share.rank0_traffic_per_layer),
             ));
             w.nsamples = share.windows_per_rank;
-            Some(share)
+            Some((share, all_windows))
         }
     };
     let est = estimate(&arch, &w)?;
@@ -243,6 +244,10 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
             let mut r = w.clone();
             r.engine = Engine::Reference;
             r.batch_size = 1;
+            // The reference scripts run every window in one process.
+            if let Some((_, all)) = &ranks {
+                r.nsamples = *all;
+            }
             // The reference scripts run on CUDA: a wgpu user's alternative.
             if r.device == Device::Wgpu {
                 r.device = Device::Cuda;
@@ -270,7 +275,7 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
                 "estimate": est, "peak": est.peak(), "peak_phase": est.phases[est.peak_phase()].name,
                 "gpus": fits, "smallest_gpu": catalog::smallest_fitting(est.peak(), 0.0).map(|g| g.name),
                 "reference_peak": reference.as_ref().map(Estimate::peak), "fit": limits, "notes": notes,
-                "ranks": ranks,
+                "ranks": ranks.as_ref().map(|(share, _)| share),
             })
         );
         return Ok(0);
