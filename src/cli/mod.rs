@@ -75,7 +75,7 @@ pub fn main() -> i32 {
     quiet_wayland_probe();
     // Started by `mpirun`/`srun`: join the world first (one line if this
     // build cannot).
-    let dist = match crate::exec::dist::init() {
+    let dist = match crate::exec::launch::init() {
         Ok(guard) => guard,
         Err(e) => {
             eprintln!("error: {e}");

@@ -379,6 +379,20 @@ impl Estimate {
     }
 }
 
+/// The calibration phase, empty: from the model loaded (or OWL's ratios)
+/// to the first layer's pass.
+pub(crate) fn calibration_phase(w: &Workload) -> Phase {
+    let first = if w.owl {
+        crate::events::stages::OWL_RATIOS
+    } else {
+        crate::events::stages::MODEL_LOADED
+    };
+    Phase::new(
+        "calibration",
+        &[first, crate::events::stages::BEFORE_PRUNING],
+    )
+}
+
 /// Validates a workload against an architecture.
 pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     let bad = |m: String| Err(EstimateError::Invalid(m));
@@ -424,6 +438,13 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
             training::phases(arch, w)
         }
         (Task::Inference | Task::Train, _) => training::phases(arch, w),
+        // On a GPU: cubecl's pool, from the engine's device buffers.
+        (task, Engine::Prunemem) if w.device.is_gpu() && task != Task::GradProbe => {
+            match prunemem::method(w) {
+                Some(m) => prunemem_device::phases(arch, w, m, &mut notes),
+                None => prunemem::phases(arch, w, &mut notes),
+            }
+        }
         (_, Engine::Prunemem) => prunemem::phases(arch, w, &mut notes),
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
     };

@@ -89,7 +89,8 @@ pub(super) const TEXT_FACTOR: u64 = 13;
 /// Logits computed per evaluation chunk (`eval::chunk_rows`), f32 elements.
 const LOGIT_CHUNK_ELEMS: u64 = 1 << 23;
 
-fn method(w: &Workload) -> Option<Method> {
+/// The layer method a pruning task runs (`None`: not one of the engine's).
+pub(super) fn method(w: &Workload) -> Option<Method> {
     match w.task {
         super::Task::Magnitude => Some(Method::Magnitude),
         super::Task::Wanda => Some(Method::Wanda),
@@ -182,17 +183,6 @@ fn prune_transient(a: &Arch, m: Method) -> u64 {
     }
 }
 
-/// The calibration phase, empty: from the model loaded (or OWL's ratios)
-/// to the first layer's pass.
-pub(super) fn calibration_phase(w: &Workload) -> Phase {
-    let first = if w.owl {
-        stages::OWL_RATIOS
-    } else {
-        stages::MODEL_LOADED
-    };
-    Phase::new("calibration", &[first, stages::BEFORE_PRUNING])
-}
-
 /// Text and its tokens while a text is tokenised (`model::tokenizer`):
 /// the file, the selected lines, and the growing id vector.
 fn text_transient(text_bytes: u64) -> u64 {
@@ -207,9 +197,6 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let Some(m) = method(w) else {
         return super::reference::phases(a, w, notes);
     };
-    if w.device.is_gpu() {
-        return super::prunemem_device::phases(a, w, m, notes);
-    }
     let c = w.dtype.size();
     let (runtime_name, runtime) = (
         "runtime (process, base heap)",
@@ -261,7 +248,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         // (`model::dtype::Converted`, one copy), then the calibration
         // buffers are filled beside it.
         out.push(
-            calibration_phase(w)
+            super::calibration_phase(w)
                 .add(runtime_name, runtime)
                 .add(
                     "weights (resident)",

@@ -139,7 +139,7 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
     let acts = s.hidden_states(n);
     if calibrated {
         out.push(
-            super::prunemem::calibration_phase(w)
+            super::calibration_phase(w)
                 .add(
                     "weights (resident)",
                     if w.resident { a.params * s.c } else { 0 },

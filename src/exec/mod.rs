@@ -12,6 +12,7 @@
 pub mod backends;
 mod compute;
 pub mod dist;
+pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod spec;

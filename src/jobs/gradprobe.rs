@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use super::JobError;
 use super::config::PruneJob;
 use super::context::Run;
-use super::prune::{Opened, Pruned, eval_results, layer_results};
+use super::pruned::{Opened, Pruned, eval_results, layer_results};
 use super::text;
 use crate::events::{Level, stages};
 use crate::model::perplexity::Perplexity;

@@ -19,6 +19,7 @@ pub mod eval;
 mod gradprobe;
 pub mod preflight;
 pub mod prune;
+mod pruned;
 pub mod snapshot;
 pub mod text;
 pub mod train;

@@ -9,6 +9,7 @@ use serde_json::{Value, json};
 
 use super::config::PruneJob;
 use super::context::{Run, RunOptions};
+use super::pruned::{Opened, Pruned, eval_results, layer_results};
 use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::exec::OnDevice;
@@ -40,19 +41,6 @@ pub struct Outcome {
     pub fp32_model_bytes: u64,
     /// The device it computed on (`cpu`, `wgpu`, `cuda:0`).
     pub device: String,
-}
-
-/// The model, its tokenizer and the resolved window length.
-pub(super) struct Opened {
-    pub ckpt: Checkpoint,
-    pub tok: Tokenizer,
-    pub seqlen: usize,
-}
-
-/// What the method-specific part hands back.
-pub(super) struct Pruned {
-    pub prune: engine::PruneOutcome,
-    pub perplexity: Option<Perplexity>,
 }
 
 /// Runs `job`, reporting to `options`' sinks (logs default to `SAVE/logs`).
@@ -224,27 +212,6 @@ pub fn weight_file_bytes(dir: &std::path::Path) -> u64 {
                 .sum()
         })
         .unwrap_or(0)
-}
-
-/// Records per-layer results of a prune.
-pub(super) fn layer_results(run: &mut Run, prune: &engine::PruneOutcome) {
-    run.result("sparsity", prune.sparsity());
-    run.result("prune_seconds", prune.seconds);
-    let sparsity: Vec<f64> = prune.layers.iter().map(|l| l.sparsity()).collect();
-    run.result("layer_sparsity", sparsity);
-    if let Some(d) = prune.dsnot() {
-        run.result("dsnot", json!(d));
-    }
-    if let Some(r) = prune.reallocation() {
-        run.result("reallocation", json!(r));
-    }
-}
-
-/// Records an evaluation's results.
-pub(super) fn eval_results(run: &mut Run, r: &Perplexity) {
-    run.result("perplexity", r.perplexity);
-    run.result("eval_windows", r.windows);
-    run.result("eval_seconds", r.seconds);
 }
 
 /// A prune's device part on the run's backend: GradProbe's, or

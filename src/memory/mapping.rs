@@ -1,7 +1,7 @@
 //! Where large heap blocks live: their own anonymous mappings, and a small
 //! cache of freed ones that stays below the heap's high-water mark.
 //!
-//! The counting allocator ([`super::alloc`]) gives every block of 1 MiB and
+//! The counting allocator (`memory::alloc`, above this file) gives every block of 1 MiB and
 //! more its own mapping, so that freeing it gives the pages back and the
 //! resident set follows the live heap. Mapping and unmapping is not free:
 //! every first touch of a fresh page is a page fault, the kernel zeroes the

@@ -538,7 +538,7 @@ impl<B: Compute> Llama<B> {
     }
 
     /// Logits `[batch, seq, vocab]`. Fine for short inputs; perplexity uses
-    /// chunked logits instead (see `crate::model::perplexity`).
+    /// chunked logits instead (the evaluation engine, `perplexity`).
     pub fn logits(&self, tokens: Tensor<B, 2, Int>, rope: &Rope<B>) -> Tensor<B, 3> {
         let h = self.hidden(tokens, rope);
         let [b, s, d] = h.dims();

@@ -1,6 +1,6 @@
 //! One safetensors file of a checkpoint: memory-mapped, its header checked
 //! against its size, its tensors' byte ranges listed; and the sharded
-//! index that names the files. Kept apart from [`super::checkpoint`] so the
+//! index that names the files. Kept apart from the checkpoint (which uses it) so the
 //! file-level checks (truncation, bad offsets, hostile shard names) read on
 //! their own; nothing here decodes a tensor.
 

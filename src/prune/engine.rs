@@ -20,10 +20,9 @@ use std::time::Instant;
 use burn::prelude::*;
 
 use super::activations::Activations;
-use super::dsnot::{DsnotOptions, DsnotReport};
 use super::reallocation::ReallocationReport;
 use super::stats::{LayerStats, Needs};
-use super::{LayerMethod, Pattern, PruneError};
+use super::{LayerMethod, PruneError};
 use crate::events::stages;
 use crate::memory::tag::{self, Category};
 use crate::model::llama::DecoderLayer;
@@ -33,67 +32,9 @@ use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
 use crate::profiler::Profiler;
 use crate::timing::{self, Work};
 
+pub use super::config::{LinearReport, PruneConfig};
 use super::linear::{LayerTarget, prune_linears};
 pub use super::linear::{set_weight, weight_out_in};
-
-/// How to prune.
-#[derive(Debug, Clone)]
-pub struct PruneConfig {
-    pub method: LayerMethod,
-    pub sparsity: f64,
-    pub pattern: Pattern,
-    pub use_variant: bool,
-    pub seqlen: usize,
-    /// Windows per forward pass.
-    pub batch_size: usize,
-    pub dtype: ComputeDtype,
-    /// SparseGPT dampening (fraction of the mean Hessian diagonal).
-    pub percdamp: f64,
-    /// SparseGPT column block size.
-    pub blocksize: usize,
-    /// RIA: the activation exponent `a` (0.5 in the paper).
-    pub ria_a: f64,
-    /// RIA, unstructured: per output row (Wanda's comparison group)
-    /// instead of one threshold over the matrix.
-    pub per_outneuron: bool,
-    /// Per-layer sparsities (OWL); `None`: `sparsity` everywhere.
-    pub layer_sparsity: Option<Vec<f64>>,
-    /// DSnoT's mask refinement after the method's metric.
-    pub dsnot: Option<DsnotOptions>,
-    /// RIA, N:M: channel reallocation (`Some(lsa)`: with the assignment rounds).
-    pub reallocation: Option<bool>,
-    /// Keep the calibration activations in host memory between layers
-    /// ([`Activations`]).
-    pub offload_activations: bool,
-}
-
-impl PruneConfig {
-    /// The sparsity of decoder layer `i`.
-    pub fn sparsity_of(&self, i: usize) -> f64 {
-        self.layer_sparsity
-            .as_ref()
-            .and_then(|v| v.get(i).copied())
-            .unwrap_or(self.sparsity)
-    }
-}
-
-/// What pruning one linear did.
-#[derive(Debug, Clone, serde::Serialize)]
-pub struct LinearReport {
-    pub name: String,
-    pub zeros: u64,
-    pub params: u64,
-    /// Wanda variant: the α found.
-    pub alpha: Option<f64>,
-    /// SparseGPT: the reconstruction error it reports.
-    pub error: Option<f64>,
-    /// DSnoT: cycles run and weights swapped (absent where it skipped).
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub dsnot: Option<DsnotReport>,
-    /// RIA's channel reallocation: metric kept before and after.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub reallocation: Option<ReallocationReport>,
-}
 
 /// What pruning one decoder layer did.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -6,8 +6,8 @@ use crate::exec::Compute;
 use burn::module::Param;
 use burn::prelude::*;
 
+use super::config::{LinearReport, PruneConfig};
 use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
-use super::engine::{LinearReport, PruneConfig};
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
 use super::reallocation::reallocated_nm_mask;
 use super::sparsegpt::{SparseGptOptions, fasterprune};

@@ -3,6 +3,7 @@
 //! checkpoint.
 
 pub mod activations;
+pub mod config;
 pub mod dsnot;
 pub mod engine;
 pub mod gradprobe;

@@ -7,8 +7,8 @@
 use plotters::prelude::*;
 
 use super::ReportError;
-use super::charts::{err, font, unit};
 use super::load::RunData;
+use super::style::{err, font, legend, unit};
 use crate::memory::tag;
 
 /// Pixel columns a time series is reduced to.
@@ -123,7 +123,7 @@ where
             .label(names[k].as_str())
             .legend(move |(x, y)| Rectangle::new([(x, y - 5), (x + 14, y + 5)], color.filled()));
     }
-    super::charts::legend(&mut chart)?;
+    legend(&mut chart)?;
     area.present().map_err(err)?;
     Ok(())
 }

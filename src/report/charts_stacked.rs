@@ -8,8 +8,8 @@ use plotters::prelude::*;
 
 use super::ReportError;
 use super::breakdown::Bar;
-use super::charts::{COLORS, above, err, font, rotated, unit};
 use super::load::RunData;
+use super::style::{COLORS, above, err, font, legend, rotated, unit};
 
 /// Ten distinguishable fills, one per component name across bars.
 const PALETTE: [RGBColor; 10] = [
@@ -217,7 +217,7 @@ where
             .label(r.name.clone())
             .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], c.stroke_width(3)));
     }
-    super::charts::legend(&mut chart)?;
+    legend(&mut chart)?;
     area.present().map_err(err)?;
     Ok(())
 }

@@ -12,6 +12,8 @@ pub mod charts_area;
 pub mod charts_stacked;
 pub mod load;
 mod sections;
+#[cfg(feature = "charts")]
+mod style;
 pub mod text;
 pub mod training;
 

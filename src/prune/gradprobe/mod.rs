@@ -190,7 +190,7 @@ impl<'a, B: Compute> GradProbe<'a, B> {
         pruned: &Masks,
     ) -> Result<(Masks, BTreeMap<String, Vec<f32>>), PruneError> {
         let mut state = self.state(pruned, GradPrecision::F32);
-        pass::run(self.input(), &mut state, Which::Original)?;
+        phases::run(self.input(), &mut state, Which::Original)?;
         self.norms = state.norms.take().or(self.norms.take());
         let grads = state
             .original
@@ -210,13 +210,13 @@ impl<'a, B: Compute> GradProbe<'a, B> {
         p.components(stages::GP_SAVED_TENTATIVE, components);
         p.stage(stages::GP_SAVED_TENTATIVE);
         let mut state = self.state(pruned, self.config.precision);
-        let loss_original = pass::run(self.input(), &mut state, Which::Original)?;
+        let loss_original = phases::run(self.input(), &mut state, Which::Original)?;
         p.components(stages::GP_ORIGINAL_GRADIENTS, state.components());
         p.stage(stages::GP_ORIGINAL_GRADIENTS);
         let tentative: u64 = state.tentative.values().map(|v| v.len() as u64).sum();
         p.stage(stages::GP_TENTATIVE_MASKS);
         p.stage(stages::GP_WEIGHTS_REDUCED);
-        let loss_modified = pass::run(self.input(), &mut state, Which::Modified)?;
+        let loss_modified = phases::run(self.input(), &mut state, Which::Modified)?;
         p.components(stages::GP_MODIFIED_GRADIENTS, state.components());
         p.stage(stages::GP_MODIFIED_GRADIENTS);
         self.norms = state.norms.take().or(self.norms.take());

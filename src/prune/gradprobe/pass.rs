@@ -1,4 +1,6 @@
-//! One gradient pass of GradProbe, layer by layer.
+//! One gradient pass of GradProbe, layer by layer: its inputs, the state it
+//! carries between passes and what it folds (the phases that run it are in
+//! `phases.rs`, which depends on this file).
 //!
 //! Forward: embed every batch, run it through each streamed layer and keep
 //! only the layer-boundary activations `x_0 … x_L`. Backward: the loss and
@@ -20,13 +22,11 @@ use std::collections::{BTreeMap, HashMap};
 
 use burn::prelude::*;
 
-use super::phases::Pass;
 use super::select::{self, GradPrecision, StoredGrads};
 use super::{GradProbeConfig, Masks, Target};
 use crate::model::Checkpoint;
 use crate::model::llama::LinearInput;
 use crate::profiler::Profiler;
-use crate::prune::PruneError;
 
 /// One calibration batch: inputs `[b][seqlen]` and the next tokens, flat.
 pub struct Batch {
@@ -176,18 +176,4 @@ impl State {
             }
         }
     }
-}
-
-/// Runs one pass; returns the mean calibration loss.
-pub fn run<B: Compute>(
-    input: Input<'_, B>,
-    state: &mut State,
-    which: Which,
-) -> Result<f64, PruneError> {
-    let pass = Pass::new(input, which);
-    let mut boundaries = pass.forward(state)?;
-    let last = boundaries.pop().unwrap_or_default();
-    let mut head = pass.head(state, last)?;
-    pass.backward(state, boundaries, &mut head.grads)?;
-    Ok(pass.embeddings(state, head))
 }

@@ -1,4 +1,4 @@
-//! The four phases of one GradProbe gradient pass ([`super::pass::run`]):
+//! The four phases of one GradProbe gradient pass ([`run`]):
 //! forward through the streamed layers keeping only the boundaries; the
 //! head and loss by hand; the layers again, last to first, under autodiff;
 //! the embedding gradient last.
@@ -409,4 +409,18 @@ impl<'a, B: Compute> Pass<'a, B> {
         self.progress(2 * c.num_layers + 1, "embeddings".into());
         head.loss / batches.len().max(1) as f64
     }
+}
+
+/// Runs one pass; returns the mean calibration loss.
+pub fn run<B: Compute>(
+    input: Input<'_, B>,
+    state: &mut State,
+    which: Which,
+) -> Result<f64, PruneError> {
+    let pass = Pass::new(input, which);
+    let mut boundaries = pass.forward(state)?;
+    let last = boundaries.pop().unwrap_or_default();
+    let mut head = pass.head(state, last)?;
+    pass.backward(state, boundaries, &mut head.grads)?;
+    Ok(pass.embeddings(state, head))
 }
