@@ -268,6 +268,14 @@ fn rank_pid(rank: usize, marker: &str) -> Option<i32> {
     None
 }
 
+/// `mpirun -np n prunemem ARGS` fails and its stderr says `message`.
+fn fails_saying(n: usize, args: &[&str], message: &str) {
+    let out = mpirun(n, args).output().unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains(message), "{stderr}");
+}
+
 #[test]
 fn launches_that_cannot_share_the_work_are_one_line() {
     let (_dir, model, text) = fixture();
@@ -285,13 +293,7 @@ fn launches_that_cannot_share_the_work_are_one_line() {
         "--ui",
         "none",
     ]);
-    let out = mpirun(3, &args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("2 calibration batches cannot be shared across 3 ranks"),
-        "{stderr}"
-    );
+    fails_saying(3, &args, "2 calibration batches cannot be shared across 3 ranks");
     // GradProbe is not distributed: said, not run N times.
     let mut args = vec!["prune", "--model", s(&model), "--method", "gradprobe"];
     args.extend_from_slice(&[
@@ -304,13 +306,7 @@ fn launches_that_cannot_share_the_work_are_one_line() {
         "--ui",
         "none",
     ]);
-    let out = mpirun(2, &args).output().unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success());
-    assert!(
-        stderr.contains("GradProbe does not run across MPI ranks"),
-        "{stderr}"
-    );
+    fails_saying(2, &args, "GradProbe does not run across MPI ranks");
     // A launcher's environment without its MPI world: one line, exit 2.
     let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
         .args(["estimate", "--params", "7e9"])
