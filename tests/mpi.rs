@@ -293,7 +293,11 @@ fn launches_that_cannot_share_the_work_are_one_line() {
         "--ui",
         "none",
     ]);
-    fails_saying(3, &args, "2 calibration batches cannot be shared across 3 ranks");
+    fails_saying(
+        3,
+        &args,
+        "2 calibration batches cannot be shared across 3 ranks",
+    );
     // GradProbe is not distributed: said, not run N times.
     let mut args = vec!["prune", "--model", s(&model), "--method", "gradprobe"];
     args.extend_from_slice(&[

@@ -21,40 +21,12 @@
 //! Resident memory is then the live heap plus the process's own footprint:
 //! prunemem maps every buffer of 4 MiB or more separately and returns it on
 //! free (`memory::alloc`), so RSS follows the heap closely. The two constants
-//! below are measured, see [`CALIBRATION`].
+//! below are measured, see `docs/estimator.md`.
 
 use super::{Arch, Component, Device, Phase, Workload};
 use crate::events::stages;
 use crate::model::ComputeDtype;
 use crate::prune::Method;
-
-/// How the constants were measured, and how well the estimates fit.
-pub const CALIBRATION: &str = "\
-Fitted with `PRUNEMEM_BIN=target/debug/prunemem cargo run --example estimator_grid` (nine synthetic \
-models of `tests/support/grid.rs`: hidden 512-1024, intermediate 1408-2816, 2-8 layers, vocab 4096-16384; \
-magnitude, Wanda, SparseGPT; streamed and resident; seqlen 256-1024, 8-32 samples, batch 2-8, with \
-and without evaluation) on a 2-core x86-64 Linux machine, 2026-11-21. RSS minus live heap: 10 MiB at \
-`01_start` (RUNTIME_NON_HEAP), 15.7-17 MiB once the first batch has run (COMPUTE_WORKSPACE adds the \
-difference and the 2 MiB of matmul scratch); live heap at `01_start` 2.1 MiB (HEAP_BASE); load-phase \
-peak minus runtime 15.1 MiB for 1.2 MB of text (TEXT_FACTOR 13). Refit 2026-11-23 after durable \
-logging and heap attribution raised every measured peak by 1.2-3.1 MB (OBSERVABILITY 2 MiB). Whole-run \
-peak errors after the refit (`cargo test --test estimate -- --nocapture`): -3.0% to +2.9% \
-(wanda-h512-l4 +1.3, wanda-h768-l2-s512 -0.5, sparsegpt-h512-l3 -0.4, sparsegpt-h1024-l2 +0.8, \
-magnitude-h1024-l6 -3.0, wanda-eval-h512-l4 +0.5, wanda-resident-h768-l4 -1.2, \
-wanda-b2-h512-l8-s1024 +0.6, sparsegpt-eval-h640-l3 +2.9). Re-measured 2026-11-23 after the \
-calibration phase lost its embedding-load transient (tensors decode as one copy): wanda-h512-l4 +1.6, \
-wanda-h768-l2-s512 -0.9, sparsegpt-h512-l3 -0.1, sparsegpt-h1024-l2 +0.6, magnitude-h1024-l6 -2.6, \
-wanda-eval-h512-l4 +0.3, wanda-resident-h768-l4 -1.3, wanda-b2-h512-l8-s1024 +0.3, \
-sparsegpt-eval-h640-l3 +2.9. Re-measured 2026-11-23 after the CPU's f32 forward stopped caching \
-full-shape rotary tables (`model::cpu_ops`): all 14 grid cases -4.8% to +3.2% (magnitude-h1024-l6 -4.8, \
-ria-h512-l4 +3.2, dsnot-sparsegpt-h640-l2 -3.2, the rest within 3.0). Re-measured 2026-11-23 (debug build, \
-as fitted) after blocks of 1-4 MiB moved into the allocator's own mappings with a per-layer reuse \
-cache (`memory::mapping`): all 14 within -4.4% to +3.1% with the constants unchanged; a release \
-build's peaks are 2-3 MB lower (ria-h512-l4 +6.9%). magnitude-h1024-l6 then drifted to -4.9..-5.1% \
-over three debug runs: its prune phase had no thread workspace although its sort and select threads \
-raise RSS minus heap from 10 to 15.1 MiB. With THREAD_WORKSPACE (6 MiB of COMPUTE_WORKSPACE's 8) \
-there, and the cache emptied before evaluation and before the head's logits, all 14 within -1.9% to \
-+3.3% (magnitude-h1024-l6 +1.2%), 2026-11-23.";
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
@@ -74,17 +46,17 @@ const OBSERVABILITY: u64 = 2 << 20;
 const HEAP_BASE: u64 = 5 << 19;
 /// Resident memory added once compute has run: per-thread matmul packing
 /// buffers and attention scratch (2 MiB of live heap on every grid run), and
-/// [`THREAD_WORKSPACE`], see [`CALIBRATION`].
+/// [`THREAD_WORKSPACE`], see `docs/estimator.md`.
 const COMPUTE_WORKSPACE: u64 = THREAD_WORKSPACE + (2 << 20);
 /// The compute threads' stacks and allocator arenas: RSS minus heap rises
 /// from about 10 to about 16 MiB once the worker threads have run and stays
 /// there. A run without calibration (magnitude) has no matmul scratch but
 /// its pruning threads add these pages too (15.1 MiB at the peak of
-/// magnitude-h1024-l6, 2026-11-23), see [`CALIBRATION`].
+/// magnitude-h1024-l6, 2026-11-23), see `docs/estimator.md`.
 const THREAD_WORKSPACE: u64 = 6 << 20;
 /// Resident bytes per byte of text while it is read and tokenised: the
 /// file, the selected lines, the tokenizer's per-word encodings and the id
-/// vector (fitted on the grid's 1.2 MB text, see [`CALIBRATION`]).
+/// vector (fitted on the grid's 1.2 MB text, see `docs/estimator.md`).
 pub(super) const TEXT_FACTOR: u64 = 13;
 /// Logits computed per evaluation chunk (`eval::chunk_rows`), f32 elements.
 const LOGIT_CHUNK_ELEMS: u64 = 1 << 23;

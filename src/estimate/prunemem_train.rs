@@ -1,6 +1,6 @@
 //! Training on prunemem's engine (`crate::train`, Burn autodiff on the CPU,
 //! f32), phase by phase, with constants measured on the training grid
-//! (see [`CALIBRATION`]).
+//! (see `docs/estimator.md`).
 //!
 //! What a step holds, by the order it happens: the parameters; after the
 //! first `step()`, the optimizer's moments; for each micro-batch, the graph
@@ -14,14 +14,6 @@
 
 use super::{Arch, Optimizer, Phase, Workload, prunemem::TEXT_FACTOR};
 use crate::events::stages;
-
-/// How the constants were measured, and how well the estimates fit.
-pub const CALIBRATION: &str = "\
-Fitted with `PRUNEMEM_BIN=target/release/prunemem cargo run --release --example train_grid` (eight \
-runs of `tests/support/train_grid.rs`: two synthetic models, hidden 256/384, 3-4 layers, vocab \
-4096/8192; batch 2-8, seqlen 128-256, accumulation 1-3, AdamW/Adam/SGD, checkpointing, frozen \
-layers) on a 2-core x86-64 Linux machine, 2026-11-23; see the closing note of the training issue \
-for the table.";
 
 /// Resident bytes that are not live heap during training (binary, thread
 /// stacks, allocator arenas) plus the heap before the model: 21.7-27.5 MB
@@ -37,7 +29,7 @@ const DEVICE_BACKENDS_LINKED: u64 = if cfg!(feature = "wgpu") { 13 << 19 } else 
 /// hidden width (two norms, q and its rotary products, the attention
 /// output), of intermediate width (gate, its sigmoid and SiLU, up, their
 /// product), of key/value width, and per attended position and head
-/// (scores, probabilities, mask). Fitted: see [`CALIBRATION`].
+/// (scores, probabilities, mask). Fitted: see `docs/estimator.md`.
 const PER_HIDDEN: f64 = 10.0;
 const PER_INTERMEDIATE: f64 = 5.0;
 const PER_KV: f64 = 4.0;
