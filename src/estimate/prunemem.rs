@@ -103,7 +103,7 @@ fn forward_with_hessians(a: &Arch, tokens: u64) -> u64 {
 /// `windows` when there is one. The CPU's f32 forward rotates with the
 /// fused kernel (`model::cpu_ops`) from `[seq, head_dim]` tables and caches
 /// none.
-fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
+pub(super) fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
     if w.device == Device::Cpu && w.dtype == ComputeDtype::F32 {
         return 0;
     }

@@ -69,15 +69,9 @@ impl Sizes {
 /// rotation, and the pair expanded to q's and k's shapes for batches of
 /// `batch` windows and for the last, shorter batch of `windows`.
 fn rope(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
-    let c = w.dtype.size();
-    let base = (2 * w.seqlen * a.head_dim + a.head_dim * a.head_dim) * c;
-    let widths = if a.q_dim() == a.kv_dim() {
-        a.q_dim()
-    } else {
-        a.q_dim() + a.kv_dim()
-    };
-    let rest = if batch > 0 { windows % batch } else { 0 };
-    base + 2 * (batch.min(windows) + rest) * w.seqlen * widths * c
+    let base = (2 * w.seqlen * a.head_dim + a.head_dim * a.head_dim) * w.dtype.size();
+    // On a device the expanded tables are always cached.
+    base + super::prunemem::rope_tables(a, w, batch, windows)
 }
 
 /// The f32 statistics of one layer, and the largest moment of their update

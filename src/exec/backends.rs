@@ -139,18 +139,6 @@ pub(super) fn open(spec: &DeviceSpec) -> Result<Opened, ExecError> {
     }
 }
 
-/// Runs `f`, turning a panic into the first line of its message (the
-/// library's own panic output is silenced meanwhile: the caller reports
-/// one line).
-#[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn quietly<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    result.map_err(|p| panic_line(p.as_ref()))
-}
-
 /// Runs `f`; a panic on this thread becomes its message's first line, and
 /// is not printed. A panic inside the device's runtime on another thread
 /// (cubecl's server, wgpu's callbacks) while `f` runs fails it the same
@@ -212,7 +200,7 @@ mod wgpu {
 
     use burn::backend::wgpu::{RuntimeOptions, WgpuDevice, graphics::AutoGraphicsApi, init_setup};
 
-    use super::{Opened, quietly};
+    use super::{Opened, caught_on_this_thread};
     use crate::exec::{DeviceSpec, ExecError, WgpuSelect};
 
     /// cubecl registers one client per device per process: each selection
@@ -228,7 +216,7 @@ mod wgpu {
         let cache = OPENED.get_or_init(Default::default);
         let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let entry = cache.entry(spec.to_string()).or_insert_with(|| {
-            quietly(|| {
+            caught_on_this_thread(|| {
                 let setup = init_setup::<AutoGraphicsApi>(&device, RuntimeOptions::default());
                 let info = setup.adapter.get_info();
                 format!("{} ({:?}, {:?})", info.name, info.backend, info.device_type)
@@ -254,7 +242,7 @@ mod wgpu {
 mod cuda {
     use burn::backend::cuda::CudaDevice;
 
-    use super::{Opened, quietly};
+    use super::{Opened, caught_on_this_thread};
     use crate::exec::{DeviceSpec, ExecError};
 
     /// True when the CUDA driver library can be loaded (cudarc panics when it
@@ -284,7 +272,7 @@ mod cuda {
             });
         }
         let device = CudaDevice::new(index);
-        quietly(|| {
+        caught_on_this_thread(|| {
             use burn::cubecl::Runtime;
             let _ = burn::cubecl::cuda::CudaRuntime::client(&device);
         })

@@ -120,13 +120,14 @@ pub fn share_of<T: Clone>(items: &[T], rank: usize, world: usize) -> Vec<T> {
         .collect()
 }
 
-/// Fails unless every rank gets at least one of `count` windows (a rank
-/// with none would skip the reductions the others wait in).
-pub fn check_share(what: &str, count: usize) -> Result<(), ExecError> {
+/// Fails unless every rank gets at least one of `count` `what` (a rank
+/// with none would skip the reductions the others wait in); `flags` are
+/// the options that set the count.
+pub fn check_share(what: &str, count: usize, flags: &str) -> Result<(), ExecError> {
     let (_, world) = world();
     if count < world {
         return Err(ExecError::Distributed(format!(
-            "{count} {what} cannot be shared across {world} ranks: give at least one per rank (--nsamples, --batch-size)"
+            "{count} {what} cannot be shared across {world} ranks: give at least one per rank ({flags})"
         )));
     }
     Ok(())

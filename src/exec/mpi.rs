@@ -34,8 +34,7 @@ pub fn join(launched: usize) -> Result<mpi::environment::Universe, ExecError> {
     Ok(universe)
 }
 
-/// MPI's world communicator, asked for at each call (the handle is a
-/// constant; holding one would tie the reducer to a thread).
+/// This rank's reducer: its place in the world and its traffic so far.
 struct MpiReducer {
     rank: usize,
     size: usize,
@@ -63,6 +62,8 @@ impl MpiReducer {
     }
 }
 
+/// MPI's world communicator, asked for at each call (the handle is a
+/// constant; holding one would tie the reducer to a thread).
 fn world() -> SimpleCommunicator {
     SimpleCommunicator::world()
 }

@@ -74,8 +74,11 @@ pub struct Run {
     pub log_dir: Option<PathBuf>,
     /// Where the time went is measured from here (`timing`).
     timing: crate::timing::Totals,
-    /// The backend, device and rank the run computes with.
+    /// The backend and device the run computes with.
     pub exec: Exec,
+    /// Reads the device pool after every device op on this (the computing)
+    /// thread for as long as the run lives (`Profiler::watch_device`).
+    _device_watch: Option<crate::exec::watch::WatchGuard>,
 }
 
 impl Run {
@@ -135,6 +138,7 @@ impl Run {
         }
         profiler.start_sampler();
         Ok(Self {
+            _device_watch: profiler.watch_device(),
             profiler,
             emitter,
             results: BTreeMap::new(),

@@ -85,7 +85,6 @@ struct Evaluate<'a> {
 impl OnDevice for Evaluate<'_> {
     type Output = Result<Perplexity, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
-        let _watch = self.run.profiler.watch_device();
         evaluate::<B>(self, device)
     }
 }

@@ -226,7 +226,6 @@ struct Pruning<'a, 'w> {
 impl OnDevice for Pruning<'_, '_> {
     type Output = Result<Pruned, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
-        let _watch = self.run.profiler.watch_device();
         match self.job.method {
             Method::GradProbe if crate::exec::dist::world().1 > 1 => Err(
                 crate::exec::ExecError::Distributed(
@@ -258,7 +257,6 @@ struct DenseEval<'a> {
 impl OnDevice for DenseEval<'_> {
     type Output = Result<(), JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
-        let _watch = self.run.profiler.watch_device();
         dense_eval::<B>(self.job, self.ckpt, self.tok, self.seqlen, self.run, device)
     }
 }
@@ -283,12 +281,16 @@ fn prune_and_eval<B: Compute>(
     };
     // Distributed: this rank's share of the windows (the same windows in
     // all, drawn from the same seed on every rank).
-    let calib = match crate::exec::dist::world().1 {
-        1 => calib,
-        _ if calib.is_empty() => calib,
-        _ => {
+    let calib = match calib.is_empty() {
+        true => calib,
+        false => {
             let batch = job.batch_size();
-            crate::exec::dist::check_share("calibration batches", calib.len().div_ceil(batch))?;
+            let batches = calib.len().div_ceil(batch);
+            crate::exec::dist::check_share(
+                "calibration batches",
+                batches,
+                "--nsamples, --batch-size",
+            )?;
             crate::exec::dist::share_batches(&calib, batch)
         }
     };

@@ -109,15 +109,10 @@ pub fn perplexity<B: Compute>(
     }
     // In a distributed run each rank evaluates its share of the windows and
     // the losses are summed across ranks.
-    let (_, world) = crate::exec::dist::world();
-    if windows.len() < world {
-        return Err(ModelError::Checkpoint(format!(
-            "{} evaluation windows cannot be shared across {world} ranks: give at least one per rank",
-            windows.len()
-        )));
-    }
+    crate::exec::dist::check_share("evaluation windows", windows.len(), "--eval-windows")
+        .map_err(|e| ModelError::Checkpoint(e.to_string()))?;
     let shared;
-    let windows = if world > 1 {
+    let windows = if crate::exec::dist::world().1 > 1 {
         shared = crate::exec::dist::share(windows);
         &shared[..]
     } else {

@@ -175,18 +175,10 @@ impl Profiler {
         if device.is_host_heap() {
             return Ok(());
         }
-        let reading = device.read();
         // The highest reading so far, in-op readings ([`Profiler::watch_device`])
         // included: a pass that went past the cap and came back under it
         // still went past it.
-        let high = match self.inner.peaks.lock() {
-            Ok(peaks) => {
-                peaks.device.observe(reading.allocated);
-                peaks.device.run_peak()
-            }
-            Err(_) => reading.allocated,
-        };
-        match (device.cap(), high) {
+        match (device.cap(), self.inner.observe_device()) {
             (Some(cap), Some(in_use)) if in_use > cap => Err(memory::DeviceOom {
                 device: device.name(),
                 at: at(),
@@ -208,10 +200,7 @@ impl Profiler {
         }
         let inner = Arc::clone(&self.inner);
         Some(crate::exec::watch::install(move || {
-            let reading = inner.device.read();
-            if let Ok(peaks) = inner.peaks.lock() {
-                peaks.device.observe(reading.allocated);
-            }
+            inner.observe_device();
         }))
     }
 
@@ -307,6 +296,19 @@ impl Profiler {
 }
 
 impl Inner {
+    /// Reads the device pool (on the computing thread), feeds the reading
+    /// to the device peak, and returns the run's device peak so far.
+    fn observe_device(&self) -> Option<u64> {
+        let reading = self.device.read();
+        match self.peaks.lock() {
+            Ok(peaks) => {
+                peaks.device.observe(reading.allocated);
+                peaks.device.run_peak()
+            }
+            Err(_) => reading.allocated,
+        }
+    }
+
     fn run_peaks(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
         match self.peaks.lock() {
             Ok(p) => (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak()),

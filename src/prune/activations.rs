@@ -25,15 +25,6 @@ pub enum Activations<B: Compute> {
 }
 
 impl<B: Compute> Activations<B> {
-    /// `batches`, kept where `offload` says.
-    pub fn new(batches: Vec<Tensor<B, 3>>, offload: bool, device: &B::Device) -> Self {
-        let mut out = Self::empty(offload, device);
-        for b in batches {
-            out.push(b);
-        }
-        out
-    }
-
     /// No batches yet; those pushed are kept where `offload` says.
     pub fn empty(offload: bool, device: &B::Device) -> Self {
         match offload {
@@ -97,12 +88,18 @@ mod tests {
     use super::*;
     use crate::exec::Cpu;
 
+    fn kept(batches: Vec<Tensor<Cpu, 3>>, offload: bool) -> Activations<Cpu> {
+        let mut a = Activations::empty(offload, &Default::default());
+        batches.into_iter().for_each(|b| a.push(b));
+        a
+    }
+
     #[test]
     fn offloaded_batches_come_back_as_they_went() {
         let device = Default::default();
         let x = |v: f32| Tensor::<Cpu, 3>::full([2, 3, 4], v, &device);
         for offload in [false, true] {
-            let mut a = Activations::new(vec![x(1.0), x(2.0)], offload, &device);
+            let mut a = kept(vec![x(1.0), x(2.0)], offload);
             assert_eq!((a.len(), a.offloaded()), (2, offload));
             a.set(1, x(5.0));
             let got: Vec<f32> = a.get(1).into_data().into_vec().unwrap();
@@ -116,7 +113,7 @@ mod tests {
     fn offloaded_f16_batches_come_back_in_f16() {
         let device = Default::default();
         let x = Tensor::<Cpu, 3>::full([2, 3, 4], 1.5, &device).cast(burn::tensor::FloatDType::F16);
-        let a = Activations::new(vec![x], true, &device);
+        let a = kept(vec![x], true);
         assert_eq!(a.get(0).dtype(), burn::tensor::DType::F16);
     }
 }
