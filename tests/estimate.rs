@@ -132,7 +132,7 @@ fn bad_inputs_are_one_line_errors_with_exit_two() {
 }
 
 #[test]
-fn params_alone_prints_the_assumed_architecture_and_scales() {
+fn params_alone_snaps_to_the_preset_it_names_and_scales() {
     let (code, out, err) = estimate(&["--params", "7e9", "--seqlen", "1024", "--json"]);
     assert_eq!(code, Some(0), "{err}");
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
@@ -147,7 +147,11 @@ fn params_alone_prints_the_assumed_architecture_and_scales() {
     assert!(v2["peak"].as_u64().unwrap() > peak);
     let (_, text, _) = estimate(&["--params", "7B"]);
     assert!(text.contains("hidden 4096"), "{text}");
+    assert!(text.contains("the Llama 2 7B preset"), "7B is Llama 2 7B, said: {text}");
+    assert_eq!(arch["layers"].as_u64(), Some(32), "not a 33-layer model that does not exist");
     assert!(text.contains("Smallest GPU that fits"), "{text}");
+    let (_, text, _) = estimate(&["--params", "20e9"]);
+    assert!(text.contains("no preset is that size") && text.contains("scaled to"), "{text}");
 }
 
 #[test]

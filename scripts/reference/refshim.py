@@ -26,24 +26,25 @@ def import_reference(wanda_repo):
 
 
 def prepare_model(model, seqlen):
-    from transformers.models.llama import modeling_llama
     model.seqlen = seqlen
     model.hf_device_map = {}
     rotary = model.model.rotary_emb
-    original = modeling_llama.LlamaDecoderLayer.forward
+    layer_class = type(model.model.layers[0])  # Llama's, Mistral's, ...
+    original = layer_class.forward
     if getattr(original, "_prunemem_shim", False):
         return model
 
     def forward(self, hidden_states, *args, position_embeddings=None, position_ids=None, **kw):
         if position_embeddings is None:
             if position_ids is None:
-                position_ids = torch.arange(hidden_states.shape[1]).unsqueeze(0)
+                position_ids = torch.arange(hidden_states.shape[1],
+                                            device=hidden_states.device).unsqueeze(0)
             position_embeddings = rotary(hidden_states, position_ids)
         return original(self, hidden_states, *args, position_ids=position_ids,
                         position_embeddings=position_embeddings, **kw)
 
     forward._prunemem_shim = True
-    modeling_llama.LlamaDecoderLayer.forward = forward
+    layer_class.forward = forward
     return model
 
 

@@ -1,6 +1,7 @@
-//! `prunemem demo`: the main job end to end, with nothing to download. The
-//! flags become a [`DemoJob`]; the job says what it does through a callback
-//! that prints here.
+//! `prunemem demo`: the main job end to end on a fresh clone (SmolLM2-135M
+//! fetched when missing, WikiText-2 shipped). The flags become a
+//! [`DemoJob`]; the job says what it does through a callback that prints
+//! here.
 
 use std::path::PathBuf;
 
@@ -22,6 +23,12 @@ pub struct DemoArgs {
     /// Always train and prune the tiny model, even when SmolLM2 is present
     #[arg(long)]
     tiny: bool,
+    /// Do not fetch SmolLM2-135M when it is missing (the tiny model instead)
+    #[arg(long)]
+    no_fetch: bool,
+    /// The SmolLM2-135M folder (fetched there by scripts/fetch-smollm2.sh)
+    #[arg(long, default_value = "models/smollm2-135m")]
+    smollm2: PathBuf,
     /// Progress display of the prune step (tui, plain, none)
     #[arg(long, value_enum, default_value = "plain")]
     ui: UiMode,
@@ -37,6 +44,8 @@ pub fn run(args: DemoArgs) -> CliResult<i32> {
         out: args.out,
         steps: args.steps,
         tiny: args.tiny,
+        fetch: !args.no_fetch,
+        smollm2: args.smollm2,
         dtype: args.device.dtype(None),
         device: args.device.device,
         ..DemoJob::default()

@@ -109,12 +109,8 @@ fn arch_of(args: &EstimateArgs) -> CliResult<(Arch, Vec<String>)> {
             return Err("give --params or --model, not both".into());
         }
         let n = parse_count(p)?;
-        let arch = presets::scaled(n)?;
-        notes.push(format!(
-            "assumed architecture for {}: hidden {}, {} layers, {} heads ({} kv), head_dim {}, intermediate {}, vocab {} ({})",
-            format_count(n), arch.hidden, arch.layers, arch.heads, arch.kv_heads, arch.head_dim, arch.intermediate,
-            arch.vocab, arch.name
-        ));
+        let (arch, note) = presets::for_params(n)?;
+        notes.push(note);
         return Ok((arch, notes));
     }
     let Some(m) = &args.model else {
@@ -195,6 +191,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         .map_err(|e| -> super::CliError { e.into() })?;
     if let crate::prune::Pattern::NM { n, m } = pattern {
         w.sparsity = n as f64 / m as f64;
+        w.nm = true;
     }
     w.compressed = args.save_format.sparse_format(pattern, false);
     // A compressed model folder: its own format and sparsity.
@@ -267,13 +264,14 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
     if args.json {
         let fits: Vec<_> = gpus
             .iter()
-            .map(|g| json!({"gpu": g.name, "usable": g.usable(), "fits": est.peak() <= g.usable()}))
+            .map(|g| json!({"gpu": g.name, "usable": g.usable(), "fits": est.device_need() <= g.usable()}))
             .collect();
         println!(
             "{}",
             json!({
-                "estimate": est, "peak": est.peak(), "peak_phase": est.phases[est.peak_phase()].name,
-                "gpus": fits, "smallest_gpu": catalog::smallest_fitting(est.peak(), 0.0).map(|g| g.name),
+                "estimate": est, "peak": est.peak(), "peak_allocated": est.peak_allocated(),
+                "peak_phase": est.phases[est.peak_phase()].name,
+                "gpus": fits, "smallest_gpu": catalog::smallest_fitting(est.device_need(), 0.0).map(|g| g.name),
                 "reference_peak": reference.as_ref().map(Estimate::peak), "fit": limits, "notes": notes,
                 "ranks": ranks.as_ref().map(|(share, _)| share),
             })
@@ -389,6 +387,13 @@ pub fn render(
         s += &format!("  {:<34} {:>12}\n", c.name, format_bytes(c.bytes));
     }
     s += &format!("  {:<34} {:>12}\n", "total", format_bytes(peak.total()));
+    if w.engine == crate::estimate::Engine::Reference && device == Device::Cuda {
+        s += &format!(
+            "  {:<34} {:>12}   (torch.cuda.max_memory_allocated)\n",
+            "of which allocated",
+            format_bytes(est.peak_allocated())
+        );
+    }
     if let Some(r) = reference {
         let ratio = r.peak() as f64 / est.peak().max(1) as f64;
         s += &format!(
@@ -400,22 +405,23 @@ pub fn render(
     if device.is_gpu() {
         s += "\nGPUs (usable = memory − CUDA context)\n";
         for g in gpus {
-            let fits = est.peak() <= g.usable();
+            let need = est.device_need();
+            let fits = need <= g.usable();
             s += &format!(
                 "  {:<18} {:>10} usable  {}\n",
                 g.name,
                 format_bytes(g.usable()),
                 if fits {
-                    format!("fits ({} to spare)", format_bytes(g.usable() - est.peak()))
+                    format!("fits ({} to spare)", format_bytes(g.usable() - need))
                 } else {
                     format!(
                         "does not fit (short by {})",
-                        format_bytes(est.peak() - g.usable())
+                        format_bytes(need - g.usable())
                     )
                 }
             );
         }
-        match catalog::smallest_fitting(est.peak(), 0.0) {
+        match catalog::smallest_fitting(est.device_need(), 0.0) {
             Some(g) => s += &format!("Smallest GPU that fits: {}\n", g.name),
             None => s += "No single GPU in the catalogue fits.\n",
         }

@@ -206,6 +206,8 @@ pub struct Workload {
     pub eval_dense: bool,
     /// GradProbe: fraction tentatively pruned; batches; embeddings included.
     pub sparsity: f64,
+    /// Pruning with an N:M pattern (`--sparsity-type 2:4`).
+    pub nm: bool,
     pub num_batches: u64,
     pub include_embeddings: bool,
     /// Bytes of the largest text tokenised (calibration or evaluation).
@@ -247,6 +249,7 @@ impl Workload {
             eval_windows: 0,
             eval_dense: false,
             sparsity: 0.5,
+            nm: false,
             num_batches: 1,
             include_embeddings: false,
             text_bytes: 0,
@@ -278,7 +281,7 @@ pub struct Component {
 /// heap.
 pub fn category_of(name: &str) -> Category {
     let has = |k: &str| name.contains(k);
-    if has("runtime") || has("CUDA context") || has("workspace") {
+    if has("runtime") || has("CUDA context") || has("workspace") || has("reserve") {
         Category::Runtime
     } else if has("text and tokens") {
         Category::Tokenizer
@@ -338,6 +341,16 @@ impl Phase {
         self.components.iter().map(|c| c.bytes).sum()
     }
 
+    /// The bytes inside the allocator: the total less the process or CUDA
+    /// context and the allocator's reserve (`reference::outside_allocator`).
+    pub fn allocated(&self) -> u64 {
+        self.components
+            .iter()
+            .filter(|c| !reference::outside_allocator(&c.name))
+            .map(|c| c.bytes)
+            .sum()
+    }
+
     /// Bytes per category, in the categories' display order.
     pub fn by_category(&self) -> Vec<(Category, u64)> {
         let mut out: Vec<(Category, u64)> = Vec::new();
@@ -376,6 +389,27 @@ impl Estimate {
     }
     pub fn peak(&self) -> u64 {
         self.phases.get(self.peak_phase()).map_or(0, Phase::total)
+    }
+
+    /// The highest phase's bytes inside the allocator: on CUDA with the
+    /// reference engine, what `torch.cuda.max_memory_allocated` would say.
+    pub fn peak_allocated(&self) -> u64 {
+        self.phases.iter().map(Phase::allocated).max().unwrap_or(0)
+    }
+
+    /// What the run needs of a GPU's usable memory: the peak less any CUDA
+    /// context in it, since the GPU table subtracts each card's own.
+    pub fn device_need(&self) -> u64 {
+        let Some(p) = self.phases.get(self.peak_phase()) else {
+            return 0;
+        };
+        let context: u64 = p
+            .components
+            .iter()
+            .filter(|c| c.name == "CUDA context")
+            .map(|c| c.bytes)
+            .sum();
+        p.total() - context
     }
 }
 

@@ -44,6 +44,72 @@ const SCALING_BASES: &[&str] = &[
     "llama-2-70b",
 ];
 
+/// The presets `--params` snaps to when it names their size, in the order
+/// a tie is settled: `7e9` means Llama 2 7B (the Wanda and SparseGPT
+/// papers' model), not Mistral's 7.2B.
+const SNAP_ORDER: &[&str] = &[
+    "llama-2-7b",
+    "llama-2-13b",
+    "llama-2-70b",
+    "llama-3.2-1b",
+    "llama-3.2-3b",
+    "llama-3.1-8b",
+    "llama-30b",
+    "llama-65b",
+    "smollm2-135m",
+];
+
+/// How close `--params` must be to a preset's nominal size ("7B") or to its
+/// exact count to snap to it.
+const SNAP_NOMINAL: f64 = 0.05;
+const SNAP_EXACT: f64 = 0.02;
+
+/// The size in a preset's name: "Llama 2 7B" → 7e9, "SmolLM2-135M" → 1.35e8.
+fn nominal(label: &str) -> Option<f64> {
+    let last = label.rsplit([' ', '-']).find(|t| t.ends_with(['B', 'M']))?;
+    let (num, unit) = last.split_at(last.len() - 1);
+    let v: f64 = num.parse().ok()?;
+    Some(v * if unit == "B" { 1e9 } else { 1e6 })
+}
+
+/// The architecture `--params N` means, and a sentence saying how it was
+/// chosen: the preset whose nominal size (within 5%) or exact count (within
+/// 2%) is N, or else the nearest preset scaled to N.
+pub fn for_params(params: u64) -> Result<(Arch, String), EstimateError> {
+    let n = params as f64;
+    for name in SNAP_ORDER {
+        let arch = load(name)?;
+        let close = |v: f64| (n / v - 1.0).abs();
+        if nominal(&arch.name).is_some_and(|v| close(v) <= SNAP_NOMINAL)
+            || close(arch.params as f64) <= SNAP_EXACT
+        {
+            let note = format!(
+                "--params {}: the {} preset ({} parameters, {} layers, hidden {}); --model PRESET picks another",
+                crate::units::format_count(params),
+                arch.name,
+                crate::units::format_count(arch.params),
+                arch.layers,
+                arch.hidden
+            );
+            return Ok((arch, note));
+        }
+    }
+    let arch = scaled(params)?;
+    let note = format!(
+        "--params {}: no preset is that size; assumed {} — hidden {}, {} layers, {} heads ({} kv), head_dim {}, intermediate {}, vocab {}",
+        crate::units::format_count(params),
+        arch.name,
+        arch.hidden,
+        arch.layers,
+        arch.heads,
+        arch.kv_heads,
+        arch.head_dim,
+        arch.intermediate,
+        arch.vocab
+    );
+    Ok((arch, note))
+}
+
 /// Largest parameter count `--params` accepts.
 pub const MAX_PARAMS: u64 = 10_000_000_000_000;
 
@@ -153,6 +219,22 @@ mod tests {
         assert!(load("llama-2-70b").unwrap().params > 68_000_000_000);
         assert!(load("gpt-4").is_err());
         assert_eq!(all().len(), PRESETS.len());
+    }
+
+    #[test]
+    fn params_snap_to_the_preset_of_that_size() {
+        let name = |n: u64| for_params(n).unwrap().0.name;
+        assert_eq!(name(7_000_000_000), "Llama 2 7B");
+        assert_eq!(name(6_738_415_616), "Llama 2 7B");
+        assert_eq!(name(8_000_000_000), "Llama 3.1 8B");
+        assert_eq!(name(1_000_000_000), "LLaMA 3.2 1B");
+        assert_eq!(name(70_000_000_000), "Llama 2 70B");
+        assert_eq!(name(135_000_000), "SmolLM2-135M");
+        let (a, note) = for_params(20_000_000_000).unwrap();
+        assert!(a.name.contains("scaled to"), "{}", a.name);
+        assert!(note.contains("no preset"), "{note}");
+        assert_eq!(nominal("Llama 3.2 1B"), Some(1e9));
+        assert_eq!(nominal("Mistral 7B v0.1"), Some(7e9));
     }
 
     #[test]

@@ -1,18 +1,81 @@
 //! Memory of the Python reference scripts, term by term from their code:
 //! the Wanda authors' `lib/prune.py` (which also drives SparseGPT's
 //! `sparsegpt.py`) and GradProbe's `gradprobe/pruner.py`. They keep the whole
-//! model resident; the lines each term models are named beside it.
+//! model resident; the lines each term models are named beside it. The terms
+//! were read off traces of those scripts (`scripts/reference/trace_peak.py`:
+//! fake tensors on a faked CUDA device, live bytes as `memory_allocated`
+//! counts them), which `tests/reference_traces.rs` checks them against.
 
 use super::{Arch, Device, Phase, Task, Workload};
 use crate::events::stages;
 
-/// PyTorch + transformers process footprint on CPU before the model loads
-/// (measured: `run_reference.py` on this machine, RSS after imports and
-/// loading SmolLM2-135M f32 minus its 538 MB of weights: 267 MB).
-const TORCH_RUNTIME_CPU: u64 = 267 << 20;
-/// CUDA context with PyTorch's kernels when no GPU is named.
-const CUDA_CONTEXT: u64 = 500 << 20;
+/// PyTorch + transformers process footprint on the CPU before the model
+/// loads: RSS after the imports, measured by `trace_peak.py --real-model`
+/// (torch 2.15.0, PyPI's default CUDA wheel, which maps its CUDA libraries
+/// even on a CPU-only machine; transformers 5.23.0): 752 MB.
+const TORCH_RUNTIME_CPU: u64 = 752_000_000;
+/// The rest of a reference run's RSS beyond its tensors on the CPU: the
+/// tokenizer and text, interpreter objects, allocator slack. Measured as
+/// peak RSS − RSS after imports − traced tensor peak on SmolLM2-135M
+/// (`run_reference.py`, 32 × 512, 4 eval windows): Wanda 154 MB,
+/// magnitude 149 MB.
+const PROCESS_CPU: u64 = 150_000_000;
+/// glibc's heap keeps what GradProbe frees between its gradient passes:
+/// with `MALLOC_MMAP_THRESHOLD_=65536` its peak RSS fell by 832 MB on
+/// SmolLM2-135M (4.69 → 3.86 GB), about two fp32 sets of its trained
+/// parameters (850 MB) — the zeros dict and the per-batch copies it
+/// replaces. Fitted on that one model.
+const GLIBC_RETAINED_GRAD_SETS: u64 = 2;
+/// The CUDA context with PyTorch's kernels, outside `memory_allocated`
+/// (not measured here: no GPU; PyTorch's CUDA 12 builds with lazy module
+/// loading are commonly reported at 300–600 MiB in `nvidia-smi` before the
+/// first tensor).
+pub const CUDA_CONTEXT: u64 = 500 << 20;
+/// cuBLAS' workspace, which PyTorch allocates through its caching allocator
+/// (so `memory_allocated` counts it, a trace of tensor ops does not): the
+/// default `CUBLAS_WORKSPACE_CONFIG` ":4096:8:16:8" on Hopper is 8 × 4 MiB
+/// plus 8 × 16 KiB; older GPUs use less.
+pub const CUBLAS_WORKSPACE: u64 = 8 * (4 << 20) + 8 * (16 << 10);
+/// What the caching allocator reserves above `memory_allocated` at the peak
+/// (2 MiB segment rounding, freed blocks kept cached), as a fraction of the
+/// allocated bytes. An assumption, not a measurement: no GPU here.
+pub const ALLOCATOR_RESERVE: f64 = 0.05;
 
+/// Component names that are outside the allocator (`memory_allocated`):
+/// the process or context, and the allocator's reserve.
+pub fn outside_allocator(name: &str) -> bool {
+    name.starts_with("runtime") || name == "CUDA context" || name == "allocator reserve"
+}
+
+/// The checkpoint's pages stay mapped (transformers loads safetensors by
+/// mmap) after a method replaces the weights with new tensors (SparseGPT's
+/// `weight.data = W`, GradProbe's `prune.remove`): on the CPU they stay in
+/// RSS, the size of the replaced matrices as loaded.
+fn mapped_checkpoint(a: &Arch, w: &Workload, bytes_per: u64) -> u64 {
+    match w.device {
+        Device::Cpu => a.layers * a.layer_linear_params() * bytes_per,
+        _ => 0,
+    }
+}
+
+/// Adds what surrounds the traced bytes on the run's device: the CUDA
+/// context, cuBLAS' workspace and the allocator's reserve on a GPU, the
+/// Python process on the CPU.
+fn surround(p: Phase, w: &Workload) -> Phase {
+    match w.device {
+        Device::Cpu => p
+            .add("runtime (python, torch)", TORCH_RUNTIME_CPU)
+            .add("runtime (tokenizer, text, interpreter)", PROCESS_CPU),
+        Device::Cuda | Device::Wgpu => {
+            let allocated = p.total() + CUBLAS_WORKSPACE;
+            p.add("CUDA context", CUDA_CONTEXT)
+                .add("cuBLAS workspace", CUBLAS_WORKSPACE)
+                .add("allocator reserve", (allocated as f64 * ALLOCATOR_RESERVE) as u64)
+        }
+    }
+}
+
+/// The process (CPU) or context (GPU) GradProbe's phases carry.
 fn runtime(w: &Workload) -> (&'static str, u64) {
     match w.device {
         Device::Cpu => ("runtime (python, torch)", TORCH_RUNTIME_CPU),
@@ -20,146 +83,215 @@ fn runtime(w: &Workload) -> (&'static str, u64) {
     }
 }
 
-/// Activations of one sample through one layer: hidden states, q/k/v/o,
-/// and the MLP's gate, up and product (sdpa attention: no score matrix).
-fn layer_activations(a: &Arch, w: &Workload, batch: u64) -> u64 {
-    batch * w.seqlen * (5 * a.hidden + 2 * a.kv_dim() + 3 * a.intermediate) * w.dtype.size()
+/// One moment of a phase: named parts and their bytes.
+type Moment = Vec<(&'static str, u64)>;
+
+/// The phase at the larger of its moments.
+fn phase_at(name: &str, span: &[&str], w: &Workload, moments: Vec<Moment>) -> Phase {
+    let best = moments
+        .into_iter()
+        .max_by_key(|m| m.iter().map(|(_, b)| *b).sum::<u64>())
+        .unwrap_or_default();
+    let p = best
+        .into_iter()
+        .fold(Phase::new(name, span), |p, (n, b)| p.add(n, b));
+    surround(p, w)
 }
 
-/// Phases of Wanda / SparseGPT / magnitude as `lib/prune.py` runs them.
+/// Phases of Wanda / SparseGPT / RIA / magnitude as `lib/prune.py` runs
+/// them with current transformers (sdpa attention: no score matrix).
 pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     if w.task == Task::GradProbe {
         return gradprobe_reference(a, w, notes);
     }
     let c = w.dtype.size();
-    let (rt_name, rt) = runtime(w);
+    let (s, h, i) = (w.seqlen, a.hidden, a.intermediate);
     let weights = a.params * c;
     let big = a.largest_linear();
     // prepare_calibration_input: inps = torch.zeros((128, seqlen, hidden)),
     // a hard-coded 128 whatever --nsamples says, and outs = zeros_like(inps).
-    // prune_sparsegpt sizes its buffers with args.nsamples instead.
-    let buffers = match w.task {
+    // prune_sparsegpt (and RIA's copy) size theirs with args.nsamples.
+    let held = match w.task {
         Task::Wanda => {
             if w.nsamples > 128 {
                 notes.push("the reference's prepare_calibration_input holds 128 samples: more than 128 fail there".into());
             }
-            2 * 128 * w.seqlen * a.hidden * c
+            128
         }
-        // RIA's prepare_calibration_input sizes inps/outs with args.nsamples.
-        Task::SparseGpt | Task::Ria => 2 * w.nsamples * w.seqlen * a.hidden * c,
+        Task::SparseGpt | Task::Ria => w.nsamples,
         _ => 0,
     };
-    let (stats, transient) = match w.task {
+    let buffers = 2 * held * s * h * c;
+    // The Catcher class closes over `inps`: a reference cycle that keeps one
+    // buffer alive after pruning until Python's collector runs (it had not
+    // by the end of the real runs traced).
+    let retained = held * s * h * c;
+    // The boolean causal mask transformers builds and the Catcher caches.
+    let causal = if held > 0 { s * s } else { 0 };
+    // down_proj's forward hook: its input (the MLP product), the hook's f32
+    // copy of it, and the hidden state, residual and output.
+    let hooked = s * (i * (c + 4) + 3 * h * c);
+    let before = vec![
+        ("weights", weights),
+        ("calibration buffers (inps, outs)", buffers),
+        ("causal mask", causal),
+    ];
+    let with = |mut m: Moment, more: &[(&'static str, u64)]| {
+        m.extend_from_slice(more);
+        m
+    };
+    let two_four = w.nm;
+    let replaced = if w.task == Task::SparseGpt {
+        mapped_checkpoint(a, w, c)
+    } else {
+        0
+    };
+    let prune: Vec<Moment> = match w.task {
         // WrappedGPT.scaler_row per linear (f32); prune_wanda: W_metric in
-        // f32, torch.sort values (f32) and int64 indices, the bool W_mask.
-        // RIA: the same statistics; its metric adds the row and column sums
-        // and sorts the flattened metric (values and int64 indices).
-        Task::Wanda | Task::Ria => (7 * a.hidden.max(a.intermediate) * 4, big * (4 + 4 + 8 + 1)),
-        // SparseGPT.H for all seven linears of the layer at once (f32);
-        // fasterprune: W.float() clone, cholesky / cholesky_inverse /
-        // cholesky outputs, and the block buffers.
+        // f32, torch.sort's values (f32) and int64 indices while the
+        // previous linear's are still bound, the bool W_mask. The last
+        // linear's metric, sort and mask stay bound through the next
+        // layer's forward. N:M: the metric, a zeros_like and two masks.
+        Task::Wanda | Task::Ria => {
+            let stats = 7 * h.max(i) * 4;
+            let (sorting, left) = if two_four {
+                (big * 14, big * 5)
+            } else {
+                (big * 29, big * 17)
+            };
+            vec![
+                with(before.clone(), &[("statistics", stats), ("pruning transient", sorting)]),
+                with(before.clone(), &[("statistics", stats), ("pruning transient", left), ("activations", hooked)]),
+            ]
+        }
+        // SparseGPT.H for all seven linears (f32) while the layer's forward
+        // feeds them, with down_proj's inp·inpᵀ product; then fasterprune
+        // on down_proj: its H and Cholesky factor, W in f32 and the
+        // trailing-columns update.
         Task::SparseGpt => {
-            let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
-            let widest = i.max(h);
-            (
-                (5 * h * h + q * q + i * i) * 4,
-                big * 4 + 3 * widest * widest * 4 + 4 * 128 * a.intermediate.max(h) * 4,
-            )
+            let q = a.q_dim();
+            let hessians = (5 * h * h + q * q + i * i) * 4;
+            vec![
+                with(before.clone(), &[("statistics (Hessians)", hessians), ("statistics (inp·inpᵀ)", i * i * 4), ("activations", hooked)]),
+                with(before.clone(), &[("statistics (Hessian, Cholesky)", 2 * i * i * 4), ("pruning transient", 2 * big * 4), ("runtime (checkpoint pages still mapped)", replaced)]),
+            ]
         }
         // prune_magnitude: |W|, its flattened sort (values and int64
         // indices) and the bool mask.
-        _ => (0, big * (c + c + 8 + 1)),
+        _ => vec![with(before.clone(), &[("pruning transient", big * (c + c + 8 + 1))])],
     };
     let mut out = vec![
-        Phase::new("load", &[stages::START, stages::MODEL_LOADED])
-            .add(rt_name, rt)
-            .add("weights", weights),
+        phase_at("load", &[stages::START, stages::MODEL_LOADED], w, vec![vec![("weights", weights)]]),
+        phase_at("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING], w, prune),
     ];
-    out.push(
-        Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
-            .add(rt_name, rt)
-            .add("weights", weights)
-            .add("calibration buffers (inps, outs)", buffers)
-            .add(
-                "activations",
-                if w.task == Task::Magnitude {
-                    0
-                } else {
-                    layer_activations(a, w, 1)
-                },
-            )
-            .add("statistics", stats)
-            .add("pruning transient", transient),
-    );
     if w.eval_windows > 0 {
-        // eval_ppl_wikitext: logits [1, seqlen, vocab], the shifted copy, and
-        // the loss's float32 log-softmax.
-        let logits = w.seqlen * a.vocab * (2 * c + 4);
-        out.push(
-            Phase::new("eval", &[stages::BEFORE_EVAL, stages::AFTER_EVAL])
-                .add(rt_name, rt)
-                .add("weights", weights)
-                .add("activations", layer_activations(a, w, 1))
-                .add("logits", logits),
-        );
+        // eval_ppl_wikitext: the logits [1, seqlen, vocab] and their
+        // shifted contiguous copy; use_cache is on again, so the forward
+        // builds a KV cache.
+        let logits = 2 * s * a.vocab * c;
+        let kv = a.layers * 2 * s * a.kv_dim() * c;
+        out.push(phase_at(
+            "eval",
+            &[stages::BEFORE_EVAL, stages::AFTER_EVAL],
+            w,
+            vec![vec![
+                ("weights", weights),
+                ("calibration buffer (kept by a reference cycle)", retained),
+                ("KV cache", kv),
+                ("logits", logits),
+                ("runtime (checkpoint pages still mapped)", replaced),
+            ]],
+        ));
     }
     out
 }
 
 /// GradProbe's `prune()` (the default, not low-memory, path) on an fp32
-/// model: pruner.py keeps `original_state` (a clone of every parameter),
-/// `_compute_gradients` builds a full gradient dict twice (original and
-/// modified), autograd fills every `param.grad`, and the strategy returns a
-/// bool mask per parameter (tentative, then final).
+/// model, as traced (`trace_peak.py --method gradprobe`): pruner.py keeps
+/// `original_state` (a clone of every parameter) beside the weights,
+/// autograd fills `param.grad` for the trained parameters (the decoder's
+/// linears and norms; the embeddings too with `--include-embeddings`), and
+/// `_compute_gradients` builds a dict of their absolute gradients twice
+/// (original, modified: a zeros dict first, replaced batch by batch), with a
+/// bool mask per pruned matrix (tentative, then final). The dicts and masks
+/// live on the CPU even when the model is on a GPU.
 fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let (rt_name, rt) = runtime(w);
-    let p = a.params;
-    notes.push(
-        "reference GradProbe: fp32 weights, gradients kept in float32 (use_fp16=False)".into(),
-    );
-    // Backward of the whole model: per layer, the saved activations of the
-    // batch (hidden states, q/k/v, attention probabilities, MLP), plus the
-    // logits, their log-softmax and its gradient.
+    let all = a.params * 4;
+    let embeddings = a.embedding_params() * if a.tied { 1 } else { 2 };
+    let trained = if w.include_embeddings {
+        a.params
+    } else {
+        // The input embedding is frozen; an untied head still trains.
+        a.params - a.embedding_params()
+    };
+    let pruned = if w.include_embeddings {
+        a.layers * a.layer_linear_params() + embeddings
+    } else {
+        a.layers * a.layer_linear_params() + embeddings - a.embedding_params()
+    };
+    let grads = trained * 4;
+    let on_gpu = w.device.is_gpu();
+    notes.push(if on_gpu {
+        "reference GradProbe: fp32; its gradient dicts and masks are host memory (not in this GPU estimate)".into()
+    } else {
+        "reference GradProbe: fp32 weights, gradients kept in float32 (use_fp16=False)".into()
+    });
+    let host = |b: u64| if on_gpu { 0 } else { b };
+    // Backward of the whole model (sdpa: no score matrix): per layer the
+    // saved activations of the batch, plus the logits, their log-softmax
+    // and its gradient.
     let b = w.batch_size;
-    let per_layer = b * w.seqlen * (6 * a.hidden + 2 * a.kv_dim() + 4 * a.intermediate) * 4
-        + b * a.heads * w.seqlen * w.seqlen * 4;
-    let activations = a.layers * per_layer + 3 * b * w.seqlen * a.vocab * 4;
+    let per_layer = b * w.seqlen * (6 * a.hidden + 2 * a.kv_dim() + 4 * a.intermediate) * 4;
+    let saved = a.layers * per_layer + 3 * b * w.seqlen * a.vocab * 4;
+    // The backward frees the saved activations as it fills param.grad: the
+    // pass peaks at its start (activations) or its end (gradients), and
+    // the gradients are counted already.
+    let activations = saved.saturating_sub(grads);
+    let process = host(PROCESS_CPU);
+    let base = |p: Phase| {
+        p.add(rt_name, rt)
+            .add("runtime (tokenizer, text, interpreter)", process)
+            .add("weights", all)
+            .add("saved values (original_state)", all)
+    };
+    // After the strategy's prune.remove replaced the pruned matrices.
+    let after_select = |p: Phase| {
+        p.add("runtime (checkpoint pages still mapped)", host(pruned * 4))
+            .add(
+                "runtime (glibc's retained heap)",
+                host(GLIBC_RETAINED_GRAD_SETS * grads),
+            )
+    };
     vec![
         Phase::new("load", &[stages::GP_INITIAL, stages::GP_MODEL_LOADED])
             .add(rt_name, rt)
-            .add("weights", p * 4),
-        Phase::new(
+            .add("runtime (tokenizer, text, interpreter)", process)
+            .add("weights", all),
+        base(Phase::new(
             "original gradients",
             &[stages::GP_SAVED_TENTATIVE, stages::GP_ORIGINAL_GRADIENTS],
-        )
-        .add(rt_name, rt)
-        .add("weights", p * 4)
-        .add("saved values (original_state)", p * 4)
-        .add("gradients (param.grad)", p * 4)
-        .add("gradients (original set)", p * 4)
-        .add("activations", activations),
-        Phase::new(
+        ))
+        .add("gradients (param.grad)", grads)
+        .add("gradients (original set)", host(grads))
+        .add("activations (beyond the gradients)", activations),
+        after_select(base(Phase::new(
             "modified gradients",
             &[stages::GP_WEIGHTS_REDUCED, stages::GP_MODIFIED_GRADIENTS],
-        )
-        .add(rt_name, rt)
-        .add("weights", p * 4)
-        .add("saved values (original_state)", p * 4)
-        .add("gradients (param.grad)", p * 4)
-        .add("gradients (original set)", p * 4)
-        .add("gradients (modified set)", p * 4)
-        .add("masks (tentative)", p)
-        .add("activations", activations),
-        Phase::new(
+        )))
+        .add("gradients (param.grad)", grads)
+        .add("gradients (original set)", host(grads))
+        .add("gradients (modified set)", host(grads))
+        .add("masks (tentative)", host(pruned))
+        .add("activations (beyond the gradients)", activations),
+        after_select(base(Phase::new(
             "decide",
             &[stages::GP_MODIFIED_GRADIENTS, stages::GP_PRUNING_APPLIED],
-        )
-        .add(rt_name, rt)
-        .add("weights", p * 4)
-        .add("saved values (original_state)", p * 4)
-        .add("gradients (original set)", p * 4)
-        .add("gradients (modified set)", p * 4)
-        .add("masks (tentative, final)", 2 * p),
+        )))
+        .add("gradients (param.grad)", grads)
+        .add("gradients (original set)", host(grads))
+        .add("gradients (modified set)", host(grads))
+        .add("masks (tentative, final)", host(2 * pruned)),
     ]
 }
 

