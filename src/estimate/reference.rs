@@ -239,11 +239,12 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
     });
     let host = |b: u64| if on_gpu { 0 } else { b };
     // Backward of the whole model (sdpa: no score matrix): per layer the
-    // saved activations of the batch, plus the logits, their log-softmax
-    // and its gradient.
+    // activations autograd saved for the batch (10 hidden-, 2 kv- and 6
+    // MLP-wide f32 vectors per token: read off the traces' original-gradients
+    // peaks, SmolLM2 at 128 and 512 tokens), plus the logits' log-softmax.
     let b = w.batch_size;
-    let per_layer = b * w.seqlen * (6 * a.hidden + 2 * a.kv_dim() + 4 * a.intermediate) * 4;
-    let saved = a.layers * per_layer + 3 * b * w.seqlen * a.vocab * 4;
+    let per_layer = b * w.seqlen * (10 * a.hidden + 2 * a.kv_dim() + 6 * a.intermediate) * 4;
+    let saved = a.layers * per_layer + b * w.seqlen * a.vocab * 4;
     // The backward frees the saved activations as it fills param.grad: the
     // pass peaks at its start (activations) or its end (gradients), and
     // the gradients are counted already.
