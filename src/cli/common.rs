@@ -57,7 +57,7 @@ pub enum Role {
     /// live UI closes), and quitting the UI interrupts the run.
     Run,
     /// A command this process watches: quitting calls the abort function.
-    Watch(Box<dyn Fn() + Send>),
+    Watch(#[cfg_attr(not(feature = "tui"), allow(dead_code))] Box<dyn Fn() + Send>),
     /// A log followed or replayed: quitting only closes the view.
     View,
 }

@@ -1,19 +1,16 @@
-//! `prunemem watch` and `prunemem replay`: the live UI (or plain lines) for
-//! runs this process does not perform — a log another process is writing,
-//! a finished log played back, or any command watched from outside (whose
-//! events are also written as a prunemem log, so reports work on it).
+//! `prunemem watch` and `prunemem replay`: flags into a [`WatchJob`], the UI
+//! chosen, the job run (`jobs::watch` builds the emitter, writes the log,
+//! forwards signals), and the live view waited on or closed.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicI32, Ordering};
 
 use clap::Args;
 
 use super::CliResult;
-use super::common::{Role, UiMode, for_ui, resolve_ui as ui_mode};
-use crate::events::{Emitter, Event};
-use crate::sinks;
-use crate::watch::{self, WatchOptions};
+use super::common::{Role, Ui, UiMode, for_ui, resolve_ui as ui_mode};
+use crate::jobs::watch::{self, Source, WatchJob};
 
 #[derive(Args, Debug)]
 pub struct WatchArgs {
@@ -55,167 +52,79 @@ pub struct ReplayArgs {
     ui: Option<UiMode>,
 }
 
-/// What stops the watched run when the user asks the UI to.
-type Abort = Box<dyn Fn() + Send>;
-
-/// The sinks of a watch or replay, and the live UI when there is one.
-struct Outputs {
-    emitter: Arc<Emitter>,
+/// Runs `job` under the UI `ui`, then waits for the user to leave the live
+/// view (or closes it first when the job failed, so the error is readable).
+fn run_under(job: WatchJob, ui: Ui, forward: Option<Arc<AtomicI32>>) -> CliResult<i32> {
     #[cfg(feature = "tui")]
-    tui: Option<crate::tui::TuiHandle>,
-}
-
-impl Outputs {
-    fn new(mode: UiMode, role: Role, log_dir: Option<&PathBuf>) -> CliResult<Self> {
-        let emitter = Arc::new(Emitter::new());
-        if let Some(dir) = log_dir {
-            sinks::attach_log_dir(&emitter, dir)?;
-        }
-        let ui = for_ui(mode, role)?;
-        for sink in ui.sinks {
-            emitter.add(sink);
-        }
-        Ok(Self {
-            emitter,
-            #[cfg(feature = "tui")]
-            tui: ui.tui,
-        })
-    }
-
-    fn emit(&self, e: Event) {
-        self.emitter.emit(e);
-    }
-
-    /// A flag the feeding loop polls: set once the user closed the view.
-    fn stopped(&self) -> bool {
-        #[cfg(feature = "tui")]
-        if let Some(t) = &self.tui {
-            return t.quit_requested();
-        }
-        false
-    }
-
-    /// Flushes the logs, then waits for the user to leave the view.
-    fn finish(self) {
-        self.emitter.flush();
-        #[cfg(feature = "tui")]
-        if let Some(t) = &self.tui {
+    let handle = ui.tui;
+    #[cfg(feature = "tui")]
+    let stopped = || handle.as_ref().is_some_and(|t| t.quit_requested());
+    #[cfg(not(feature = "tui"))]
+    let stopped = || false;
+    let result = watch::run(&job, ui.sinks, &stopped, forward);
+    #[cfg(feature = "tui")]
+    if let Some(t) = &handle {
+        if result.is_err() {
+            t.close();
+        } else {
             let stats = t.wait();
             if std::env::var_os("PRUNEMEM_UI_STATS").is_some() {
                 eprintln!("{}", stats.line());
             }
         }
     }
-}
-
-/// Stores each SIGINT/SIGTERM this process receives in `forward` (instead
-/// of dying of it).
-fn forward_signals(forward: Arc<AtomicI32>) -> CliResult<()> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
-    std::thread::Builder::new()
-        .name("prunemem-watch-signals".into())
-        .spawn(move || {
-            for sig in signals.forever() {
-                forward.store(sig, Ordering::SeqCst);
-            }
-        })?;
-    Ok(())
-}
-
-/// A stop flag that mirrors the UI's quit.
-fn poll_stop(out: &Outputs, flag: &AtomicBool) {
-    if out.stopped() {
-        flag.store(true, std::sync::atomic::Ordering::SeqCst);
-    }
+    Ok(result?)
 }
 
 pub fn watch(args: WatchArgs) -> CliResult<i32> {
     let mode = ui_mode(args.ui);
+    let echo = mode != UiMode::Tui;
+    let job = |source| WatchJob {
+        source,
+        log_dir: args.log_memory.clone(),
+        hz: args.sample_hz,
+        echo,
+    };
     if let Some(dir) = &args.log {
-        let out = Outputs::new(mode, Role::View, None)?;
-        let stop = AtomicBool::new(false);
-        let result = watch::follow(
-            dir,
-            &mut |e| {
-                out.emit(e);
-                poll_stop(&out, &stop);
-            },
-            &stop,
-            None,
-        );
-        out.finish();
-        result?;
-        return Ok(0);
+        let ui = for_ui(mode, Role::View)?;
+        let follow = WatchJob {
+            log_dir: None,
+            ..job(Source::Log(dir.clone()))
+        };
+        return run_under(follow, ui, None);
     }
-    if args.command.is_empty() && args.pid.is_none() {
-        return Err(
-            "watch needs --log DIR, --pid PID or a command after -- (prunemem watch -- python main.py ...)"
-                .into(),
-        );
-    }
+    let source = match (args.pid, args.command.is_empty()) {
+        (Some(pid), _) => Source::Pid {
+            pid,
+            follow: args.follow.clone(),
+        },
+        (None, false) => Source::Command(args.command.clone()),
+        (None, true) => {
+            return Err(
+                "watch needs --log DIR, --pid PID or a command after -- (prunemem watch -- python main.py ...)"
+                    .into(),
+            );
+        }
+    };
     // Our own SIGINT/SIGTERM, and the UI's quit, go on to the command (or,
     // attached to a process, end the watch); logs are whole either way.
-    let forward = Arc::new(AtomicI32::new(0));
-    forward_signals(forward.clone())?;
-    let abort_flag = forward.clone();
-    let abort: Abort = Box::new(move || abort_flag.store(libc::SIGINT, Ordering::SeqCst));
-    let out = Arc::new(Outputs::new(
-        mode,
-        Role::Watch(abort),
-        args.log_memory.as_ref(),
-    )?);
-    let sink_out = out.clone();
-    let emit: watch::Emit = Arc::new(Mutex::new(move |e: Event| sink_out.emit(e)));
-    let options = WatchOptions {
-        hz: args.sample_hz,
-        echo: mode != UiMode::Tui,
-    };
-    let code = match args.pid {
-        Some(pid) => watch::attach(pid, args.follow.as_deref(), &options, emit, forward),
-        None => watch::watch_command(&args.command, &options, emit, forward),
-    };
-    // Release the emitter's other owner (the closure) before finishing.
-    match Arc::try_unwrap(out) {
-        Ok(out) => out.finish(),
-        Err(out) => out.emitter.flush(),
-    }
-    Ok(code?)
+    let forward = watch::forward_signals()?;
+    let cell = forward.clone();
+    let abort = Box::new(move || cell.store(libc::SIGINT, Ordering::SeqCst));
+    let ui = for_ui(mode, Role::Watch(abort))?;
+    run_under(job(source), ui, Some(forward))
 }
 
 pub fn replay(args: ReplayArgs) -> CliResult<i32> {
-    let events = watch::read_all(&args.dir)?;
-    let out = Outputs::new(ui_mode(args.ui), Role::View, None)?;
-    let stop = AtomicBool::new(false);
-    let result = watch::replay(
-        &events,
-        args.speed,
-        args.from.as_deref(),
-        &mut |e| {
-            out.emit(e);
-            poll_stop(&out, &stop);
+    let job = WatchJob {
+        source: Source::Replay {
+            dir: args.dir,
+            speed: args.speed,
+            from: args.from,
         },
-        &stop,
-    );
-    if result.is_err() {
-        // Leave the screen before reporting.
-        #[cfg(feature = "tui")]
-        if let Some(t) = &out.tui {
-            t.close();
-        }
-    }
-    result?;
-    out.finish();
-    Ok(0)
-}
-
-impl Drop for Outputs {
-    fn drop(&mut self) {
-        #[cfg(feature = "tui")]
-        if let Some(t) = &self.tui
-            && !t.quit_requested()
-        {
-            t.close();
-        }
-    }
+        log_dir: None,
+        hz: 0.0,
+        echo: false,
+    };
+    run_under(job, for_ui(ui_mode(args.ui), Role::View)?, None)
 }

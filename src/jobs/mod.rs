@@ -1,5 +1,6 @@
 //! Jobs: the library's way to *run* something — a prune (GradProbe
-//! included), an evaluation, the demo, a memory snapshot — from a typed
+//! included), an evaluation, the demo, a training run, a watch of another
+//! process or log, a memory snapshot — from a typed
 //! configuration to an outcome, with the sinks the caller chose.
 //!
 //! A front end (the CLI today) builds a config ([`PruneJob`], [`EvalJob`],
@@ -23,6 +24,7 @@ mod pruned;
 pub mod snapshot;
 pub mod text;
 pub mod train;
+pub mod watch;
 
 use thiserror::Error;
 
@@ -51,6 +53,8 @@ pub enum JobError {
     WontFit(#[from] preflight::WontFit),
     #[error(transparent)]
     Exec(#[from] crate::exec::ExecError),
+    #[error(transparent)]
+    Watch(#[from] crate::watch::WatchError),
     #[error("{path}: {source}")]
     Io {
         path: String,
