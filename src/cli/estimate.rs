@@ -278,7 +278,10 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         );
         return Ok(0);
     }
-    print!("{}", render(&est, reference.as_ref(), &gpus, w.device));
+    print!(
+        "{}",
+        crate::report::estimate::render(&est, reference.as_ref(), &gpus, w.device)
+    );
     if let Some(l) = &limits {
         let show = |v: Option<u64>| {
             v.map(|x| x.to_string())
@@ -315,118 +318,6 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         println!("note: {n}");
     }
     Ok(0)
-}
-
-/// The human-readable report of one estimate.
-pub fn render(
-    est: &Estimate,
-    reference: Option<&Estimate>,
-    gpus: &[catalog::Gpu],
-    device: Device,
-) -> String {
-    let a = &est.arch;
-    let w = &est.workload;
-    let mut s = format!(
-        "Model     {} — {} parameters ({} layers, hidden {}, {} heads / {} kv, intermediate {}, vocab {}{})\n",
-        a.name,
-        format_count(a.params),
-        a.layers,
-        a.hidden,
-        a.heads,
-        a.kv_heads,
-        a.intermediate,
-        a.vocab,
-        if a.tied { ", tied embeddings" } else { "" }
-    );
-    let sizes = if w.task == Task::Train {
-        format!(
-            "batch {} × {} tokens, accumulation {}, {:?}{}",
-            w.batch_size,
-            w.seqlen,
-            w.grad_accum,
-            w.optimizer,
-            if w.checkpointing {
-                ", checkpointing"
-            } else {
-                ""
-            }
-        )
-    } else {
-        format!(
-            "{} samples × {} tokens, batch {}",
-            w.nsamples, w.seqlen, w.batch_size
-        )
-    };
-    s += &format!(
-        "Workload  {:?} on {:?} in {}, {:?} engine{}, {sizes}{}\n\n",
-        w.task,
-        device,
-        w.dtype,
-        w.engine,
-        if w.resident { " (resident)" } else { "" },
-        if w.eval_windows > 0 {
-            format!(", {} eval windows", w.eval_windows)
-        } else {
-            String::new()
-        }
-    )
-    .to_lowercase();
-    let peak_i = est.peak_phase();
-    s += "Phase peaks\n";
-    for (i, p) in est.phases.iter().enumerate() {
-        s += &format!(
-            "  {:<20} {:>12}{}\n",
-            p.name,
-            format_bytes(p.total()),
-            if i == peak_i { "   ← peak" } else { "" }
-        );
-    }
-    let peak = &est.phases[peak_i];
-    s += &format!("\nBreakdown at the peak ({})\n", peak.name);
-    for c in crate::estimate::prunemem::sorted(peak) {
-        s += &format!("  {:<34} {:>12}\n", c.name, format_bytes(c.bytes));
-    }
-    s += &format!("  {:<34} {:>12}\n", "total", format_bytes(peak.total()));
-    if w.engine == crate::estimate::Engine::Reference && device == Device::Cuda {
-        s += &format!(
-            "  {:<34} {:>12}   (torch.cuda.max_memory_allocated)\n",
-            "of which allocated",
-            format_bytes(est.peak_allocated())
-        );
-    }
-    if let Some(r) = reference {
-        let ratio = r.peak() as f64 / est.peak().max(1) as f64;
-        s += &format!(
-            "\nThe reference scripts would peak at {} in their {} phase ({ratio:.1}× this).\n",
-            format_bytes(r.peak()),
-            r.phases[r.peak_phase()].name
-        );
-    }
-    if device.is_gpu() {
-        s += "\nGPUs (usable = memory − CUDA context)\n";
-        for g in gpus {
-            let need = est.device_need();
-            let fits = need <= g.usable();
-            s += &format!(
-                "  {:<18} {:>10} usable  {}\n",
-                g.name,
-                format_bytes(g.usable()),
-                if fits {
-                    format!("fits ({} to spare)", format_bytes(g.usable() - need))
-                } else {
-                    format!(
-                        "does not fit (short by {})",
-                        format_bytes(need - g.usable())
-                    )
-                }
-            );
-        }
-        match catalog::smallest_fitting(est.device_need(), 0.0) {
-            Some(g) => s += &format!("Smallest GPU that fits: {}\n", g.name),
-            None => s += "No single GPU in the catalogue fits.\n",
-        }
-    }
-    s
 }
 
 fn run_table(args: &EstimateArgs) -> CliResult<i32> {
