@@ -232,3 +232,35 @@ pub fn logs_written(errors: &[String]) -> CliResult<i32> {
         .into()),
     }
 }
+
+/// `--model` and `--revision`, the same on every command that loads a model.
+#[derive(clap::Args, Debug, Clone)]
+pub struct ModelFlags {
+    /// Model folder (config.json + safetensors + tokenizer.json) or Hugging Face Hub id
+    #[arg(long, value_name = "DIR|ORG/NAME")]
+    pub model: String,
+    /// Hub revision (branch, tag or commit) when --model is a Hub id
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+}
+
+/// `--text` and `--lines`: a text and which of its lines to use.
+#[derive(clap::Args, Debug, Clone)]
+pub struct TextFlags {
+    /// The text (plain text, or .jsonl with a "text" field)
+    #[arg(long, value_name = "FILE")]
+    pub text: std::path::PathBuf,
+    /// Lines of --text to use: all, first-half, second-half or START:END
+    #[arg(long, default_value = "all", value_name = "RANGE")]
+    pub lines: crate::data::LineRange,
+}
+
+impl TextFlags {
+    /// As the jobs take it.
+    pub fn source(&self) -> crate::jobs::TextSource {
+        crate::jobs::TextSource {
+            path: self.text.clone(),
+            lines: self.lines,
+        }
+    }
+}

@@ -1,31 +1,21 @@
 //! `prunemem eval`: the flags of an evaluation, turned once into an
 //! [`EvalJob`], and the printing of its perplexity.
 
-use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::json;
 
 use super::CliResult;
 use super::common::{RunFlags, job_error, logs_written};
-use crate::data::LineRange;
-use crate::jobs::{self, EvalJob, TextSource};
+use crate::jobs::{self, EvalJob};
 use crate::model::ComputeDtype;
 
 #[derive(Args, Debug)]
 pub struct EvalArgs {
-    /// Model folder (config.json + safetensors + tokenizer.json) or Hugging Face Hub id
-    #[arg(long, value_name = "DIR|ORG/NAME")]
-    model: String,
-    /// Hub revision (branch, tag or commit) when --model is a Hub id
-    #[arg(long, default_value = "main")]
-    revision: String,
-    /// Text to evaluate on (plain text, or .jsonl with a "text" field)
-    #[arg(long, value_name = "FILE")]
-    text: PathBuf,
-    /// Lines of --text to use: all, first-half, second-half or START:END
-    #[arg(long, default_value = "all", value_name = "RANGE")]
-    lines: LineRange,
+    #[command(flatten)]
+    model: super::common::ModelFlags,
+    #[command(flatten)]
+    text: super::common::TextFlags,
     /// Window length in tokens (default 2048, capped at the model's max positions)
     #[arg(long)]
     seqlen: Option<usize>,
@@ -53,12 +43,9 @@ pub struct EvalArgs {
 
 pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
     let job = EvalJob {
-        model: args.model,
-        revision: args.revision,
-        text: TextSource {
-            path: args.text,
-            lines: args.lines,
-        },
+        model: args.model.model,
+        revision: args.model.revision,
+        text: args.text.source(),
         seqlen: args.seqlen,
         windows: args.windows,
         batch_size: args.batch_size,

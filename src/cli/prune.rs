@@ -15,12 +15,8 @@ use crate::prune::{Method, Pattern};
 
 #[derive(Args, Debug)]
 pub struct PruneArgs {
-    /// Model folder or Hugging Face Hub id
-    #[arg(long, value_name = "DIR|ORG/NAME")]
-    pub model: String,
-    /// Hub revision when --model is a Hub id
-    #[arg(long, default_value = "main")]
-    pub revision: String,
+    #[command(flatten)]
+    pub model: super::common::ModelFlags,
     /// Pruning method: magnitude, wanda, sparsegpt, gradprobe or ria
     #[arg(long, alias = "prune_method", default_value = "wanda")]
     pub method: Method,
@@ -222,8 +218,8 @@ impl PruneArgs {
         };
         let g = &self.gradprobe;
         PruneJob {
-            model: self.model.clone(),
-            revision: self.revision.clone(),
+            model: self.model.model.clone(),
+            revision: self.model.revision.clone(),
             method: self.method,
             sparsity: self.sparsity,
             pattern: self.sparsity_type,

@@ -2,33 +2,23 @@
 //! [`TrainJob`], and the printing of its losses and of the two profiling
 //! approaches side by side.
 
-use std::path::PathBuf;
 
 use clap::Args;
 use serde_json::json;
 
 use super::CliResult;
 use super::common::{RunFlags, job_error, logs_written};
-use crate::data::LineRange;
 use crate::jobs::train::{Outcome, TrainJob};
-use crate::jobs::{self, TextSource};
+use crate::jobs;
 use crate::model::ComputeDtype;
 use crate::train::{Freeze, OptimizerConfig, OptimizerKind, TrainConfig};
 
 #[derive(Args, Debug)]
 pub struct TrainArgs {
-    /// Model folder or Hugging Face Hub id
-    #[arg(long, value_name = "DIR|ORG/NAME")]
-    model: String,
-    /// Hub revision when --model is a Hub id
-    #[arg(long, default_value = "main")]
-    revision: String,
-    /// Training text (plain text, or .jsonl with a "text" field)
-    #[arg(long, value_name = "FILE")]
-    text: PathBuf,
-    /// Lines of --text to use: all, first-half, second-half or START:END
-    #[arg(long, default_value = "all", value_name = "RANGE")]
-    lines: LineRange,
+    #[command(flatten)]
+    model: super::common::ModelFlags,
+    #[command(flatten)]
+    text: super::common::TextFlags,
     /// Windows per micro-batch
     #[arg(long, default_value_t = 4)]
     batch_size: usize,
@@ -89,12 +79,9 @@ impl TrainArgs {
             return Err("--momentum applies to --optimizer sgd only".into());
         }
         Ok(TrainJob {
-            model: self.model.clone(),
-            revision: self.revision.clone(),
-            text: TextSource {
-                path: self.text.clone(),
-                lines: self.lines,
-            },
+            model: self.model.model.clone(),
+            revision: self.model.revision.clone(),
+            text: self.text.source(),
             seqlen: Some(self.seqlen),
             config: TrainConfig {
                 batch_size: self.batch_size,
