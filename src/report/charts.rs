@@ -11,7 +11,7 @@ use plotters::style::text_anchor::{HPos, Pos, VPos};
 
 use super::ReportError;
 use super::load::RunData;
-use super::style::{COLORS, above, err, font, legend, rotated, unit};
+use super::style::{COLORS, above, blank, err, frame, legend, rotated, unit};
 
 /// A plotted series: its name, how to read it from a point, line width.
 type Series = (&'static str, fn(&super::load::Point) -> Option<u64>, u32);
@@ -29,8 +29,7 @@ pub fn timeline<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    font();
-    area.fill(&WHITE).map_err(err)?;
+    blank(&area)?;
     let t_max = runs
         .iter()
         .flat_map(|r| r.points.iter().map(|p| p.t))
@@ -50,11 +49,7 @@ where
     // Headroom above the data: the peak's label sits just over it and the
     // legend above that, so neither hides a line.
     let y_max = max as f64 / div * 1.3;
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = frame(&area, title, 40)
         .build_cartesian_2d(0.0..t_max * 1.02, 0.0..y_max)
         .map_err(err)?;
     chart
@@ -162,8 +157,7 @@ pub fn stage_bars<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    font();
-    area.fill(&WHITE).map_err(err)?;
+    blank(&area)?;
     // Per-layer stages are folded into the next shown stage's peak.
     let mut stages: Vec<super::load::Stage> = Vec::new();
     let mut folded: Option<u64> = None;
@@ -184,11 +178,7 @@ where
         .unwrap_or(1 << 20);
     let (div, name) = unit(max);
     let n = stages.len().max(1);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(200)
-        .y_label_area_size(70)
+    let mut chart = frame(&area, title, 200)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..max as f64 / div * 1.2)
         .map_err(err)?;
     let labels: Vec<String> = stages.iter().map(|s| s.label().to_string()).collect();
@@ -209,18 +199,18 @@ where
         area.draw(&Text::new(l.clone(), (x, y + 10), rotated(12)))
             .map_err(err)?;
     }
+    // Bars drawn in stage order (plotters' Histogram gathers its data in a
+    // hash map, so its SVG came out in a different order every run).
     chart
-        .draw_series(
-            Histogram::vertical(&chart)
-                .style(COLORS[0].mix(0.8).filled())
-                .margin(6)
-                .data(
-                    stages
-                        .iter()
-                        .enumerate()
-                        .map(|(i, s)| (i, value(s) as f64 / div)),
-                ),
-        )
+        .draw_series(stages.iter().enumerate().map(|(i, s)| {
+            let top = value(s) as f64 / div;
+            let mut bar = Rectangle::new(
+                [(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), top)],
+                COLORS[0].mix(0.8).filled(),
+            );
+            bar.set_margin(0, 0, 6, 6);
+            bar
+        }))
         .map_err(err)?;
     for (i, s) in stages.iter().enumerate() {
         let y = value(s) as f64 / div;

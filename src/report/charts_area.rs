@@ -8,7 +8,7 @@ use plotters::prelude::*;
 
 use super::ReportError;
 use super::load::RunData;
-use super::style::{err, font, legend, unit};
+use super::style::{blank, err, frame, legend, unit};
 use crate::memory::tag;
 
 /// Pixel columns a time series is reduced to.
@@ -71,8 +71,7 @@ pub fn categories<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    font();
-    area.fill(&WHITE).map_err(err)?;
+    blank(&area)?;
     let series = &run.category_points;
     let t_max = series.iter().map(|(t, _)| *t).fold(1.0f64, f64::max);
     let top = series
@@ -84,11 +83,7 @@ where
     let mut names: Vec<&String> = series.iter().flat_map(|(_, c)| c.keys()).collect();
     names.sort_by_key(|n| (tag::order(n), n.to_string()));
     names.dedup();
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = frame(&area, title, 40)
         .build_cartesian_2d(0.0..t_max * 1.02, 0.0..top as f64 / div * 1.25)
         .map_err(err)?;
     chart

@@ -9,7 +9,7 @@ use plotters::prelude::*;
 use super::ReportError;
 use super::breakdown::Bar;
 use super::load::RunData;
-use super::style::{COLORS, above, err, font, legend, rotated, unit};
+use super::style::{COLORS, above, blank, err, frame, legend, rotated, unit};
 
 /// Ten distinguishable fills, one per component name across bars.
 const PALETTE: [RGBColor; 10] = [
@@ -35,8 +35,7 @@ pub fn breakdown<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    font();
-    area.fill(&WHITE).map_err(err)?;
+    blank(&area)?;
     let names = super::breakdown::component_names(bars);
     // A category has its colour everywhere (`memory::tag::color`); other
     // component names (logs without categories) take the palette.
@@ -60,11 +59,7 @@ where
         .iter()
         .map(|b| b.label.split(" (").next().unwrap_or_default().to_string())
         .collect();
-    let mut chart = ChartBuilder::on(&chart_area)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
+    let mut chart = frame(&chart_area, title, 40)
         .build_cartesian_2d((0..n - 1).into_segmented(), 0.0..max as f64 / div * 1.1)
         .map_err(err)?;
     chart
@@ -154,8 +149,7 @@ pub fn stage_overlay<DB: DrawingBackend>(
 where
     DB::ErrorType: 'static,
 {
-    font();
-    area.fill(&WHITE).map_err(err)?;
+    blank(&area)?;
     let stages = aligned_stages(runs);
     let value = |r: &RunData, label: &str| {
         r.stages
@@ -171,11 +165,7 @@ where
         .max(1);
     let (div, unit_name) = unit(max);
     let n = stages.len().max(1);
-    let mut chart = ChartBuilder::on(&area)
-        .caption(title, ("sans-serif", 22))
-        .margin(12)
-        .x_label_area_size(200)
-        .y_label_area_size(70)
+    let mut chart = frame(&area, title, 200)
         .build_cartesian_2d(0..n - 1, 0.0..max as f64 / div * 1.15)
         .map_err(err)?;
     chart

@@ -20,6 +20,32 @@ pub(super) fn font() {
     });
 }
 
+/// A chart's canvas: the font registered and the area painted white.
+pub(super) fn blank<DB: DrawingBackend>(
+    area: &DrawingArea<DB, plotters::coord::Shift>,
+) -> Result<(), ReportError>
+where
+    DB::ErrorType: 'static,
+{
+    font();
+    area.fill(&WHITE).map_err(err)
+}
+
+/// Every chart's frame: its title, margin and label areas (`x_labels`:
+/// 40 for numbers, 200 for rotated stage names).
+pub(super) fn frame<'a, 'b, DB: DrawingBackend>(
+    area: &'a DrawingArea<DB, plotters::coord::Shift>,
+    title: &'b str,
+    x_labels: u32,
+) -> ChartBuilder<'a, 'b, DB> {
+    let mut b = ChartBuilder::on(area);
+    b.caption(title, ("sans-serif", 22))
+        .margin(12)
+        .x_label_area_size(x_labels)
+        .y_label_area_size(70);
+    b
+}
+
 pub(super) const COLORS: [RGBColor; 4] = [
     RGBColor(31, 119, 180),
     RGBColor(214, 39, 40),
