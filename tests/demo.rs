@@ -44,8 +44,16 @@ fn tiny_demo_trains_prunes_evaluates_logs_and_saves() {
     assert!(text.contains("training a tiny model (--tiny)"), "{text}");
     let (dense, pruned) = finished(&text);
     assert!(dense.is_finite() && dense > 1.0, "{text}");
-    assert!(pruned.is_finite() && pruned >= dense * 0.9, "the pruned model beat the dense one by over 10%: {text}");
-    for f in ["logs/memory_log.csv", "logs/events.jsonl", "model-wanda-0.5/model.safetensors", "model-wanda-0.5/config.json"] {
+    assert!(
+        pruned.is_finite() && pruned >= dense * 0.9,
+        "the pruned model beat the dense one by over 10%: {text}"
+    );
+    for f in [
+        "logs/memory_log.csv",
+        "logs/events.jsonl",
+        "model-wanda-0.5/model.safetensors",
+        "model-wanda-0.5/config.json",
+    ] {
         assert!(out.join(f).is_file(), "{f} missing after the demo:\n{text}");
     }
     let csv = std::fs::read_to_string(out.join("logs/memory_log.csv")).unwrap();
@@ -59,10 +67,19 @@ fn missing_model_without_fetching_falls_back_to_the_tiny_model_and_says_so() {
     let absent = dir.path().join("no-smollm2");
     let (ok, text) = demo(
         dir.path(),
-        &["--no-fetch", "--smollm2", absent.to_str().unwrap(), "--out", out.to_str().unwrap()],
+        &[
+            "--no-fetch",
+            "--smollm2",
+            absent.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
     );
     assert!(ok, "{text}");
-    assert!(text.contains("fetching is off (--no-fetch)") && text.contains("a toy, not the real job"), "{text}");
+    assert!(
+        text.contains("fetching is off (--no-fetch)") && text.contains("a toy, not the real job"),
+        "{text}"
+    );
     finished(&text);
 }
 
@@ -75,11 +92,17 @@ fn a_fetch_that_cannot_run_falls_back_and_says_why() {
     let absent = dir.path().join("no-smollm2");
     let (ok, text) = demo(
         dir.path(),
-        &["--smollm2", absent.to_str().unwrap(), "--out", out.to_str().unwrap()],
+        &[
+            "--smollm2",
+            absent.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ],
     );
     assert!(ok, "{text}");
     assert!(
-        text.contains("could not fetch SmolLM2-135M") && text.contains("fetch-smollm2.sh is not in the working folder"),
+        text.contains("could not fetch SmolLM2-135M")
+            && text.contains("fetch-smollm2.sh is not in the working folder"),
         "{text}"
     );
     finished(&text);

@@ -147,11 +147,21 @@ fn params_alone_snaps_to_the_preset_it_names_and_scales() {
     assert!(v2["peak"].as_u64().unwrap() > peak);
     let (_, text, _) = estimate(&["--params", "7B"]);
     assert!(text.contains("hidden 4096"), "{text}");
-    assert!(text.contains("the Llama 2 7B preset"), "7B is Llama 2 7B, said: {text}");
-    assert_eq!(arch["layers"].as_u64(), Some(32), "not a 33-layer model that does not exist");
+    assert!(
+        text.contains("the Llama 2 7B preset"),
+        "7B is Llama 2 7B, said: {text}"
+    );
+    assert_eq!(
+        arch["layers"].as_u64(),
+        Some(32),
+        "not a 33-layer model that does not exist"
+    );
     assert!(text.contains("Smallest GPU that fits"), "{text}");
     let (_, text, _) = estimate(&["--params", "20e9"]);
-    assert!(text.contains("no preset is that size") && text.contains("scaled to"), "{text}");
+    assert!(
+        text.contains("no preset is that size") && text.contains("scaled to"),
+        "{text}"
+    );
 }
 
 #[test]

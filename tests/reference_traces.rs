@@ -49,34 +49,69 @@ fn workload(t: &Value) -> Workload {
 fn reference_estimate_is_within_five_percent_of_every_trace() {
     let mut misses = Vec::new();
     let mut rows = 0;
-    println!("| shape | method | type | device | nsamples × seqlen | traced peak (phase) | estimated | error |");
+    println!(
+        "| shape | method | type | device | nsamples × seqlen | traced peak (phase) | estimated | error |"
+    );
     println!("|---|---|---|---|---|---|---|---|");
     for line in TRACES.lines().filter(|l| !l.trim().is_empty()) {
         let t: Value = serde_json::from_str(line).expect("a trace is one JSON object");
-        let arch = presets::load(t["model"].as_str().unwrap()).expect("the trace's model is a preset");
-        assert_eq!(arch.params, t["params"].as_u64().unwrap(), "{} differs from the traced model", arch.name);
+        let arch =
+            presets::load(t["model"].as_str().unwrap()).expect("the trace's model is a preset");
+        assert_eq!(
+            arch.params,
+            t["params"].as_u64().unwrap(),
+            "{} differs from the traced model",
+            arch.name
+        );
         let est = estimate::estimate(&arch, &workload(&t)).unwrap();
         // The trace sees tensors only; cuBLAS' workspace is the one
         // allocation inside `memory_allocated` it cannot see.
-        let workspace = if est.workload.device == Device::Cuda { reference::CUBLAS_WORKSPACE } else { 0 };
+        let workspace = if est.workload.device == Device::Cuda {
+            reference::CUBLAS_WORKSPACE
+        } else {
+            0
+        };
         let predicted = est.peak_allocated() - workspace;
         let traced = t["peak_allocated_bytes"].as_u64().unwrap();
         let err = predicted as f64 / traced as f64 - 1.0;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         println!(
             "| {} | {} | {} | {} | {} × {} | {:.2} GiB ({}) | {:.2} GiB | {:+.1}% |",
-            arch.name, t["method"].as_str().unwrap(),
-            if t["include_embeddings"].as_bool() == Some(true) { "with embeddings" } else { t["sparsity_type"].as_str().unwrap() },
+            arch.name,
+            t["method"].as_str().unwrap(),
+            if t["include_embeddings"].as_bool() == Some(true) {
+                "with embeddings"
+            } else {
+                t["sparsity_type"].as_str().unwrap()
+            },
             t["device"].as_str().unwrap_or("cuda"),
-            t["nsamples"], t["seqlen"], gib(traced), t["peak_phase"].as_str().unwrap(), gib(predicted), err * 100.0
+            t["nsamples"],
+            t["seqlen"],
+            gib(traced),
+            t["peak_phase"].as_str().unwrap(),
+            gib(predicted),
+            err * 100.0
         );
         if err.abs() > TOLERANCE {
-            misses.push(format!("{} {} {}: {:+.1}%", arch.name, t["method"], t["sparsity_type"], err * 100.0));
+            misses.push(format!(
+                "{} {} {}: {:+.1}%",
+                arch.name,
+                t["method"],
+                t["sparsity_type"],
+                err * 100.0
+            ));
         }
         rows += 1;
     }
-    assert!(rows >= 49, "the fixture holds {rows} traces: the grid is 7 shapes × 7 runs and 6 of GradProbe");
-    assert!(misses.is_empty(), "estimates off by more than 5%:\n{}", misses.join("\n"));
+    assert!(
+        rows >= 49,
+        "the fixture holds {rows} traces: the grid is 7 shapes × 7 runs and 6 of GradProbe"
+    );
+    assert!(
+        misses.is_empty(),
+        "estimates off by more than 5%:\n{}",
+        misses.join("\n")
+    );
 }
 
 /// Peak RSS of the reference scripts run for real on SmolLM2-135M (f32, on
@@ -89,7 +124,9 @@ const CPU_TOLERANCE: f64 = 0.10;
 fn reference_cpu_estimate_is_within_ten_percent_of_real_runs() {
     let arch = presets::load("smollm2-135m").unwrap();
     let mut misses = Vec::new();
-    println!("| method | nsamples × seqlen | eval windows | measured peak RSS | estimated | error |");
+    println!(
+        "| method | nsamples × seqlen | eval windows | measured peak RSS | estimated | error |"
+    );
     println!("|---|---|---|---|---|---|");
     for line in CPU_RSS.lines().filter(|l| !l.trim().is_empty()) {
         let mut t: Value = serde_json::from_str(line).unwrap();
@@ -105,14 +142,27 @@ fn reference_cpu_estimate_is_within_ten_percent_of_real_runs() {
         println!(
             "| {}{} | {} × {} | {} | {:.0} MB | {:.0} MB | {:+.1}% |",
             t["method"].as_str().unwrap(),
-            if t["include_embeddings"].as_bool() == Some(true) { " (with embeddings)" } else { "" },
-            t["nsamples"], t["seqlen"], t["eval_windows"], measured as f64 / 1e6, est.peak() as f64 / 1e6, err * 100.0
+            if t["include_embeddings"].as_bool() == Some(true) {
+                " (with embeddings)"
+            } else {
+                ""
+            },
+            t["nsamples"],
+            t["seqlen"],
+            t["eval_windows"],
+            measured as f64 / 1e6,
+            est.peak() as f64 / 1e6,
+            err * 100.0
         );
         if err.abs() > CPU_TOLERANCE {
             misses.push(format!("{}: {:+.1}%", t["command"], err * 100.0));
         }
     }
-    assert!(misses.is_empty(), "CPU estimates off by more than 10%:\n{}", misses.join("\n"));
+    assert!(
+        misses.is_empty(),
+        "CPU estimates off by more than 10%:\n{}",
+        misses.join("\n")
+    );
 }
 
 #[test]
@@ -124,6 +174,12 @@ fn json_reports_the_allocated_peak_under_the_whole_peak() {
     w.dtype = ComputeDtype::F16;
     let est = estimate::estimate(&arch, &w).unwrap();
     let context = reference::CUDA_CONTEXT;
-    assert!(est.peak_allocated() + context < est.peak(), "context and reserve are outside the allocated peak");
-    assert!(est.peak_allocated() > arch.params * 2, "the weights alone are allocated");
+    assert!(
+        est.peak_allocated() + context < est.peak(),
+        "context and reserve are outside the allocated peak"
+    );
+    assert!(
+        est.peak_allocated() > arch.params * 2,
+        "the weights alone are allocated"
+    );
 }

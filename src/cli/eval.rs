@@ -1,7 +1,6 @@
 //! `prunemem eval`: the flags of an evaluation, turned once into an
 //! [`EvalJob`], and the printing of its perplexity.
 
-
 use clap::Args;
 use serde_json::json;
 

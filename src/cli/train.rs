@@ -2,14 +2,13 @@
 //! [`TrainJob`], and the printing of its losses and of the two profiling
 //! approaches side by side.
 
-
 use clap::Args;
 use serde_json::json;
 
 use super::CliResult;
 use super::common::{RunFlags, job_error, logs_written};
-use crate::jobs::train::{Outcome, TrainJob};
 use crate::jobs;
+use crate::jobs::train::{Outcome, TrainJob};
 use crate::model::ComputeDtype;
 use crate::train::{Freeze, OptimizerConfig, OptimizerKind, TrainConfig};
 

@@ -70,7 +70,10 @@ fn surround(p: Phase, w: &Workload) -> Phase {
             let allocated = p.total() + CUBLAS_WORKSPACE;
             p.add("CUDA context", CUDA_CONTEXT)
                 .add("cuBLAS workspace", CUBLAS_WORKSPACE)
-                .add("allocator reserve", (allocated as f64 * ALLOCATOR_RESERVE) as u64)
+                .add(
+                    "allocator reserve",
+                    (allocated as f64 * ALLOCATOR_RESERVE) as u64,
+                )
         }
     }
 }
@@ -98,20 +101,12 @@ fn phase_at(name: &str, span: &[&str], w: &Workload, moments: Vec<Moment>) -> Ph
     surround(p, w)
 }
 
-/// Phases of Wanda / SparseGPT / RIA / magnitude as `lib/prune.py` runs
-/// them with current transformers (sdpa attention: no score matrix).
-pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    if w.task == Task::GradProbe {
-        return gradprobe_reference(a, w, notes);
-    }
-    let c = w.dtype.size();
-    let (s, h, i) = (w.seqlen, a.hidden, a.intermediate);
-    let weights = a.params * c;
-    let big = a.largest_linear();
-    // prepare_calibration_input: inps = torch.zeros((128, seqlen, hidden)),
-    // a hard-coded 128 whatever --nsamples says, and outs = zeros_like(inps).
-    // prune_sparsegpt (and RIA's copy) size theirs with args.nsamples.
-    let held = match w.task {
+/// Samples the calibration buffers hold: prepare_calibration_input's
+/// `inps = torch.zeros((128, seqlen, hidden))` is a hard-coded 128 whatever
+/// --nsamples says (with `outs = zeros_like(inps)`); prune_sparsegpt (and
+/// RIA's copy) size theirs with args.nsamples; magnitude has none.
+fn held_samples(w: &Workload, notes: &mut Vec<String>) -> u64 {
+    match w.task {
         Task::Wanda => {
             if w.nsamples > 128 {
                 notes.push("the reference's prepare_calibration_input holds 128 samples: more than 128 fail there".into());
@@ -120,33 +115,24 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         }
         Task::SparseGpt | Task::Ria => w.nsamples,
         _ => 0,
-    };
-    let buffers = 2 * held * s * h * c;
-    // The Catcher class closes over `inps`: a reference cycle that keeps one
-    // buffer alive after pruning until Python's collector runs (it had not
-    // by the end of the real runs traced).
-    let retained = held * s * h * c;
-    // The boolean causal mask transformers builds and the Catcher caches.
-    let causal = if held > 0 { s * s } else { 0 };
+    }
+}
+
+/// The competing moments of the pruning loop, each on top of `before`
+/// (weights, calibration buffers, the cached causal mask).
+fn prune_moments(a: &Arch, w: &Workload, before: Moment) -> Vec<Moment> {
+    let c = w.dtype.size();
+    let (s, h, i) = (w.seqlen, a.hidden, a.intermediate);
+    let big = a.largest_linear();
     // down_proj's forward hook: its input (the MLP product), the hook's f32
     // copy of it, and the hidden state, residual and output.
     let hooked = s * (i * (c + 4) + 3 * h * c);
-    let before = vec![
-        ("weights", weights),
-        ("calibration buffers (inps, outs)", buffers),
-        ("causal mask", causal),
-    ];
-    let with = |mut m: Moment, more: &[(&'static str, u64)]| {
+    let with = |more: &[(&'static str, u64)]| {
+        let mut m = before.clone();
         m.extend_from_slice(more);
         m
     };
-    let two_four = w.nm;
-    let replaced = if w.task == Task::SparseGpt {
-        mapped_checkpoint(a, w, c)
-    } else {
-        0
-    };
-    let prune: Vec<Moment> = match w.task {
+    match w.task {
         // WrappedGPT.scaler_row per linear (f32); prune_wanda: W_metric in
         // f32, torch.sort's values (f32) and int64 indices while the
         // previous linear's are still bound, the bool W_mask. The last
@@ -154,14 +140,18 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         // layer's forward. N:M: the metric, a zeros_like and two masks.
         Task::Wanda | Task::Ria => {
             let stats = 7 * h.max(i) * 4;
-            let (sorting, left) = if two_four {
+            let (sorting, left) = if w.nm {
                 (big * 14, big * 5)
             } else {
                 (big * 29, big * 17)
             };
             vec![
-                with(before.clone(), &[("statistics", stats), ("pruning transient", sorting)]),
-                with(before.clone(), &[("statistics", stats), ("pruning transient", left), ("activations", hooked)]),
+                with(&[("statistics", stats), ("pruning transient", sorting)]),
+                with(&[
+                    ("statistics", stats),
+                    ("pruning transient", left),
+                    ("activations", hooked),
+                ]),
             ]
         }
         // SparseGPT.H for all seven linears (f32) while the layer's forward
@@ -172,33 +162,82 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             let q = a.q_dim();
             let hessians = (5 * h * h + q * q + i * i) * 4;
             vec![
-                with(before.clone(), &[("statistics (Hessians)", hessians), ("statistics (inp·inpᵀ)", i * i * 4), ("activations", hooked)]),
-                with(before.clone(), &[("statistics (Hessian, Cholesky)", 2 * i * i * 4), ("pruning transient", 2 * big * 4), ("runtime (checkpoint pages still mapped)", replaced)]),
+                with(&[
+                    ("statistics (Hessians)", hessians),
+                    ("statistics (inp·inpᵀ)", i * i * 4),
+                    ("activations", hooked),
+                ]),
+                with(&[
+                    ("statistics (Hessian, Cholesky)", 2 * i * i * 4),
+                    ("pruning transient", 2 * big * 4),
+                    (
+                        "runtime (checkpoint pages still mapped)",
+                        mapped_checkpoint(a, w, c),
+                    ),
+                ]),
             ]
         }
         // prune_magnitude: |W|, its flattened sort (values and int64
         // indices) and the bool mask.
-        _ => vec![with(before.clone(), &[("pruning transient", big * (c + c + 8 + 1))])],
-    };
+        _ => vec![with(&[("pruning transient", big * (c + c + 8 + 1))])],
+    }
+}
+
+/// Phases of Wanda / SparseGPT / RIA / magnitude as `lib/prune.py` runs
+/// them with current transformers (sdpa attention: no score matrix).
+pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
+    if w.task == Task::GradProbe {
+        return gradprobe_reference(a, w, notes);
+    }
+    let c = w.dtype.size();
+    let s = w.seqlen;
+    let weights = a.params * c;
+    let held = held_samples(w, notes);
+    let buffers = 2 * held * s * a.hidden * c;
+    // The boolean causal mask transformers builds and the Catcher caches.
+    let causal = if held > 0 { s * s } else { 0 };
+    let before = vec![
+        ("weights", weights),
+        ("calibration buffers (inps, outs)", buffers),
+        ("causal mask", causal),
+    ];
     let mut out = vec![
-        phase_at("load", &[stages::START, stages::MODEL_LOADED], w, vec![vec![("weights", weights)]]),
-        phase_at("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING], w, prune),
+        phase_at(
+            "load",
+            &[stages::START, stages::MODEL_LOADED],
+            w,
+            vec![vec![("weights", weights)]],
+        ),
+        phase_at(
+            "prune",
+            &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING],
+            w,
+            prune_moments(a, w, before),
+        ),
     ];
     if w.eval_windows > 0 {
         // eval_ppl_wikitext: the logits [1, seqlen, vocab] and their
         // shifted contiguous copy; use_cache is on again, so the forward
-        // builds a KV cache.
-        let logits = 2 * s * a.vocab * c;
-        let kv = a.layers * 2 * s * a.kv_dim() * c;
+        // builds a KV cache. The Catcher class closes over `inps`: a
+        // reference cycle that keeps one buffer alive after pruning until
+        // Python's collector runs (it had not in the real runs traced).
+        let replaced = if w.task == Task::SparseGpt {
+            mapped_checkpoint(a, w, c)
+        } else {
+            0
+        };
         out.push(phase_at(
             "eval",
             &[stages::BEFORE_EVAL, stages::AFTER_EVAL],
             w,
             vec![vec![
                 ("weights", weights),
-                ("calibration buffer (kept by a reference cycle)", retained),
-                ("KV cache", kv),
-                ("logits", logits),
+                (
+                    "calibration buffer (kept by a reference cycle)",
+                    held * s * a.hidden * c,
+                ),
+                ("KV cache", a.layers * 2 * s * a.kv_dim() * c),
+                ("logits", 2 * s * a.vocab * c),
                 ("runtime (checkpoint pages still mapped)", replaced),
             ]],
         ));

@@ -65,7 +65,11 @@ fn shipped_text() -> PathBuf {
         return rel.to_path_buf();
     }
     let built = Path::new(env!("CARGO_MANIFEST_DIR")).join(rel);
-    if built.is_file() { built } else { rel.to_path_buf() }
+    if built.is_file() {
+        built
+    } else {
+        rel.to_path_buf()
+    }
 }
 
 /// Fetches SmolLM2-135M with the project's script, converting with this
@@ -89,7 +93,10 @@ fn fetch_smollm2(job: &DemoJob, say: &mut dyn FnMut(&str)) -> Result<(), String>
         .env("PRUNEMEM", exe)
         .status()
         .map_err(|e| format!("bash {}: {e}", script.display()))?;
-    match (status.success(), job.smollm2.join("model.safetensors").is_file()) {
+    match (
+        status.success(),
+        job.smollm2.join("model.safetensors").is_file(),
+    ) {
         (true, true) => Ok(()),
         (true, false) => Err(format!(
             "the script ran but {} has no model.safetensors",

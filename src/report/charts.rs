@@ -205,7 +205,10 @@ where
         .draw_series(stages.iter().enumerate().map(|(i, s)| {
             let top = value(s) as f64 / div;
             let mut bar = Rectangle::new(
-                [(SegmentValue::Exact(i), 0.0), (SegmentValue::Exact(i + 1), top)],
+                [
+                    (SegmentValue::Exact(i), 0.0),
+                    (SegmentValue::Exact(i + 1), top),
+                ],
                 COLORS[0].mix(0.8).filled(),
             );
             bar.set_margin(0, 0, 6, 6);

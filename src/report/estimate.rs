@@ -53,7 +53,11 @@ fn header(est: &Estimate, device: Device) -> String {
             w.seqlen,
             w.grad_accum,
             w.optimizer,
-            if w.checkpointing { ", checkpointing" } else { "" }
+            if w.checkpointing {
+                ", checkpointing"
+            } else {
+                ""
+            }
         )
     } else {
         format!(
@@ -114,7 +118,10 @@ fn gpu_table(est: &Estimate, gpus: &[catalog::Gpu]) -> String {
         let verdict = if need <= g.usable() {
             format!("fits ({} to spare)", format_bytes(g.usable() - need))
         } else {
-            format!("does not fit (short by {})", format_bytes(need - g.usable()))
+            format!(
+                "does not fit (short by {})",
+                format_bytes(need - g.usable())
+            )
         };
         s += &format!(
             "  {:<18} {:>10} usable  {verdict}\n",
