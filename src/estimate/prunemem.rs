@@ -161,82 +161,76 @@ fn text_transient(text_bytes: u64) -> u64 {
     text_bytes * TEXT_FACTOR
 }
 
-/// The phases of a prunemem pruning run on the CPU backend.
-pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    if w.task == super::Task::GradProbe {
-        return super::reference::gradprobe_prunemem(a, w, notes);
-    }
-    let Some(m) = method(w) else {
-        return super::reference::phases(a, w, notes);
-    };
-    let c = w.dtype.size();
-    let (runtime_name, runtime) = (
-        "runtime (process, base heap)",
-        RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
-    );
-    let layer = a.layer_params() * c;
-    let embed = a.embedding_params() * c;
-    let weights = if w.resident { a.params * c } else { layer };
-    let weights_name = if w.resident {
-        "weights (resident)"
-    } else {
-        "weights (one layer)"
-    };
-    let calibrated = m != Method::Magnitude || w.owl || w.dsnot;
-    let n = if calibrated { w.nsamples } else { 0 };
-    let calibration = n * w.seqlen * a.hidden * c;
-    let batch = w.batch_size.min(n.max(1));
-    let tokens = batch * w.seqlen;
-    let text = text_transient(w.text_bytes);
+/// What every phase of a CPU pruning run shares.
+struct Shape {
+    /// Bytes per weight in the compute dtype.
+    c: u64,
+    runtime: u64,
+    /// Whether the run keeps calibration activations (not plain magnitude).
+    calibrated: bool,
+    nsamples: u64,
+    /// The calibration hidden states.
+    calibration: u64,
+    batch: u64,
+    text: u64,
+}
 
-    let mut out = Vec::new();
-    out.push(
-        Phase::new("load", &[stages::START, stages::MODEL_LOADED])
-            .add(runtime_name, runtime)
-            // After `--eval-dense`, compute has already run.
-            .add(
-                "compute workspace",
-                if w.eval_dense && w.eval_windows > 0 {
-                    COMPUTE_WORKSPACE
-                } else {
-                    0
-                },
-            )
-            .add("text and tokens", text)
-            .add(
-                "weights (resident)",
-                if w.resident { a.params * c } else { 0 },
-            )
-            .add(
-                "load transient",
-                if w.resident { load_transient(a, w) } else { 0 },
-            ),
-    );
-    if w.owl {
-        out.push(owl_phase(a, w, calibration, runtime_name, runtime));
-    }
-    if calibrated {
-        // The embedding is decoded straight into its compute-dtype vector
-        // (`model::dtype::Converted`, one copy), then the calibration
-        // buffers are filled beside it.
-        out.push(
-            super::calibration_phase(w)
-                .add(runtime_name, runtime)
-                .add(
-                    "weights (resident)",
-                    if w.resident { a.params * c } else { 0 },
-                )
-                .add("embeddings", if w.resident { 0 } else { embed })
-                .add("calibration buffers", calibration)
-                .add("compute workspace", COMPUTE_WORKSPACE),
-        );
-    }
+const RUNTIME_NAME: &str = "runtime (process, base heap)";
+
+/// From the model loaded (the text tokenised, a resident model decoded).
+fn load_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
+    let resident = if w.resident { a.params * sh.c } else { 0 };
+    Phase::new("load", &[stages::START, stages::MODEL_LOADED])
+        .add(RUNTIME_NAME, sh.runtime)
+        // After `--eval-dense`, compute has already run.
+        .add(
+            "compute workspace",
+            if w.eval_dense && w.eval_windows > 0 {
+                COMPUTE_WORKSPACE
+            } else {
+                0
+            },
+        )
+        .add("text and tokens", sh.text)
+        .add("weights (resident)", resident)
+        .add(
+            "load transient",
+            if w.resident { load_transient(a, w) } else { 0 },
+        )
+}
+
+/// The embedding is decoded straight into its compute-dtype vector
+/// (`model::dtype::Converted`, one copy), then the calibration buffers are
+/// filled beside it.
+fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
+    super::calibration_phase(w)
+        .add(RUNTIME_NAME, sh.runtime)
+        .add(
+            "weights (resident)",
+            if w.resident { a.params * sh.c } else { 0 },
+        )
+        .add(
+            "embeddings",
+            if w.resident {
+                0
+            } else {
+                a.embedding_params() * sh.c
+            },
+        )
+        .add("calibration buffers", sh.calibration)
+        .add("compute workspace", COMPUTE_WORKSPACE)
+}
+
+/// The layer loop, at the largest of its moments: a layer's load, its
+/// forward (with the method's statistics), or its pruning.
+fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
+    let tokens = sh.batch * w.seqlen;
     let (transient_name, transient) = [
         ("load transient", load_transient(a, w)),
         (
             "activations",
             match m {
-                Method::Magnitude | Method::GradProbe if !calibrated => 0,
+                Method::Magnitude | Method::GradProbe if !sh.calibrated => 0,
                 Method::SparseGpt => forward_with_hessians(a, tokens),
                 _ => forward(a, tokens) + wanda_norm_slab(a, tokens),
             },
@@ -251,57 +245,67 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
-    out.push(
-        Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
-            .add(runtime_name, runtime)
-            .add(weights_name, weights)
-            .add("calibration buffers", calibration)
-            .add(
-                "rotary tables",
-                if calibrated {
-                    rope_tables(a, w, batch, n)
-                } else {
-                    0
-                },
-            )
-            .add(
-                "compute workspace",
-                if calibrated {
-                    COMPUTE_WORKSPACE
-                } else {
-                    THREAD_WORKSPACE
-                },
-            )
-            .add(transient_name, transient),
-    );
+    let (weights_name, weights) = if w.resident {
+        ("weights (resident)", a.params * sh.c)
+    } else {
+        ("weights (one layer)", a.layer_params() * sh.c)
+    };
+    let (rotary, workspace) = if sh.calibrated {
+        (rope_tables(a, w, sh.batch, sh.nsamples), COMPUTE_WORKSPACE)
+    } else {
+        (0, THREAD_WORKSPACE)
+    };
+    Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
+        .add(RUNTIME_NAME, sh.runtime)
+        .add(weights_name, weights)
+        .add("calibration buffers", sh.calibration)
+        .add("rotary tables", rotary)
+        .add("compute workspace", workspace)
+        .add(transient_name, transient)
+}
+
+/// The phases of a prunemem pruning run on the CPU backend.
+pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
+    if w.task == super::Task::GradProbe {
+        return super::reference::gradprobe_prunemem(a, w, notes);
+    }
+    let Some(m) = method(w) else {
+        return super::reference::phases(a, w, notes);
+    };
+    let c = w.dtype.size();
+    let calibrated = m != Method::Magnitude || w.owl || w.dsnot;
+    let n = if calibrated { w.nsamples } else { 0 };
+    let sh = Shape {
+        c,
+        runtime: RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
+        calibrated,
+        nsamples: n,
+        calibration: n * w.seqlen * a.hidden * c,
+        batch: w.batch_size.min(n.max(1)),
+        text: text_transient(w.text_bytes),
+    };
+    let mut out = vec![load_phase(a, w, &sh)];
+    if w.owl {
+        out.push(owl_phase(a, w, sh.calibration, RUNTIME_NAME, sh.runtime));
+    }
+    if calibrated {
+        out.push(calibration_phase(a, w, &sh));
+    }
+    out.push(prune_phase(a, w, m, &sh));
     if w.eval_windows > 0 {
         let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
-        out.push(eval_phase(
-            a,
-            w,
-            "eval",
-            &stages,
-            w.resident,
-            0,
-            runtime_name,
-            runtime,
-        ));
+        let (rn, rt) = (RUNTIME_NAME, sh.runtime);
+        out.push(eval_phase(a, w, "eval", &stages, w.resident, 0, rn, rt));
     }
     if w.eval_dense && w.eval_windows > 0 {
         // `--eval-dense`: streamed from the checkpoint before the run's first
         // stage, with the evaluation text tokenised inside it.
         let stages = [stages::BEFORE_DENSE_EVAL, stages::AFTER_DENSE_EVAL];
-        let dense = eval_phase(
-            a,
-            w,
-            "dense eval",
-            &stages,
-            false,
-            text,
-            runtime_name,
-            runtime,
+        let (rn, rt) = (RUNTIME_NAME, sh.runtime);
+        out.insert(
+            0,
+            eval_phase(a, w, "dense eval", &stages, false, sh.text, rn, rt),
         );
-        out.insert(0, dense);
     }
     out
 }
