@@ -127,7 +127,45 @@ pub fn markdown(
     for n in &run.notes {
         let _ = writeln!(s, "> note: {n}\n");
     }
-    // Executive summary.
+    summary(&mut s, run);
+    if charts {
+        let _ = writeln!(s, "![timeline](timeline.svg)\n\n![stages](stages.svg)\n");
+    }
+    timeline(&mut s, run);
+    top_consumers(&mut s, run);
+    if let Some(g) = run
+        .summary
+        .as_ref()
+        .and_then(|r| crate::train::analysis::from_results(&r.results))
+    {
+        s.push_str(&super::training::gap_text(&g));
+    }
+    let bars = super::breakdown::bars(run, check);
+    super::sections::categories(&mut s, run, charts);
+    super::sections::time(&mut s, run);
+    super::sections::breakdown(&mut s, &bars, charts);
+    if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), run.peak_rss()) {
+        let _ = writeln!(
+            s,
+            "\n## Against the theoretical minimum\n\nThe method needs at least {} ({how}); the run peaked at {} — {:.2}× that, {} above it.",
+            format_bytes(min),
+            format_bytes(p),
+            p as f64 / min.max(1) as f64,
+            format_bytes(p.saturating_sub(min))
+        );
+    }
+    if let Some(cmp) = check {
+        estimate_section(&mut s, run, cmp);
+    }
+    if let Some(g) = gpu {
+        super::sections::gpu(&mut s, run, g);
+    }
+    s
+}
+
+/// The executive summary: the peak and where, the model's multiple, time,
+/// how it was measured.
+fn summary(s: &mut String, run: &RunData) {
     let peak = run.peak_rss();
     let at = run.peak_stage().map(|i| {
         let prev = if i > 0 {
@@ -174,10 +212,10 @@ pub fn markdown(
                 "checkpoint snapshots only (peaks between checkpoints are not seen)",
         }
     );
-    if charts {
-        let _ = writeln!(s, "![timeline](timeline.svg)\n\n![stages](stages.svg)\n");
-    }
-    // Timeline with deltas.
+}
+
+/// Every stage with its deltas, the peak's row marked.
+fn timeline(s: &mut String, run: &RunData) {
     let _ = writeln!(
         s,
         "## Timeline\n\n| stage | t (s) | RSS | Δ RSS | allocated | Δ allocated | peak since previous |"
@@ -203,7 +241,10 @@ pub fn markdown(
             format_opt_bytes(st.peak),
         );
     }
-    // Top consumers: the stage windows that added most.
+}
+
+/// The stage windows whose peak rose most above what they began with.
+fn top_consumers(s: &mut String, run: &RunData) {
     let mut rises: Vec<(String, i64)> = run
         .stages
         .windows(2)
@@ -222,50 +263,28 @@ pub fn markdown(
     for (name, d) in rises.iter().take(5) {
         let _ = writeln!(s, "- {name}: +{}", format_bytes((*d).max(0) as u64));
     }
-    if let Some(g) = run
-        .summary
-        .as_ref()
-        .and_then(|r| crate::train::analysis::from_results(&r.results))
-    {
-        s.push_str(&super::training::gap_text(&g));
-    }
-    let bars = super::breakdown::bars(run, check);
-    super::sections::categories(&mut s, run, charts);
-    super::sections::time(&mut s, run);
-    super::sections::breakdown(&mut s, &bars, charts);
-    if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), peak) {
+}
+
+/// The estimate against the run, phase by phase and by category, and the
+/// projection to a 7B model.
+fn estimate_section(s: &mut String, run: &RunData, cmp: &against::Comparison) {
+    let _ = writeln!(
+        s,
+        "\n## Estimate vs measured\n\n| phase | predicted | measured | error |\n|---|---|---|---|"
+    );
+    for p in cmp.phases.iter().chain([&cmp.peak]) {
         let _ = writeln!(
             s,
-            "\n## Against the theoretical minimum\n\nThe method needs at least {} ({how}); the run peaked at {} — {:.2}× that, {} above it.",
-            format_bytes(min),
-            format_bytes(p),
-            p as f64 / min.max(1) as f64,
-            format_bytes(p.saturating_sub(min))
+            "| {} | {} | {} | {} |",
+            p.phase,
+            format_bytes(p.predicted),
+            format_opt_bytes(p.measured),
+            p.error_percent
+                .map_or("n/a".into(), |e| format!("{e:+.1}%"))
         );
     }
-    if let Some(cmp) = check {
-        let _ = writeln!(
-            s,
-            "\n## Estimate vs measured\n\n| phase | predicted | measured | error |\n|---|---|---|---|"
-        );
-        for p in cmp.phases.iter().chain([&cmp.peak]) {
-            let _ = writeln!(
-                s,
-                "| {} | {} | {} | {} |",
-                p.phase,
-                format_bytes(p.predicted),
-                format_opt_bytes(p.measured),
-                p.error_percent
-                    .map_or("n/a".into(), |e| format!("{e:+.1}%"))
-            );
-        }
-        super::sections::estimate_categories(&mut s, &cmp.phases);
-        projection(&mut s, run);
-    }
-    if let Some(g) = gpu {
-        super::sections::gpu(&mut s, run, g);
-    }
-    s
+    super::sections::estimate_categories(s, &cmp.phases);
+    projection(s, run);
 }
 
 /// The same workload on LLaMA 7B in f16 on a GPU.
