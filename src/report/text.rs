@@ -365,6 +365,16 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
             "![timelines](compare.svg)\n\n![aligned by stage](compare_stages.svg)\n"
         );
     }
+    let differs = configuration(&mut s, runs, &names);
+    training_rows(&mut s, runs);
+    aligned_stages(&mut s, runs, &names);
+    explanation(&mut s, runs, &names, &differs);
+    s
+}
+
+/// The settings side by side and the peaks; returns the settings that
+/// differ between runs that all record them.
+fn configuration(s: &mut String, runs: &[RunData], names: &[&str]) -> Vec<&'static str> {
     let _ = writeln!(
         s,
         "## Configuration\n\n| setting | {} |\n|---|{}",
@@ -395,18 +405,16 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
         }
         let _ = writeln!(s, "| {k} | {} |", vals.join(" | "));
     }
-    let peaks: Vec<Option<u64>> = runs.iter().map(|r| r.peak_rss()).collect();
-    let _ = writeln!(
-        s,
-        "| **peak RSS** | {} |",
-        peaks
-            .iter()
-            .map(|p| format_opt_bytes(*p))
-            .collect::<Vec<_>>()
-            .join(" | ")
-    );
-    training_rows(&mut s, runs);
-    // Per stage, aligned by label.
+    let peaks: Vec<String> = runs
+        .iter()
+        .map(|r| format_opt_bytes(r.peak_rss()))
+        .collect();
+    let _ = writeln!(s, "| **peak RSS** | {} |", peaks.join(" | "));
+    differs
+}
+
+/// RSS per stage, aligned by label (per-layer stages left out).
+fn aligned_stages(s: &mut String, runs: &[RunData], names: &[&str]) {
     let _ = writeln!(
         s,
         "\n## Stages\n\n| stage | {} | difference |\n|---|{}---|",
@@ -438,7 +446,37 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
                 .join(" | ")
         );
     }
-    // Explanation.
+}
+
+/// Why one setting moves memory, for the explanation.
+fn why_setting_matters(k: &str) -> &'static str {
+    match k {
+        "engine" => {
+            "the engine: the reference scripts keep the whole model and 128-sample input/output buffers resident, prunemem streams one layer"
+        }
+        "method" => {
+            "the method: SparseGPT adds Hessians (in² f32 per linear), Wanda only column norms, magnitude no calibration at all"
+        }
+        "batch_size" | "seqlen" | "nsamples" => {
+            "the calibration workload: activations and calibration buffers scale with batch × seqlen and nsamples × seqlen"
+        }
+        "grad_accum" => {
+            "gradient accumulation: activations scale with the micro-batch, not the effective batch; accumulating keeps the gradients alive through the next micro-batch's forward (they add into the same buffers, so they do not grow with k)"
+        }
+        "optimizer" => {
+            "the optimizer: Adam/AdamW keep two f32 moments per trained parameter from the first step on, SGD without momentum none"
+        }
+        "checkpointing" => {
+            "activation checkpointing: each layer's graph is rebuilt in the backward instead of kept from the forward"
+        }
+        "dtype" => "the compute dtype: f16/bf16 halve weights and activations",
+        _ => "a setting",
+    }
+}
+
+/// Where the difference comes from: missing plans, the measurement scope,
+/// each differing setting, and the net.
+fn explanation(s: &mut String, runs: &[RunData], names: &[&str], differs: &[&str]) {
     let _ = writeln!(s, "\n## Where the difference comes from\n");
     for r in runs.iter().filter(|r| r.plan.is_none()) {
         let _ = writeln!(
@@ -455,31 +493,11 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     }
     // The scope has its own sentence above.
     for k in differs.iter().filter(|k| **k != "scope") {
-        let why = match *k {
-            "engine" => {
-                "the engine: the reference scripts keep the whole model and 128-sample input/output buffers resident, prunemem streams one layer"
-            }
-            "method" => {
-                "the method: SparseGPT adds Hessians (in² f32 per linear), Wanda only column norms, magnitude no calibration at all"
-            }
-            "batch_size" | "seqlen" | "nsamples" => {
-                "the calibration workload: activations and calibration buffers scale with batch × seqlen and nsamples × seqlen"
-            }
-            "grad_accum" => {
-                "gradient accumulation: activations scale with the micro-batch, not the effective batch; accumulating keeps the gradients alive through the next micro-batch's forward (they add into the same buffers, so they do not grow with k)"
-            }
-            "optimizer" => {
-                "the optimizer: Adam/AdamW keep two f32 moments per trained parameter from the first step on, SGD without momentum none"
-            }
-            "checkpointing" => {
-                "activation checkpointing: each layer's graph is rebuilt in the backward instead of kept from the forward"
-            }
-            "dtype" => "the compute dtype: f16/bf16 halve weights and activations",
-            _ => "a setting",
-        };
-        let _ = writeln!(s, "- `{k}` differs — {why}.");
+        let _ = writeln!(s, "- `{k}` differs — {}.", why_setting_matters(k));
     }
-    if let (Some(a), Some(b)) = (peaks[0], *peaks.last().unwrap_or(&None)) {
+    let first = runs.first().and_then(|r| r.peak_rss());
+    let last = runs.last().and_then(|r| r.peak_rss());
+    if let (Some(a), Some(b)) = (first, last) {
         let (hi, lo) = if a >= b {
             (names[0], names[names.len() - 1])
         } else {
@@ -498,7 +516,6 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
             "- The recorded configurations agree; the difference is in the implementation or the machine."
         );
     }
-    s
 }
 
 fn escape(t: &str) -> String {
