@@ -76,74 +76,110 @@ where
     }
     for (k, run) in runs.iter().enumerate() {
         let color = COLORS[k % COLORS.len()];
-        let label = |what: &str| {
-            if runs.len() > 1 {
-                format!("{} {what}", run.name)
-            } else {
-                what.to_string()
-            }
-        };
-        let series: [Series; 3] = [
-            ("RSS", |p| p.rss, 2),
-            ("allocated", |p| p.allocated, 1),
-            ("GPU used", |p| p.gpu_used, 1),
-        ];
-        for (what, get, width) in series {
-            let data: Vec<(f64, f64)> = run
-                .points
-                .iter()
-                .filter_map(|p| get(p).map(|v| (p.t, v as f64 / div)))
-                .collect();
-            if data.is_empty() {
-                continue;
-            }
-            let style = if what == "RSS" {
-                color.stroke_width(width)
-            } else {
-                color.mix(0.55).stroke_width(width)
-            };
-            // Per pixel column: the min–max band, and the line of means.
-            let cols = super::charts_area::envelope(&data, t_max, super::charts_area::COLUMNS);
-            let band: Vec<(f64, f64)> = (cols.iter().map(|c| (c.t, c.max)))
-                .chain(cols.iter().rev().map(|c| (c.t, c.min)))
-                .collect();
-            chart
-                .draw_series([Polygon::new(band, color.mix(0.18).filled())])
-                .map_err(err)?;
-            let means: Vec<(f64, f64)> = cols.iter().map(|c| (c.t, c.mean)).collect();
-            chart
-                .draw_series(LineSeries::new(means, style))
-                .map_err(err)?
-                .label(label(what))
-                .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
-        }
-        if let (Some(peak), Some(at)) = (run.peak_rss(), run.peak_stage()) {
-            let x = run.stages[at].point.t;
-            let y = peak as f64 / div;
-            chart
-                .draw_series([Circle::new((x, y), 4, color.filled())])
-                .map_err(err)?;
-            // Right of the point, or left of it near the right edge: never
-            // clipped by the plot's border.
-            let side = if x > 0.7 * t_max {
-                HPos::Right
-            } else {
-                HPos::Left
-            };
-            let style = TextStyle::from(("sans-serif", 14).into_font())
-                .color(&color)
-                .pos(Pos::new(side, VPos::Bottom));
-            chart
-                .draw_series([Text::new(
-                    format!("peak {}", crate::units::format_bytes(peak)),
-                    (x, y * 1.03),
-                    style,
-                )])
-                .map_err(err)?;
-        }
+        let prefix = (runs.len() > 1).then_some(run.name.as_str());
+        run_series(&mut chart, run, prefix, color, (div, t_max))?;
+        peak_mark(&mut chart, run, color, (div, t_max))?;
     }
     legend(&mut chart)?;
     area.present().map_err(err)?;
+    Ok(())
+}
+
+/// The chart `timeline` draws on: seconds against memory.
+type TimeChart<'a, DB> = ChartContext<
+    'a,
+    DB,
+    Cartesian2d<plotters::coord::types::RangedCoordf64, plotters::coord::types::RangedCoordf64>,
+>;
+
+/// One run's RSS, allocated and GPU series: per pixel column the min–max
+/// band and the line of means (`scale`: the unit's divisor and the last
+/// second).
+fn run_series<DB: DrawingBackend>(
+    chart: &mut TimeChart<'_, DB>,
+    run: &RunData,
+    prefix: Option<&str>,
+    color: RGBColor,
+    (div, t_max): (f64, f64),
+) -> Result<(), ReportError>
+where
+    DB::ErrorType: 'static,
+{
+    let series: [Series; 3] = [
+        ("RSS", |p| p.rss, 2),
+        ("allocated", |p| p.allocated, 1),
+        ("GPU used", |p| p.gpu_used, 1),
+    ];
+    for (what, get, width) in series {
+        let data: Vec<(f64, f64)> = run
+            .points
+            .iter()
+            .filter_map(|p| get(p).map(|v| (p.t, v as f64 / div)))
+            .collect();
+        if data.is_empty() {
+            continue;
+        }
+        let style = if what == "RSS" {
+            color.stroke_width(width)
+        } else {
+            color.mix(0.55).stroke_width(width)
+        };
+        let cols = super::charts_area::envelope(&data, t_max, super::charts_area::COLUMNS);
+        let band: Vec<(f64, f64)> = (cols.iter().map(|c| (c.t, c.max)))
+            .chain(cols.iter().rev().map(|c| (c.t, c.min)))
+            .collect();
+        chart
+            .draw_series([Polygon::new(band, color.mix(0.18).filled())])
+            .map_err(err)?;
+        let means: Vec<(f64, f64)> = cols.iter().map(|c| (c.t, c.mean)).collect();
+        let label = match prefix {
+            Some(name) => format!("{name} {what}"),
+            None => what.to_string(),
+        };
+        chart
+            .draw_series(LineSeries::new(means, style))
+            .map_err(err)?
+            .label(label)
+            .legend(move |(x, y)| PathElement::new([(x, y), (x + 18, y)], style));
+    }
+    Ok(())
+}
+
+/// The run's RSS peak: a dot at its stage and its size beside it.
+fn peak_mark<DB: DrawingBackend>(
+    chart: &mut TimeChart<'_, DB>,
+    run: &RunData,
+    color: RGBColor,
+    (div, t_max): (f64, f64),
+) -> Result<(), ReportError>
+where
+    DB::ErrorType: 'static,
+{
+    let (Some(peak), Some(at)) = (run.peak_rss(), run.peak_stage()) else {
+        return Ok(());
+    };
+    let x = run.stages[at].point.t;
+    let y = peak as f64 / div;
+    chart
+        .draw_series([Circle::new((x, y), 4, color.filled())])
+        .map_err(err)?;
+    // Right of the point, or left of it near the right edge: never clipped
+    // by the plot's border.
+    let side = if x > 0.7 * t_max {
+        HPos::Right
+    } else {
+        HPos::Left
+    };
+    let style = TextStyle::from(("sans-serif", 14).into_font())
+        .color(&color)
+        .pos(Pos::new(side, VPos::Bottom));
+    chart
+        .draw_series([Text::new(
+            format!("peak {}", crate::units::format_bytes(peak)),
+            (x, y * 1.03),
+            style,
+        )])
+        .map_err(err)?;
     Ok(())
 }
 
