@@ -214,45 +214,10 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
     }
     let (arch, mut notes) = arch_of(&args)?;
     let mut w = workload(&args, &arch, &mut notes)?;
-    let ranks = match args.ranks {
-        0 => return Err("--ranks must be at least 1".into()),
-        1 => None,
-        n if w.engine != Engine::Prunemem => {
-            return Err(format!("--ranks {n}: only prunemem's engine runs across ranks").into());
-        }
-        n => {
-            let all_windows = w.nsamples;
-            let share = crate::estimate::ranks::share(&arch, &w, n);
-            notes.push(format!(
-                "{n} ranks: each rank holds at most {} of the {} calibration windows (the figures below are one rank's); per layer {} of statistics go to rank 0 and back ({} through rank 0)",
-                share.windows_per_rank,
-                w.nsamples,
-                format_bytes(share.statistics_per_layer),
-                format_bytes(share.rank0_traffic_per_layer),
-            ));
-            w.nsamples = share.windows_per_rank;
-            Some((share, all_windows))
-        }
-    };
+    let ranks = split_across_ranks(args.ranks, &arch, &mut w, &mut notes)?;
     let est = estimate(&arch, &w)?;
     notes.extend(est.notes.iter().cloned());
-    let reference =
-        if w.engine == Engine::Prunemem && !matches!(w.task, Task::Inference | Task::Train) {
-            let mut r = w.clone();
-            r.engine = Engine::Reference;
-            r.batch_size = 1;
-            // The reference scripts run every window in one process.
-            if let Some((_, all)) = &ranks {
-                r.nsamples = *all;
-            }
-            // The reference scripts run on CUDA: a wgpu user's alternative.
-            if r.device == Device::Wgpu {
-                r.device = Device::Cuda;
-            }
-            Some(estimate(&arch, &r)?)
-        } else {
-            None
-        };
+    let reference = reference_of(&arch, &w, ranks.as_ref().map(|(_, all)| *all))?;
     let gpus = match &args.gpu {
         Some(name) => vec![catalog::find(name)?],
         None => catalog::all(),
@@ -283,41 +248,101 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         crate::report::estimate::render(&est, reference.as_ref(), &gpus, w.device)
     );
     if let Some(l) = &limits {
-        let show = |v: Option<u64>| {
-            v.map(|x| x.to_string())
-                .unwrap_or_else(|| "none fits".into())
-        };
-        println!(
-            "\nLargest that fits {} (others as given):",
-            format_bytes(l.budget)
-        );
-        println!("  seqlen      {}", show(l.max_seqlen));
-        if l.max_nsamples.is_some()
-            || matches!(
-                w.task,
-                Task::Wanda | Task::Ria | Task::SparseGpt | Task::GradProbe
-            )
-        {
-            println!("  nsamples    {}", show(l.max_nsamples));
-        }
-        println!("  batch size  {}", show(l.max_batch_size));
-        if let Some(e) = l.max_eval_windows {
-            println!("  eval windows {e}");
-        }
-        if let Some(size) = &args.fit
-            && size.to_ascii_lowercase().ends_with("gb")
-        {
-            println!(
-                "  ({size} read as decimal gigabytes = {}; cards sold as \"{size}\" hold that many GiB: write {}GiB for those)",
-                format_bytes(l.budget),
-                size.trim_end_matches(|c: char| c.is_ascii_alphabetic())
-            );
-        }
+        print_limits(l, w.task, args.fit.as_deref());
     }
     for n in &notes {
         println!("note: {n}");
     }
     Ok(0)
+}
+
+/// `--ranks N`: one rank's share of the calibration windows, said in a
+/// note; `w` becomes one rank's workload. Returns the share and the windows
+/// of the whole run.
+fn split_across_ranks(
+    ranks: u64,
+    arch: &Arch,
+    w: &mut Workload,
+    notes: &mut Vec<String>,
+) -> CliResult<Option<(crate::estimate::ranks::RankShare, u64)>> {
+    match ranks {
+        0 => Err("--ranks must be at least 1".into()),
+        1 => Ok(None),
+        n if w.engine != Engine::Prunemem => {
+            Err(format!("--ranks {n}: only prunemem's engine runs across ranks").into())
+        }
+        n => {
+            let all_windows = w.nsamples;
+            let share = crate::estimate::ranks::share(arch, w, n);
+            notes.push(format!(
+                "{n} ranks: each rank holds at most {} of the {} calibration windows (the figures below are one rank's); per layer {} of statistics go to rank 0 and back ({} through rank 0)",
+                share.windows_per_rank,
+                w.nsamples,
+                format_bytes(share.statistics_per_layer),
+                format_bytes(share.rank0_traffic_per_layer),
+            ));
+            w.nsamples = share.windows_per_rank;
+            Ok(Some((share, all_windows)))
+        }
+    }
+}
+
+/// The same pruning run on the reference scripts (batch 1, every window in
+/// one process, on CUDA where prunemem would use wgpu); none for inference
+/// or training, or when the reference is what was asked.
+fn reference_of(
+    arch: &Arch,
+    w: &Workload,
+    all_windows: Option<u64>,
+) -> CliResult<Option<Estimate>> {
+    if w.engine != Engine::Prunemem || matches!(w.task, Task::Inference | Task::Train) {
+        return Ok(None);
+    }
+    let mut r = w.clone();
+    r.engine = Engine::Reference;
+    r.batch_size = 1;
+    if let Some(all) = all_windows {
+        r.nsamples = all;
+    }
+    if r.device == Device::Wgpu {
+        r.device = Device::Cuda;
+    }
+    Ok(Some(estimate(arch, &r)?))
+}
+
+/// `--fit SIZE`'s answer: the largest of each size that fits, the others
+/// as given.
+fn print_limits(l: &fit::FitLimits, task: Task, fit_arg: Option<&str>) {
+    let show = |v: Option<u64>| {
+        v.map(|x| x.to_string())
+            .unwrap_or_else(|| "none fits".into())
+    };
+    println!(
+        "\nLargest that fits {} (others as given):",
+        format_bytes(l.budget)
+    );
+    println!("  seqlen      {}", show(l.max_seqlen));
+    if l.max_nsamples.is_some()
+        || matches!(
+            task,
+            Task::Wanda | Task::Ria | Task::SparseGpt | Task::GradProbe
+        )
+    {
+        println!("  nsamples    {}", show(l.max_nsamples));
+    }
+    println!("  batch size  {}", show(l.max_batch_size));
+    if let Some(e) = l.max_eval_windows {
+        println!("  eval windows {e}");
+    }
+    if let Some(size) = fit_arg
+        && size.to_ascii_lowercase().ends_with("gb")
+    {
+        println!(
+            "  ({size} read as decimal gigabytes = {}; cards sold as \"{size}\" hold that many GiB: write {}GiB for those)",
+            format_bytes(l.budget),
+            size.trim_end_matches(|c: char| c.is_ascii_alphabetic())
+        );
+    }
 }
 
 fn run_table(args: &EstimateArgs) -> CliResult<i32> {
