@@ -217,46 +217,7 @@ pub fn convert_gguf(
             "architecture '{arch}' is not supported (supported: llama, qwen2)"
         )));
     }
-    let heads = meta_u64(&g, &format!("{arch}.attention.head_count"))? as usize;
-    let kv_heads = g
-        .get(&format!("{arch}.attention.head_count_kv"))
-        .and_then(|v| v.as_u64())
-        .map(|v| v as usize)
-        .unwrap_or(heads);
-    let mut plans = Vec::new();
-    let mut source_types: HashMap<String, usize> = HashMap::new();
-    for t in &g.tensors {
-        if t.name == "rope_freqs.weight" {
-            return Err(err(
-                "tensor 'rope_freqs.weight' (precomputed Llama-3.1 rope factors) is not supported; convert from the Hugging Face checkpoint instead".into(),
-            ));
-        }
-        let ty = GgmlType::from_id(t.type_id).map_err(|ty| {
-            err(format!(
-                "tensor '{}' uses quantisation type {ty}, which prunemem cannot import (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
-                t.name
-            ))
-        })?;
-        *source_types.entry(ty.name().to_string()).or_default() += 1;
-        let name = hf_name(&t.name).ok_or_else(|| err(format!("unknown tensor '{}'", t.name)))?;
-        let unpermute_heads = (arch == "llama").then_some(()).and_then(|_| {
-            if name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.q_proj.bias")
-            {
-                Some(heads)
-            } else if name.ends_with("self_attn.k_proj.weight")
-                || name.ends_with("self_attn.k_proj.bias")
-            {
-                Some(kv_heads)
-            } else {
-                None
-            }
-        });
-        plans.push(Plan {
-            src: t,
-            name,
-            unpermute_heads,
-        });
-    }
+    let (plans, source_types) = plan_tensors(&g, &arch, &err)?;
     let tied = !plans.iter().any(|p| p.name == "lm_head.weight");
     let config = config_json(&g, &arch, tied, dtype)?;
     let (tokenizer, facts) = tokenizer_json_from_gguf(&g)?;
@@ -320,6 +281,57 @@ pub fn convert_gguf(
         architecture: arch,
         source_types,
     })
+}
+
+/// Each GGUF tensor's Hugging Face name and whether its rows need
+/// llama.cpp's rotary interleave undone; with a count of the source
+/// quantisation types. Refuses what cannot be imported, naming it.
+fn plan_tensors<'g>(
+    g: &'g GgufFile,
+    arch: &str,
+    err: &dyn Fn(String) -> ModelError,
+) -> Result<(Vec<Plan<'g>>, HashMap<String, usize>), ModelError> {
+    let heads = meta_u64(g, &format!("{arch}.attention.head_count"))? as usize;
+    let kv_heads = g
+        .get(&format!("{arch}.attention.head_count_kv"))
+        .and_then(|v| v.as_u64())
+        .map(|v| v as usize)
+        .unwrap_or(heads);
+    let mut plans = Vec::new();
+    let mut source_types: HashMap<String, usize> = HashMap::new();
+    for t in &g.tensors {
+        if t.name == "rope_freqs.weight" {
+            return Err(err(
+                "tensor 'rope_freqs.weight' (precomputed Llama-3.1 rope factors) is not supported; convert from the Hugging Face checkpoint instead".into(),
+            ));
+        }
+        let ty = GgmlType::from_id(t.type_id).map_err(|ty| {
+            err(format!(
+                "tensor '{}' uses quantisation type {ty}, which prunemem cannot import (supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1)",
+                t.name
+            ))
+        })?;
+        *source_types.entry(ty.name().to_string()).or_default() += 1;
+        let name = hf_name(&t.name).ok_or_else(|| err(format!("unknown tensor '{}'", t.name)))?;
+        let unpermute_heads = (arch == "llama").then_some(()).and_then(|_| {
+            if name.ends_with("self_attn.q_proj.weight") || name.ends_with("self_attn.q_proj.bias")
+            {
+                Some(heads)
+            } else if name.ends_with("self_attn.k_proj.weight")
+                || name.ends_with("self_attn.k_proj.bias")
+            {
+                Some(kv_heads)
+            } else {
+                None
+            }
+        });
+        plans.push(Plan {
+            src: t,
+            name,
+            unpermute_heads,
+        });
+    }
+    Ok((plans, source_types))
 }
 
 fn file_name(p: &Path) -> String {
