@@ -279,6 +279,110 @@ fn detailed(s: usize, total: usize) -> bool {
     s <= 3 || s == total
 }
 
+/// What every optimizer step of a run shares.
+struct Steps<'a, B: Compute> {
+    windows: &'a [Vec<u32>],
+    config: &'a TrainConfig,
+    p: &'a Profiler,
+    ropes: Ropes<B>,
+    /// The backward's floor and whether the embeddings train
+    /// (`apply_freeze`).
+    trainable: (usize, bool),
+    /// 1 / grad_accum: each micro-batch's share of the step's loss.
+    scale: f64,
+    params: u64,
+    trainable_count: u64,
+    /// The checkpointed forward's layer inputs.
+    boundary_bytes: u64,
+    total: usize,
+}
+
+impl<B: Compute> Steps<'_, B> {
+    /// The components a step's stage records: parameters, gradients (when
+    /// held), the optimizer's state and checkpointed inputs.
+    fn account(
+        &self,
+        grads: bool,
+        opt: &optim::Optimizer<B>,
+        boundaries: u64,
+    ) -> BTreeMap<String, u64> {
+        let mut m = BTreeMap::new();
+        m.insert("parameters".to_string(), self.params * 4);
+        m.insert(
+            "gradients".to_string(),
+            if grads { self.trainable_count * 4 } else { 0 },
+        );
+        m.insert("optimizer state".to_string(), opt.state_bytes());
+        if boundaries > 0 {
+            m.insert("checkpointed layer inputs".to_string(), boundaries);
+        }
+        m
+    }
+
+    /// Step `s` on the windows of `chunk`: each micro-batch's forward and
+    /// backward into one accumulator, the optimizer's update, zero-grad;
+    /// the first steps and the last record a stage after each. Returns the
+    /// updated model and the step's loss.
+    fn step(
+        &self,
+        model: Model<B>,
+        chunk: &[usize],
+        s: usize,
+        opt: &mut optim::Optimizer<B>,
+        taken: &mut Vec<crate::memory::MemorySnapshot>,
+    ) -> (Model<B>, f64) {
+        let (config, p) = (self.config, self.p);
+        let detail = detailed(s, self.total);
+        let mut acc = GradientsAccumulator::<Model<B>>::new();
+        let mut loss = 0.0;
+        for (m, mb) in chunk.chunks(config.batch_size).enumerate() {
+            let wins: Vec<Vec<u32>> = mb.iter().map(|i| self.windows[*i].clone()).collect();
+            let mb = MicroBatch::from_windows(&wins);
+            let fwd = step::forward(&model, &mb, &self.ropes, config.checkpointing, self.scale);
+            if detail {
+                let label = stages::micro_batch(s, m + 1, "forward");
+                let held = if config.checkpointing {
+                    self.boundary_bytes
+                } else {
+                    0
+                };
+                p.components(&label, self.account(m > 0, opt, held));
+                taken.push(p.stage(&label));
+            }
+            loss += step::backward(
+                &model,
+                &mb,
+                fwd,
+                &self.ropes,
+                &mut acc,
+                self.trainable,
+                self.scale,
+            );
+            if detail {
+                let label = stages::micro_batch(s, m + 1, "backward");
+                p.components(&label, self.account(true, opt, 0));
+                taken.push(p.stage(&label));
+            }
+        }
+        let model = opt.step(config.lr, model, acc.grads());
+        if detail {
+            let label = stages::step_end(s, "optimizer_step");
+            p.components(&label, self.account(false, opt, 0));
+            taken.push(p.stage(&label));
+        }
+        // Gradients went as the step consumed them; what a zero_grad()
+        // frees here is whatever the accumulator still held.
+        drop(acc);
+        // The step's freed buffers go back to the system, as the pruning
+        // engines' do at every layer (`memory::mapping`).
+        crate::memory::alloc::trim();
+        let label = stages::step_end(s, "zero_grad");
+        p.components(&label, self.account(false, opt, 0));
+        taken.push(p.stage(&label));
+        (model, loss)
+    }
+}
+
 /// Trains `ckpt` on `windows` (each `seqlen + 1` tokens) on Burn's CPU
 /// backend.
 pub fn train(
@@ -311,26 +415,22 @@ pub fn train_on<B: Compute>(
         ));
     }
     let mut taken = vec![p.stage(stages::TRAIN_MODEL_LOADED)];
-    let ropes = Ropes::<B>::on(&ckpt.config, config.seqlen, device);
-    let mut opt = optim::Optimizer::<B>::new(config.optimizer);
-    let scale = 1.0 / config.grad_accum as f64;
-    let mut records = Vec::new();
-    let account = |grads: bool, opt: &optim::Optimizer<B>, boundaries: u64| {
-        let mut m = BTreeMap::new();
-        m.insert("parameters".to_string(), params * 4);
-        m.insert(
-            "gradients".to_string(),
-            if grads { trainable_count * 4 } else { 0 },
-        );
-        m.insert("optimizer state".to_string(), opt.state_bytes());
-        if boundaries > 0 {
-            m.insert("checkpointed layer inputs".to_string(), boundaries);
-        }
-        m
-    };
     let c = &ckpt.config;
-    let boundary_bytes =
-        ((c.num_layers + 1) * config.batch_size * config.seqlen * c.hidden_size * 4) as u64;
+    let steps = Steps {
+        windows,
+        config,
+        p,
+        ropes: Ropes::<B>::on(&ckpt.config, config.seqlen, device),
+        trainable,
+        scale: 1.0 / config.grad_accum as f64,
+        params,
+        trainable_count,
+        boundary_bytes: ((c.num_layers + 1) * config.batch_size * config.seqlen * c.hidden_size * 4)
+            as u64,
+        total,
+    };
+    let mut opt = optim::Optimizer::<B>::new(config.optimizer);
+    let mut records = Vec::new();
     let mut s = 0;
     'epochs: for epoch in 1.. {
         let start = stages::epoch_start(epoch);
@@ -344,45 +444,8 @@ pub fn train_on<B: Compute>(
             s += 1;
             let started = std::time::Instant::now();
             let _step_scope = p.scope(&stages::step(s));
-            let detail = detailed(s, total);
-            let mut acc = GradientsAccumulator::<Model<B>>::new();
-            let mut loss = 0.0;
-            for (m, mb) in chunk.chunks(config.batch_size).enumerate() {
-                let wins: Vec<Vec<u32>> = mb.iter().map(|i| windows[*i].clone()).collect();
-                let mb = MicroBatch::from_windows(&wins);
-                let fwd = step::forward(&model, &mb, &ropes, config.checkpointing, scale);
-                if detail {
-                    let label = stages::micro_batch(s, m + 1, "forward");
-                    let held = if config.checkpointing {
-                        boundary_bytes
-                    } else {
-                        0
-                    };
-                    p.components(&label, account(m > 0, &opt, held));
-                    taken.push(p.stage(&label));
-                }
-                loss += step::backward(&model, &mb, fwd, &ropes, &mut acc, trainable, scale);
-                if detail {
-                    let label = stages::micro_batch(s, m + 1, "backward");
-                    p.components(&label, account(true, &opt, 0));
-                    taken.push(p.stage(&label));
-                }
-            }
-            model = opt.step(config.lr, model, acc.grads());
-            if detail {
-                let label = stages::step_end(s, "optimizer_step");
-                p.components(&label, account(false, &opt, 0));
-                taken.push(p.stage(&label));
-            }
-            // Gradients went as the step consumed them; what a zero_grad()
-            // frees here is whatever the accumulator still held.
-            drop(acc);
-            // The step's freed buffers go back to the system, as the pruning
-            // engines' do at every layer (`memory::mapping`).
-            crate::memory::alloc::trim();
-            let label = stages::step_end(s, "zero_grad");
-            p.components(&label, account(false, &opt, 0));
-            taken.push(p.stage(&label));
+            let (next, loss) = steps.step(model, chunk, s, &mut opt, &mut taken);
+            model = next;
             let seconds = started.elapsed().as_secs_f64();
             records.push(StepRecord {
                 step: s,
