@@ -105,25 +105,17 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         Err(e) => return Err(run.fail(e)),
     };
     rank_results(&mut run);
-    let mut compressed = None;
-    let saved = match writer {
+    let (saved, compressed) = match writer {
         Some(w) => {
             p.stage(closing[0]);
-            let dir = match job.save_format.sparse_format(job.pattern, job.reallocation) {
-                None => w.finish(&opened.ckpt),
-                Some(format) => w.finish_compressed(&opened.ckpt, format).map(|(dir, r)| {
-                    compressed = Some(r);
-                    dir
-                }),
-            };
-            let dir = match dir {
-                Ok(d) => d,
+            let written = match save(w, job, &opened.ckpt) {
+                Ok(written) => written,
                 Err(e) => return Err(run.fail(e.into())),
             };
             p.stage(closing[1]);
-            Some(dir)
+            (Some(written.0), written.1)
         }
-        None => None,
+        None => (None, None),
     };
     let saved_bytes = saved.as_deref().map(weight_file_bytes);
     if let Some(b) = saved_bytes {
@@ -150,6 +142,28 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         fp32_model_bytes: opened.ckpt.config.param_count() * 4,
         device,
     })
+}
+
+/// Writes the pruned model: dense, or in the compressed-tensors layout the
+/// job asked for (with its report).
+fn save(
+    w: PrunedWriter,
+    job: &PruneJob,
+    ckpt: &Checkpoint,
+) -> Result<
+    (
+        std::path::PathBuf,
+        Option<crate::model::compressed::CompressReport>,
+    ),
+    crate::model::ModelError,
+> {
+    match job.save_format.sparse_format(job.pattern, job.reallocation) {
+        None => Ok((w.finish(ckpt)?, None)),
+        Some(format) => {
+            let (dir, report) = w.finish_compressed(ckpt, format)?;
+            Ok((dir, Some(report)))
+        }
+    }
 }
 
 /// The run's plan: the model and every setting that shapes memory.
