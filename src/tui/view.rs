@@ -84,12 +84,38 @@ fn status_text(state: &UiState) -> (String, Color) {
     }
 }
 
+/// What a progress unit's name says the pass is.
+fn pass_name(unit: &str) -> &'static str {
+    if unit.starts_with("eval logits") {
+        "logits"
+    } else if unit.starts_with("eval") {
+        "evaluation"
+    } else if unit.starts_with("epoch") {
+        "training"
+    } else if unit.starts_with("OWL") {
+        "OWL outliers"
+    } else if unit.starts_with("model.layers") {
+        "pruning"
+    } else {
+        // GradProbe's forward and backward layers, head and embeddings.
+        "gradient pass"
+    }
+}
+
 fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
     let (status, color) = status_text(state);
+    // The ETA is the current pass's (its pace times the units left), so it
+    // names the pass: during `--eval-dense` it is the evaluation's, not the
+    // run's.
+    let pass = state
+        .run
+        .progress
+        .as_ref()
+        .map_or("", |p| pass_name(&p.name));
     let eta = state
         .run
         .eta_s()
-        .map_or(String::new(), |e| format!("   ETA {}", clock(e)));
+        .map_or(String::new(), |e| format!("   ETA {} ({pass})", clock(e)));
     let lines = vec![
         Line::from(Span::styled(
             truncate(&state.command, area.width.saturating_sub(3) as usize),

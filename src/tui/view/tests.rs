@@ -249,3 +249,14 @@ fn the_forecast_line_says_whether_the_run_fits_its_budget() {
         "{line}"
     );
 }
+
+#[test]
+fn the_eta_names_the_pass_it_measures() {
+    use super::pass_name;
+    assert_eq!(pass_name("eval model.layers.3"), "evaluation");
+    assert_eq!(pass_name("eval logits batch 2"), "logits");
+    assert_eq!(pass_name("model.layers.12"), "pruning");
+    assert_eq!(pass_name("OWL outliers, model.layers.0"), "OWL outliers");
+    assert_eq!(pass_name("backward layer 4"), "gradient pass");
+    assert_eq!(pass_name("epoch 1 step 3/6 loss 2.1"), "training");
+}
