@@ -16,7 +16,7 @@
 //! 1, 2 batches, sparsity 0.1, threshold 2.0, magnitude strategy), evaluated
 //! on 40 windows of 128 tokens.
 //! Environment: PRUNEMEM_MODEL (default models/smollm2-135m), PRUNEMEM_TEXT
-//! (default ../shared/data/wikitext-2-raw/wiki.test.raw).
+//! (default data/wikitext-2-raw/wiki.test.raw).
 
 #[global_allocator]
 static GLOBAL: prunemem::memory::CountingAllocator = prunemem::memory::CountingAllocator;
@@ -31,7 +31,7 @@ fn main() {
     let extra: Vec<String> = args.iter().skip(3).cloned().collect();
     let model = std::env::var("PRUNEMEM_MODEL").unwrap_or_else(|_| "models/smollm2-135m".into());
     let text = std::env::var("PRUNEMEM_TEXT")
-        .unwrap_or_else(|_| "../shared/data/wikitext-2-raw/wiki.test.raw".into());
+        .unwrap_or_else(|_| "data/wikitext-2-raw/wiki.test.raw".into());
     for (what, path) in [("model", &model), ("text", &text)] {
         if !std::path::Path::new(path).exists() {
             eprintln!(

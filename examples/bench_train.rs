@@ -6,7 +6,7 @@
 //! ```text
 //! cargo build --release && cargo run --release --example bench_train -- [MODEL] [TEXT] [STEPS]
 //! ```
-//! Defaults: models/smollm2-135m, ../shared/data/wikitext-2-raw/wiki.test.raw
+//! Defaults: models/smollm2-135m, data/wikitext-2-raw/wiki.test.raw
 //! (its second half), 3 steps. PRUNEMEM_BIN overrides the binary.
 
 use std::process::Command;
@@ -18,7 +18,7 @@ fn main() {
     let model = args.next().unwrap_or_else(|| "models/smollm2-135m".into());
     let text = args
         .next()
-        .unwrap_or_else(|| "../shared/data/wikitext-2-raw/wiki.test.raw".into());
+        .unwrap_or_else(|| "data/wikitext-2-raw/wiki.test.raw".into());
     let steps = args.next().unwrap_or_else(|| "3".into());
     let bin = std::env::var("PRUNEMEM_BIN").unwrap_or_else(|_| "target/release/prunemem".into());
     let mib = |v: &Value| {

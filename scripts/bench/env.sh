@@ -8,6 +8,6 @@
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 OUT=${2:-$1}
 mkdir -p "$(dirname "$OUT")"
-TEXT=${PRUNEMEM_TEXT:-../shared/data/wikitext-2-raw/wiki.test.raw}
+TEXT=${PRUNEMEM_TEXT:-data/wikitext-2-raw/wiki.test.raw}
 MODEL=${PRUNEMEM_MODEL:-models/smollm2-135m}
 PY=${PYTHON:-python3}
