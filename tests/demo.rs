@@ -60,50 +60,41 @@ fn tiny_demo_trains_prunes_evaluates_logs_and_saves() {
     assert!(csv.lines().count() > 10, "{csv}");
 }
 
-#[test]
-fn missing_model_without_fetching_falls_back_to_the_tiny_model_and_says_so() {
+/// The demo run from an empty folder with SmolLM2 absent, `extra` flags
+/// added: it must finish on the tiny model; returns what it printed.
+fn fallback(extra: &[&str]) -> String {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("demo");
     let absent = dir.path().join("no-smollm2");
-    let (ok, text) = demo(
-        dir.path(),
-        &[
-            "--no-fetch",
-            "--smollm2",
-            absent.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
+    let mut args = vec![
+        "--smollm2",
+        absent.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    args.extend_from_slice(extra);
+    let (ok, text) = demo(dir.path(), &args);
     assert!(ok, "{text}");
+    finished(&text);
+    text
+}
+
+#[test]
+fn missing_model_without_fetching_falls_back_to_the_tiny_model_and_says_so() {
+    let text = fallback(&["--no-fetch"]);
     assert!(
         text.contains("fetching is off (--no-fetch)") && text.contains("a toy, not the real job"),
         "{text}"
     );
-    finished(&text);
 }
 
 #[test]
 fn a_fetch_that_cannot_run_falls_back_and_says_why() {
-    // Run from a folder without the project's scripts: the fetch cannot
-    // start, and the demo must still finish on the tiny model.
-    let dir = tempfile::tempdir().unwrap();
-    let out = dir.path().join("demo");
-    let absent = dir.path().join("no-smollm2");
-    let (ok, text) = demo(
-        dir.path(),
-        &[
-            "--smollm2",
-            absent.to_str().unwrap(),
-            "--out",
-            out.to_str().unwrap(),
-        ],
-    );
-    assert!(ok, "{text}");
+    // From a folder without the project's scripts the fetch cannot start.
+    let text = fallback(&[]);
     assert!(
         text.contains("could not fetch SmolLM2-135M")
             && text.contains("fetch-smollm2.sh is not in the working folder"),
         "{text}"
     );
-    finished(&text);
 }
