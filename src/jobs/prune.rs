@@ -275,6 +275,60 @@ impl OnDevice for DenseEval<'_> {
     }
 }
 
+/// This rank's calibration windows (all of them in one process; the same
+/// windows on every rank, drawn from the same seed, split by batches) and
+/// the bytes of text tokenised for them; none for plain magnitude.
+fn calibration_windows(
+    job: &PruneJob,
+    tok: &crate::model::tokenizer::Tokenizer,
+    seqlen: usize,
+) -> Result<(Vec<Vec<u32>>, u64), JobError> {
+    let (calib, text_bytes) = match (&job.calib, job.method) {
+        (Some(src), m) if m != Method::Magnitude || job.owl.is_some() || job.dsnot.is_some() => {
+            text::calibration(tok, src, job.nsamples, seqlen, job.seed)?
+        }
+        _ => (Vec::new(), 0),
+    };
+    if calib.is_empty() {
+        return Ok((calib, text_bytes));
+    }
+    let batch = job.batch_size();
+    let batches = calib.len().div_ceil(batch);
+    crate::exec::dist::check_share("calibration batches", batches, "--nsamples, --batch-size")?;
+    Ok((crate::exec::dist::share_batches(&calib, batch), text_bytes))
+}
+
+/// OWL's outlier pass and the layer sparsities it gives, recorded in the
+/// run's results (with a warning for layers clamped into (0, 1)).
+#[allow(clippy::too_many_arguments)]
+fn owl_sparsities<B: Compute>(
+    job: &PruneJob,
+    owl: crate::prune::owl::OwlConfig,
+    ckpt: &Checkpoint,
+    source: &Source<'_, B>,
+    config: &PruneConfig,
+    calib: &[Vec<u32>],
+    run: &mut Run,
+    device: &B::Device,
+) -> Result<Vec<f64>, JobError> {
+    let p = run.profiler.clone();
+    let ratios = crate::prune::owl::outlier_pass(ckpt, source, config, calib, owl, device, &p)?;
+    let (sparsities, clamped) =
+        crate::prune::owl::layer_sparsities(&ratios, job.sparsity, owl.lambda);
+    if !clamped.is_empty() {
+        p.message(
+            Level::Warn,
+            format!(
+                "OWL: the sparsity of layers {clamped:?} fell outside (0, 1) and was clamped to 0.01 or 0.99 (λ {} is large for sparsity {})",
+                owl.lambda, job.sparsity
+            ),
+        );
+    }
+    run.result("owl_outlier_ratios", json!(ratios));
+    run.result("owl_layer_sparsity", json!(sparsities));
+    Ok(sparsities)
+}
+
 /// Magnitude, Wanda, SparseGPT, RIA (with OWL and DSnoT): the
 /// layer-by-layer engine, then the evaluation streamed from what was written
 /// (or from the resident model).
@@ -287,27 +341,7 @@ fn prune_and_eval<B: Compute>(
 ) -> Result<Pruned, JobError> {
     let Opened { ckpt, tok, seqlen } = opened;
     let p = run.profiler.clone();
-    let (calib, mut text_bytes) = match (&job.calib, job.method) {
-        (Some(src), m) if m != Method::Magnitude || job.owl.is_some() || job.dsnot.is_some() => {
-            text::calibration(tok, src, job.nsamples, *seqlen, job.seed)?
-        }
-        _ => (Vec::new(), 0),
-    };
-    // Distributed: this rank's share of the windows (the same windows in
-    // all, drawn from the same seed on every rank).
-    let calib = match calib.is_empty() {
-        true => calib,
-        false => {
-            let batch = job.batch_size();
-            let batches = calib.len().div_ceil(batch);
-            crate::exec::dist::check_share(
-                "calibration batches",
-                batches,
-                "--nsamples, --batch-size",
-            )?;
-            crate::exec::dist::share_batches(&calib, batch)
-        }
-    };
+    let (calib, mut text_bytes) = calibration_windows(job, tok, *seqlen)?;
     // Only the windows are kept: the tokenised text is dropped here.
     let eval_wins = match &job.eval {
         Some(src) => {
@@ -328,21 +362,7 @@ fn prune_and_eval<B: Compute>(
             Some(m) => Source::Resident(m),
             None => Source::Streamed,
         };
-        let ratios =
-            crate::prune::owl::outlier_pass(ckpt, &source, &config, &calib, owl, device, &p)?;
-        let (sparsities, clamped) =
-            crate::prune::owl::layer_sparsities(&ratios, job.sparsity, owl.lambda);
-        if !clamped.is_empty() {
-            p.message(
-                Level::Warn,
-                format!(
-                    "OWL: the sparsity of layers {clamped:?} fell outside (0, 1) and was clamped to 0.01 or 0.99 (λ {} is large for sparsity {})",
-                    owl.lambda, job.sparsity
-                ),
-            );
-        }
-        run.result("owl_outlier_ratios", json!(ratios));
-        run.result("owl_layer_sparsity", json!(sparsities));
+        let sparsities = owl_sparsities(job, owl, ckpt, &source, &config, &calib, run, device)?;
         config.layer_sparsity = Some(sparsities);
     }
     // Streaming evaluation reads the pruned weights back from disk: from the
