@@ -80,15 +80,6 @@ impl<B: Compute> Ropes<B> {
 pub enum Forward<B: Compute = Cpu> {
     /// The loss, with the whole graph behind it.
     Full { loss: Tensor<Ad<B>, 1> },
-    /// A tied head with trainable embeddings: the graph from the embedded
-    /// inputs (a leaf) to the final norm's output; the lookup and the head
-    /// are done by hand in the backward, so the embedding's gradient is one
-    /// `[vocab, hidden]` buffer instead of the lookup's and the head's,
-    /// each dense, and their sum.
-    TiedHead {
-        normed: Tensor<Ad<B>, 2>,
-        start: Tensor<Ad<B>, 3>,
-    },
     /// The inputs of every layer and of the final norm, no graph.
     Checkpointed { boundaries: Vec<Tensor<B, 3>> },
 }
@@ -126,19 +117,6 @@ pub fn forward<B: Compute>(
 ) -> Forward<B> {
     let _tag = tag::tag(Category::Activations);
     let device = device_of(model);
-    if !checkpointed && tied_and_trained(model) {
-        let embed = model.model.embed_tokens.valid();
-        let e = embed.forward(token_tensor::<B>(&mb.inputs, &device));
-        drop(embed);
-        let start = Tensor::<Ad<B>, 3>::from_inner(e).require_grad();
-        let mut x = start.clone();
-        for layer in &model.model.layers {
-            x = layer.forward(x, &ropes.ad);
-        }
-        let [b, s, d] = x.dims();
-        let normed = model.model.norm.forward(x).reshape([b * s, d]);
-        return Forward::TiedHead { normed, start };
-    }
     if !checkpointed {
         let mut x = model
             .model
@@ -183,9 +161,6 @@ pub fn backward<B: Compute>(
             acc.accumulate(model, GradientsParams::from_grads(grads, model));
             return value;
         }
-        Forward::TiedHead { normed, start } => {
-            return tied_head_backward(model, mb, normed, start, acc, scale);
-        }
         Forward::Checkpointed { boundaries } => boundaries,
     };
     let layers = model.model.layers.len();
@@ -220,80 +195,5 @@ pub fn backward<B: Compute>(
         let grads = (e * Tensor::<Ad<B>, 3>::from_inner(dy)).sum().backward();
         acc.accumulate(model, GradientsParams::from_grads(grads, model));
     }
-    value
-}
-
-/// The mean next-token loss of `mb` times `scale`, computed without a
-/// graph (the model's plain copy): what a forward would report.
-pub fn loss_value<B: Compute>(
-    model: &Model<B>,
-    mb: &MicroBatch,
-    ropes: &Ropes<B>,
-    scale: f64,
-) -> f64 {
-    let plain = model.valid();
-    let device = device_of(model);
-    let logits = plain.logits(token_tensor::<B>(&mb.inputs, &device), &ropes.plain);
-    let [b, s, v] = logits.dims();
-    let targets: Vec<i64> = mb.targets.iter().map(|t| *t as i64).collect();
-    let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [b * s]), &device);
-    lm_loss(logits.reshape([b * s, v]), targets)
-        .into_scalar()
-        .to_f64()
-        * scale
-}
-
-/// The head is the embedding's transpose and the embedding trains.
-fn tied_and_trained<B: Compute>(model: &Model<B>) -> bool {
-    model.lm_head.is_none() && model.model.embed_tokens.weight.val().is_require_grad()
-}
-
-/// The backward of a [`Forward::TiedHead`]: the loss and its gradient by
-/// hand (mean cross-entropy: `(softmax − onehot) / N`, times `scale`), the
-/// head's weight gradient `dlogitsᵀ·h` as the embedding's gradient buffer,
-/// the graph's backward from the final norm to the embedded inputs, and
-/// the inputs' gradient added into that buffer row by row (the lookup's
-/// backward). Returns the micro-batch's scaled loss.
-fn tied_head_backward<B: Compute>(
-    model: &Model<B>,
-    mb: &MicroBatch,
-    normed: Tensor<Ad<B>, 2>,
-    start: Tensor<Ad<B>, 3>,
-    acc: &mut Accumulator<B>,
-    scale: f64,
-) -> f64 {
-    use burn::tensor::IndexingUpdateOp;
-    let device = device_of(model);
-    let w = model.model.embed_tokens.weight.val().inner();
-    let h = normed.clone().inner();
-    let [n, d] = h.dims();
-    let targets: Vec<i64> = mb.targets.iter().map(|t| *t as i64).collect();
-    let targets = Tensor::<B, 2, Int>::from_data(TensorData::new(targets, [n, 1]), &device);
-    let (value, dlogits) = {
-        let _tag = tag::tag(Category::Logits);
-        let logits = h.clone().matmul(w.clone().transpose());
-        let logp = burn::tensor::activation::log_softmax(logits, 1);
-        let picked = logp.clone().gather(1, targets.clone());
-        let value = picked.neg().mean().into_scalar().to_f64() * scale;
-        let ones = Tensor::<B, 2>::ones([n, 1], &device).neg();
-        let dlogits = logp
-            .exp()
-            .scatter(1, targets, ones, IndexingUpdateOp::Add)
-            .mul_scalar(scale / n as f64);
-        (value, dlogits)
-    };
-    let dh = dlogits.clone().matmul(w);
-    let mut dw = dlogits.transpose().matmul(h);
-    let grads = (normed * Tensor::<Ad<B>, 2>::from_inner(dh))
-        .sum()
-        .backward();
-    if let Some(g) = start.grad(&grads) {
-        let ids: Vec<i64> = mb.inputs.iter().flatten().map(|t| *t as i64).collect();
-        let ids = Tensor::<B, 1, Int>::from_data(TensorData::new(ids, [n]), &device);
-        dw = dw.select_assign(0, ids, g.reshape([n, d]), IndexingUpdateOp::Add);
-    }
-    let mut params = GradientsParams::from_grads(grads, model);
-    params.register::<B, 2>(model.model.embed_tokens.weight.id, dw);
-    acc.accumulate(model, params);
     value
 }
