@@ -95,7 +95,8 @@ fn rewrite(model: &std::path::Path, args: &ConvertArgs) -> CliResult<i32> {
             return Ok(0);
         }
     };
-    let r = compressed::rewrite_compressed(model, &args.out, format)?;
+    let ckpt = crate::model::Checkpoint::open(model)?;
+    let r = compressed::rewrite_compressed(&ckpt, model, &args.out, format)?;
     println!(
         "compressed {} ({} of weights, {:.2}% of the decoder linears zero) → {} ({}, {}) in {:.1}s",
         model.display(),

@@ -41,8 +41,7 @@ pub struct Checkpoint {
     _decompressed: Option<Arc<crate::scratch::Guard>>,
 }
 
-pub const INDEX_FILE: &str = "model.safetensors.index.json";
-pub const SINGLE_FILE: &str = "model.safetensors";
+pub use super::shard::{INDEX_FILE, SINGLE_FILE};
 
 impl Checkpoint {
     /// Opens `dir`: reads config.json, maps every shard, validates headers.
@@ -471,4 +470,25 @@ pub fn skeleton_layer<B: Backend>(c: &LlamaConfig, device: &B::Device) -> Decode
 
 fn skeleton_norm<B: Backend>(c: &LlamaConfig, device: &B::Device) -> LlamaRmsNorm<B> {
     LlamaRmsNorm::new(Tensor::ones([c.hidden_size], device), c.rms_norm_eps)
+}
+
+impl super::compressed::Dense for Checkpoint {
+    fn folder(&self) -> &Path {
+        &self.dir
+    }
+    fn shards(&self) -> &[Shard] {
+        &self.shards
+    }
+    fn tensors(&self) -> &BTreeMap<String, TensorEntry> {
+        &self.tensors
+    }
+    fn bytes(&self, name: &str) -> Result<&[u8], ModelError> {
+        Checkpoint::bytes(self, name)
+    }
+    fn release(&self, name: &str) {
+        Checkpoint::release(self, name)
+    }
+    fn stored_bytes(&self) -> u64 {
+        Checkpoint::stored_bytes(self)
+    }
 }

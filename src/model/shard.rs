@@ -13,6 +13,11 @@ use safetensors::{Dtype, SafeTensors};
 
 use super::ModelError;
 
+/// The sharded index's file name.
+pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// A single-file checkpoint's weights.
+pub const SINGLE_FILE: &str = "model.safetensors";
+
 /// One memory-mapped safetensors file.
 pub struct Shard {
     pub path: PathBuf,

@@ -29,10 +29,36 @@ use serde_json::{Value, json};
 mod read;
 pub use read::{declared_format, declared_sparsity, decompress, stored_width};
 
+use std::collections::BTreeMap;
+
 use super::ModelError;
-use super::checkpoint::{Checkpoint, SINGLE_FILE};
 use super::llama::LAYER_LINEARS;
-use super::shard::{Shard, TensorEntry, copy_releasing};
+use super::shard::{SINGLE_FILE, Shard, TensorEntry, copy_releasing};
+
+/// The dense checkpoint the compressor reads: its folder, files and
+/// tensors, and a way to let go of a tensor's pages once written
+/// (`model::checkpoint::Checkpoint` is one). A trait, so that this module
+/// never names the checkpoint, which opens compressed folders through it.
+pub trait Dense {
+    fn folder(&self) -> &Path;
+    fn shards(&self) -> &[Shard];
+    fn tensors(&self) -> &BTreeMap<String, TensorEntry>;
+    /// A tensor's stored bytes.
+    fn bytes(&self, name: &str) -> Result<&[u8], ModelError>;
+    /// Drops a tensor's pages from the resident set.
+    fn release(&self, name: &str);
+    /// The tensors' bytes as stored.
+    fn stored_bytes(&self) -> u64;
+}
+
+fn entry<'a>(ckpt: &'a dyn Dense, name: &str) -> Result<&'a TensorEntry, ModelError> {
+    ckpt.tensors()
+        .get(name)
+        .ok_or_else(|| ModelError::MissingTensor {
+            name: name.to_string(),
+            dir: ckpt.folder().display().to_string(),
+        })
+}
 
 /// The compressed-tensors version whose layout this writes (0.14.x are
 /// the last releases with its sparse compressors; 0.15.0 has none).
@@ -195,8 +221,8 @@ fn kept_of(nz: Vec<bool>, name: &str, format: SparseFormat) -> Result<Vec<bool>,
 }
 
 /// The kept positions of a target weight.
-fn kept_mask(ckpt: &Checkpoint, name: &str, format: SparseFormat) -> Result<Vec<bool>, ModelError> {
-    let e = ckpt.entry(name)?;
+fn kept_mask(ckpt: &dyn Dense, name: &str, format: SparseFormat) -> Result<Vec<bool>, ModelError> {
+    let e = entry(ckpt, name)?;
     kept_of(nonzero(ckpt.bytes(name)?, e.dtype), name, format)
 }
 
@@ -214,7 +240,7 @@ fn gather(bytes: &[u8], mask: &[bool], width: usize) -> Vec<u8> {
 /// The compressed tensors replacing target `name` (one pass over it now to
 /// size them; their bytes are made again when written).
 fn compressed_views<'a>(
-    ckpt: &'a Checkpoint,
+    ckpt: &'a dyn Dense,
     name: &str,
     e: &TensorEntry,
     format: SparseFormat,
@@ -328,13 +354,13 @@ fn write_views(views: &[(String, Lazy<'_>)], out_dir: &Path) -> Result<u64, Mode
 /// `model.safetensors` and `config.json` with the sparsity section; other
 /// `.json`/`.txt` files are the caller's to copy.
 pub fn compress(
-    ckpt: &Checkpoint,
+    ckpt: &dyn Dense,
     out_dir: &Path,
     format: SparseFormat,
 ) -> Result<CompressReport, ModelError> {
     let mut views: Vec<(String, Lazy<'_>)> = Vec::new();
     let (mut zeros, mut total, mut targets) = (0u64, 0u64, 0usize);
-    for (name, e) in &ckpt.tensors {
+    for (name, e) in ckpt.tensors() {
         if is_target(name) {
             let (v, z) = compressed_views(ckpt, name, e, format)?;
             zeros += z;
@@ -342,12 +368,12 @@ pub fn compress(
             targets += 1;
             views.extend(v);
         } else {
-            views.push((name.clone(), copied(&ckpt.shards, e)));
+            views.push((name.clone(), copied(ckpt.shards(), e)));
         }
     }
     let bytes_out = write_views(&views, out_dir)?;
     let global_sparsity = zeros as f64 / total.max(1) as f64;
-    write_config(&ckpt.dir, out_dir, Some((format, global_sparsity)))?;
+    write_config(ckpt.folder(), out_dir, Some((format, global_sparsity)))?;
     Ok(CompressReport {
         format,
         compressed_tensors: targets,
@@ -412,7 +438,7 @@ pub fn copy_side_files(src: &Path, out_dir: &Path) -> Result<(), ModelError> {
         let n = name.to_string_lossy();
         let wanted = (n.ends_with(".json") || n.ends_with(".txt") || n == "tokenizer.model")
             && n != "config.json"
-            && n != super::checkpoint::INDEX_FILE;
+            && n != super::shard::INDEX_FILE;
         if wanted && entry.path().is_file() {
             std::fs::copy(entry.path(), out_dir.join(&name))
                 .map_err(|e| ModelError::io(&entry.path(), e))?;
@@ -423,8 +449,8 @@ pub fn copy_side_files(src: &Path, out_dir: &Path) -> Result<(), ModelError> {
 
 /// The format that fits `ckpt`'s targets: 2:4 when every group of four of
 /// every target keeps at most two, else the bitmask.
-pub fn fitting_format(ckpt: &Checkpoint) -> Result<SparseFormat, ModelError> {
-    for (name, e) in &ckpt.tensors {
+pub fn fitting_format(ckpt: &dyn Dense) -> Result<SparseFormat, ModelError> {
+    for (name, e) in ckpt.tensors() {
         if !is_target(name) {
             continue;
         }
@@ -468,22 +494,23 @@ fn write_folder(
     Ok(report)
 }
 
-/// `convert --model DIR --to compressed|sparse-*`: a dense folder (or a
-/// compressed one, decompressed first) written compressed to `out`;
-/// `format` `None` picks the one that fits ([`fitting_format`]).
+/// `convert --model DIR --to compressed|sparse-*`: the folder `model`,
+/// opened as `ckpt` (a compressed one decompressed first), written
+/// compressed to `out`; `format` `None` picks the one that fits
+/// ([`fitting_format`]).
 pub fn rewrite_compressed(
+    ckpt: &dyn Dense,
     model: &Path,
     out: &Path,
     format: Option<SparseFormat>,
 ) -> Result<CompressReport, ModelError> {
-    let ckpt = Checkpoint::open(model)?;
     let format = match format {
         Some(f) => f,
-        None => fitting_format(&ckpt)?,
+        None => fitting_format(ckpt)?,
     };
     write_folder(out, |dir| {
         copy_side_files(model, dir)?;
-        let mut r = compress(&ckpt, dir, format)?;
+        let mut r = compress(ckpt, dir, format)?;
         // The config comes from the model's folder, not a scratch copy.
         write_config(model, dir, Some((format, r.global_sparsity)))?;
         r.bytes_in = ckpt.stored_bytes();

@@ -9,8 +9,8 @@ use serde_json::Value;
 
 use super::{CompressReport, Lazy, SparseFormat, copied, nonzero, write_config, write_views};
 use crate::model::ModelError;
-use crate::model::checkpoint::SINGLE_FILE;
 use crate::model::shard::{self, Shard, TensorEntry};
+use crate::model::shard::{INDEX_FILE, SINGLE_FILE};
 
 /// The sparse format a folder's `config.json` declares, if any.
 pub fn declared_format(dir: &Path) -> Option<SparseFormat> {
@@ -44,7 +44,7 @@ pub fn stored_width(dir: &Path) -> Option<u64> {
 /// `model.safetensors`, or the shards its index names (llm-compressor
 /// writes those).
 fn open_raw(dir: &Path) -> Result<(BTreeMap<String, TensorEntry>, Vec<Shard>), ModelError> {
-    let index = dir.join(crate::model::checkpoint::INDEX_FILE);
+    let index = dir.join(INDEX_FILE);
     let files = if index.is_file() {
         shard::read_index(&index)?.0
     } else if dir.join(SINGLE_FILE).is_file() {
@@ -53,7 +53,7 @@ fn open_raw(dir: &Path) -> Result<(BTreeMap<String, TensorEntry>, Vec<Shard>), M
         return Err(ModelError::Checkpoint(format!(
             "{}: no {SINGLE_FILE} or {}",
             dir.display(),
-            crate::model::checkpoint::INDEX_FILE
+            INDEX_FILE
         )));
     };
     let (mut tensors, mut shards) = (BTreeMap::new(), Vec::new());
