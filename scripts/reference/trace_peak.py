@@ -53,6 +53,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 BLOCK = 512
 aten = torch.ops.aten
+# The sibling helpers (refshim, trace_gradprobe) import from this folder.
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 
 def block_bytes(n):
@@ -102,14 +104,14 @@ class Counter(TorchDispatchMode):
         self.young[key] = (StorageWeakRef(st), n, self.ops, self.op_name)
         self.allocated += n
 
-    def sweep(self, table, everything=False):
+    def sweep(self, table):
         dead = []
         for key, entry in table.items():
             ref, n, born, _ = entry
             if ref.expired():
                 dead.append(key)
                 self.allocated -= n
-            elif not everything and table is self.young and self.ops - born > self.YOUNG_OPS:
+            elif table is self.young and self.ops - born > self.YOUNG_OPS:
                 self.old[key] = entry
                 dead.append(key)
         for key in dead:
@@ -184,9 +186,9 @@ class Counter(TorchDispatchMode):
                                device=kwargs["device"])
         if func in (aten.index_put_.default, aten.index_put.default, aten._index_put_impl_.default) \
                 and any(i is not None and i.dtype == torch.bool for i in args[1]):
-            return func(args[0], self.bool_indices(args[0], args[1]), *args[2:], **kwargs)
+            return func(args[0], self.bool_indices(args[1]), *args[2:], **kwargs)
         if func is aten.index.Tensor and any(i is not None and i.dtype == torch.bool for i in args[1]):
-            return func(args[0], self.bool_indices(args[0], args[1]))
+            return func(args[0], self.bool_indices(args[1]))
         out = func(*args, **kwargs)
         if func is aten.eq.Scalar and args[1] == 0 and args[0].dim() == 1:
             self.dead_masks.add(out.untyped_storage()._cdata)
@@ -203,7 +205,7 @@ class Counter(TorchDispatchMode):
         k = self.true_count(mask)
         return torch.empty((k, mask.dim()), dtype=torch.long, device=mask.device)
 
-    def bool_indices(self, target, indices):
+    def bool_indices(self, indices):
         """Boolean indices as the long indices `nonzero` would give (the
         kernel path CUDA takes: `expandTensors` calls `nonzero`)."""
         out = []
@@ -333,7 +335,6 @@ def main():
                 counter.track(t)
             counter.enter("load")
             if a.method == "gradprobe":
-                sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
                 import trace_gradprobe
                 trace_gradprobe.run(a, model, counter)
             else:
@@ -370,7 +371,6 @@ def trace_wanda_repo(a, model, counter):
     """The Wanda repository's prune_* and eval_ppl_wikitext on the fake model."""
     if not a.wanda_repo:
         sys.exit("--wanda-repo (or WANDA_REPO) must name a checkout of locuslab/wanda")
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     import refshim
     P = refshim.import_reference(a.wanda_repo)
     import lib.eval as E
