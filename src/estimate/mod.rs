@@ -406,7 +406,7 @@ impl Estimate {
         let context: u64 = p
             .components
             .iter()
-            .filter(|c| c.name == "CUDA context")
+            .filter(|c| c.name == reference::CUDA_CONTEXT_NAME)
             .map(|c| c.bytes)
             .sum();
         p.total() - context

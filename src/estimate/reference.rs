@@ -31,6 +31,9 @@ const GLIBC_RETAINED_GRAD_SETS: u64 = 2;
 /// loading are commonly reported at 300–600 MiB in `nvidia-smi` before the
 /// first tensor).
 pub const CUDA_CONTEXT: u64 = 500 << 20;
+/// The component name the context goes by, in every estimate that has one
+/// (the GPU table subtracts each card's own: `Estimate::device_need`).
+pub const CUDA_CONTEXT_NAME: &str = "CUDA context";
 /// cuBLAS' workspace, which PyTorch allocates through its caching allocator
 /// (so `memory_allocated` counts it, a trace of tensor ops does not): the
 /// default `CUBLAS_WORKSPACE_CONFIG` ":4096:8:16:8" on Hopper is 8 × 4 MiB
@@ -44,7 +47,7 @@ pub const ALLOCATOR_RESERVE: f64 = 0.05;
 /// Component names that are outside the allocator (`memory_allocated`):
 /// the process or context, and the allocator's reserve.
 pub fn outside_allocator(name: &str) -> bool {
-    name.starts_with("runtime") || name == "CUDA context" || name == "allocator reserve"
+    name.starts_with("runtime") || name == CUDA_CONTEXT_NAME || name == "allocator reserve"
 }
 
 /// The checkpoint's pages stay mapped (transformers loads safetensors by
@@ -68,7 +71,7 @@ fn surround(p: Phase, w: &Workload) -> Phase {
             .add("runtime (tokenizer, text, interpreter)", PROCESS_CPU),
         Device::Cuda | Device::Wgpu => {
             let allocated = p.total() + CUBLAS_WORKSPACE;
-            p.add("CUDA context", CUDA_CONTEXT)
+            p.add(CUDA_CONTEXT_NAME, CUDA_CONTEXT)
                 .add("cuBLAS workspace", CUBLAS_WORKSPACE)
                 .add(
                     "allocator reserve",
@@ -82,7 +85,7 @@ fn surround(p: Phase, w: &Workload) -> Phase {
 fn runtime(w: &Workload) -> (&'static str, u64) {
     match w.device {
         Device::Cpu => ("runtime (python, torch)", TORCH_RUNTIME_CPU),
-        Device::Cuda | Device::Wgpu => ("CUDA context", CUDA_CONTEXT),
+        Device::Cuda | Device::Wgpu => (CUDA_CONTEXT_NAME, CUDA_CONTEXT),
     }
 }
 

@@ -17,7 +17,10 @@ use super::{Arch, Device, Optimizer, Phase, Task, Workload};
 fn runtime(w: &Workload) -> (&'static str, u64) {
     match w.device {
         Device::Cpu => ("runtime (python, torch)", 267 << 20),
-        Device::Cuda | Device::Wgpu => ("CUDA context", 500 << 20),
+        Device::Cuda | Device::Wgpu => (
+            super::reference::CUDA_CONTEXT_NAME,
+            super::reference::CUDA_CONTEXT,
+        ),
     }
 }
 
