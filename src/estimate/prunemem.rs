@@ -286,7 +286,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     };
     let mut out = vec![load_phase(a, w, &sh)];
     if w.owl {
-        out.push(owl_phase(a, w, sh.calibration, RUNTIME_NAME, sh.runtime));
+        out.push(owl_phase(a, w, &sh));
     }
     if calibrated {
         out.push(calibration_phase(a, w, &sh));
@@ -294,17 +294,15 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     out.push(prune_phase(a, w, m, &sh));
     if w.eval_windows > 0 {
         let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
-        let (rn, rt) = (RUNTIME_NAME, sh.runtime);
-        out.push(eval_phase(a, w, "eval", &stages, w.resident, 0, rn, rt));
+        out.push(eval_phase(a, w, &sh, "eval", &stages, w.resident, 0));
     }
     if w.eval_dense && w.eval_windows > 0 {
         // `--eval-dense`: streamed from the checkpoint before the run's first
         // stage, with the evaluation text tokenised inside it.
         let stages = [stages::BEFORE_DENSE_EVAL, stages::AFTER_DENSE_EVAL];
-        let (rn, rt) = (RUNTIME_NAME, sh.runtime);
         out.insert(
             0,
-            eval_phase(a, w, "dense eval", &stages, false, sh.text, rn, rt),
+            eval_phase(a, w, &sh, "dense eval", &stages, false, sh.text),
         );
     }
     out
@@ -313,7 +311,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
 /// OWL's outlier pass (`prune::owl`): its own copy of the calibration
 /// hidden states, one layer, and the larger of the layer's forward and the
 /// Wanda metrics of its seven linears (held together to count outliers).
-fn owl_phase(a: &Arch, w: &Workload, calibration: u64, runtime_name: &str, runtime: u64) -> Phase {
+fn owl_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     let c = w.dtype.size();
     let tokens = w.batch_size.min(w.nsamples.max(1)) * w.seqlen;
     let metrics = (a.layer_params() + a.largest_linear()) * 4;
@@ -329,7 +327,7 @@ fn owl_phase(a: &Arch, w: &Workload, calibration: u64, runtime_name: &str, runti
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
     Phase::new("owl pass", &[stages::MODEL_LOADED, stages::OWL_RATIOS])
-        .add(runtime_name, runtime)
+        .add(RUNTIME_NAME, sh.runtime)
         .add(
             if w.resident {
                 "weights (resident)"
@@ -342,7 +340,7 @@ fn owl_phase(a: &Arch, w: &Workload, calibration: u64, runtime_name: &str, runti
                 a.layer_params() * c
             },
         )
-        .add("calibration buffers", calibration)
+        .add("calibration buffers", sh.calibration)
         .add(
             "rotary tables",
             rope_tables(a, w, w.batch_size.min(w.nsamples.max(1)), w.nsamples),
@@ -354,16 +352,14 @@ fn owl_phase(a: &Arch, w: &Workload, calibration: u64, runtime_name: &str, runti
 /// An evaluation phase: weights (resident, or the layer streamed with the
 /// embeddings and head), the hidden states of every window, rotary tables,
 /// and the largest of a layer's forward, a layer's load and a logits chunk.
-#[allow(clippy::too_many_arguments)]
 fn eval_phase(
     a: &Arch,
     w: &Workload,
+    sh: &Shape,
     name: &str,
     stages: &[&str],
     resident: bool,
     text: u64,
-    runtime_name: &str,
-    runtime: u64,
 ) -> Phase {
     let c = w.dtype.size();
     let eval_batch = w.batch_size.min(w.eval_windows);
@@ -384,7 +380,7 @@ fn eval_phase(
         false => ("weights (one layer)", a.layer_params() * c),
     };
     Phase::new(name, stages)
-        .add(runtime_name, runtime)
+        .add(RUNTIME_NAME, sh.runtime)
         .add(weights_name, weights)
         .add(
             "embeddings and head",
