@@ -379,6 +379,7 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
     }
     assert!(on_device, "no layer stage");
     assert!(stages >= 7, "{stages} stages");
+    the_pool_is_split_by_category(&events, &model);
     let csv = std::fs::read_to_string(logs.join("memory_log.csv")).unwrap();
     for row in csv.lines().skip(1) {
         let cells: Vec<&str> = row.split(',').collect();
@@ -416,10 +417,70 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
         );
         assert!(error.abs() <= 5.0, "{p}");
         checked += 1;
+        // The pool's composition at the phase's peak is measured too: the
+        // weights the engine held are the estimate's to the byte.
+        for c in p["categories"].as_array().into_iter().flatten() {
+            println!(
+                "  {}: predicted {} measured {}",
+                c["category"], c["predicted"], c["measured"]
+            );
+            assert!(
+                c["measured"].is_u64(),
+                "{p}: a category without a measurement"
+            );
+            if c["category"] == "weights" {
+                assert_eq!(c["predicted"], c["measured"], "{p}");
+            }
+        }
     }
     assert!(
         checked >= 4,
         "calibration, prune, eval and the peak: {stdout}"
+    );
+}
+
+/// Where a device run's pool went (`memory::held`): at every reading the
+/// categories sum to the bytes in use, and each stage window's composition
+/// to its peak; inside a layer's statistics pass the pool holds the
+/// layer's f16 weights and the calibration batches, and the statistics.
+fn the_pool_is_split_by_category(events: &[Event], model: &Path) {
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    let layer_bytes = config.layer_param_count() * 2;
+    let mut stats_windows = 0;
+    for e in events {
+        let s = match e {
+            Event::Stage { snapshot } | Event::Sample { snapshot } => snapshot,
+            _ => continue,
+        };
+        let sum = |c: &std::collections::BTreeMap<String, u64>| c.values().sum::<u64>();
+        if let Some(a) = s.device_allocated.filter(|a| *a > 0) {
+            assert_eq!(
+                sum(&s.device_categories),
+                a,
+                "{}: {:?}",
+                s.label,
+                s.device_categories
+            );
+        }
+        if !s.window_device_peak_categories.is_empty() {
+            let w = &s.window_device_peak_categories;
+            assert_eq!(Some(sum(w)), s.window_device_peak, "{}: {w:?}", s.label);
+        }
+        if s.label.ends_with("_stats") {
+            let w = &s.window_device_peak_categories;
+            assert_eq!(w.get("weights"), Some(&layer_bytes), "{}: {w:?}", s.label);
+            // Four windows of 32 tokens in f16, at least.
+            assert!(
+                w.get("activations") >= Some(&(4 * 32 * config.hidden_size as u64 * 2)),
+                "{w:?}"
+            );
+            assert!(w.get("statistics") > Some(&0), "{}: {w:?}", s.label);
+            stats_windows += 1;
+        }
+    }
+    assert_eq!(
+        stats_windows, config.num_layers,
+        "one statistics stage per layer"
     );
 }
 
@@ -493,6 +554,45 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
     );
     let csv = std::fs::read_to_string(logs.join("memory_log.csv")).unwrap();
     assert!(csv.lines().count() >= 3, "{csv}");
+    assert!(
+        line[0].contains("no size of this run that fits"),
+        "{stderr}"
+    );
+
+    // A cap just under the run's estimated pool peak: the error carries the
+    // estimator's largest sizes that fit, and the advised --seqlen runs.
+    let Some(Event::RunStarted { plan }) = events.first() else {
+        panic!("no plan")
+    };
+    let (arch, w) = prunemem::estimate::against::workload_of(plan).unwrap();
+    let peak = prunemem::estimate::estimate(&arch, &w).unwrap().peak();
+    let cap = format!("{}B", peak * 9 / 10);
+    let logs = dir.path().join("logs-advice");
+    let argv = wanda_on_wgpu(
+        &model,
+        &text,
+        &["--device-memory", &cap, "--log-memory", s(&logs)],
+    );
+    let (code, stdout, stderr) = run_prunemem(&argv);
+    assert_eq!(code, Some(3), "{stdout}\n{stderr}");
+    println!("{stderr}");
+    assert!(stderr.contains("largest that fit"), "{stderr}");
+    let Some(Event::RunFinished { summary }) = self::events(&logs).pop() else {
+        panic!("no summary")
+    };
+    let fit = &summary.results["fits_device_memory"];
+    let seqlen = fit["max_seqlen"].as_u64().expect("a seqlen that fits");
+    assert!(seqlen < 32, "the run's 32 tokens did not fit: {fit}");
+    let advised = seqlen.to_string();
+    let mut argv = wanda_on_wgpu(&model, &text, &["--device-memory", &cap]);
+    let at = argv.iter().position(|a| *a == "--seqlen").unwrap();
+    argv[at + 1] = &advised;
+    let (code, stdout, stderr) = run_prunemem(&argv);
+    assert_eq!(
+        code,
+        Some(0),
+        "the advised --seqlen {advised} fits {cap}: {stdout}\n{stderr}"
+    );
 }
 
 /// Two AdamW steps on tiny-llama (full graph, then checkpointed): the
@@ -586,9 +686,11 @@ fn unsupported_device_requests_are_one_line() {
 /// perplexity with exit 0. Now the run fails with one line (exit 2) and its
 /// log says so.
 #[test]
-fn a_tensor_past_the_devices_largest_buffer_fails_the_run_in_one_line() {
+fn a_table_past_the_devices_largest_buffer_is_sharded_and_a_resident_model_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
+    // SmolLM2's vocabulary at 768 wide: 144 MiB in f32, past lavapipe's
+    // 128 MiB buffers; 72 MiB in f16.
     let spec = prunemem::model::synthetic::SyntheticSpec {
         hidden: 768,
         intermediate: 256,
@@ -603,25 +705,61 @@ fn a_tensor_past_the_devices_largest_buffer_fails_the_run_in_one_line() {
     let text = dir.path().join("text.txt");
     std::fs::write(&text, support::sample_text(2000)).unwrap();
     let logs = dir.path().join("logs");
-    let (code, stdout, stderr) = run_prunemem(&[
-        "eval",
-        "--model",
-        s(&model),
-        "--text",
-        s(&text),
-        "--windows",
-        "1",
-        "--seqlen",
-        "32",
-        "--device",
+    let eval =
+        |device: &'static str, dtype: &'static str, extra: &[&str], max_buffer: Option<&str>| {
+            let mut argv = vec![
+                "eval",
+                "--model",
+                s(&model),
+                "--text",
+                s(&text),
+                "--windows",
+                "2",
+                "--seqlen",
+                "32",
+                "--device",
+                device,
+                "--dtype",
+                dtype,
+                "--ui",
+                "none",
+                "--json",
+            ];
+            argv.extend_from_slice(extra);
+            let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"));
+            cmd.args(&argv);
+            if let Some(m) = max_buffer {
+                cmd.env("PRUNEMEM_MAX_BUFFER", m);
+            }
+            let out = cmd.output().unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                String::from_utf8_lossy(&out.stderr).into_owned(),
+            );
+            (out.status.code(), stdout, stderr)
+        };
+    let ppl = |(code, stdout, stderr): (Option<i32>, String, String)| {
+        assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+        support::json_line(&stdout)["perplexity"].as_f64().unwrap()
+    };
+    // Streamed, the f32 table goes up in shards: the CPU backend's figure.
+    let cpu = ppl(eval("cpu", "f32", &[], None));
+    let sharded = ppl(eval("wgpu", "f32", &[], None));
+    println!("f32 perplexity: cpu {cpu}, wgpu (table in shards) {sharded}");
+    assert!((sharded / cpu - 1.0).abs() < 1e-4, "{sharded} vs {cpu}");
+    // In f16 the table fits one buffer; in shards of 16 MiB it gives the
+    // same bits.
+    let whole = ppl(eval("wgpu", "f16", &[], None));
+    let small = ppl(eval("wgpu", "f16", &[], Some("16MiB")));
+    assert_eq!(whole.to_bits(), small.to_bits(), "{whole} vs {small}");
+
+    // A resident model keeps Burn's one-tensor table: refused in one line.
+    let (code, stdout, stderr) = eval(
         "wgpu",
-        "--dtype",
         "f32",
-        "--ui",
-        "none",
-        "--log-memory",
-        s(&logs),
-    ]);
+        &["--resident", "--log-memory", s(&logs)],
+        None,
+    );
     let adapter = wgpu().adapter().to_string();
     if !adapter.contains("llvmpipe") {
         // A real GPU's buffers are larger: the run must simply succeed.
@@ -647,4 +785,68 @@ fn a_tensor_past_the_devices_largest_buffer_fails_the_run_in_one_line() {
         "{:?}",
         summary.status
     );
+}
+
+/// A training run on the device analyses the device pool, not the heap:
+/// the parameters and the optimizer's moments are the pool's, measured by
+/// category (`memory::held`).
+#[test]
+fn a_device_training_run_analyses_the_device_pool() {
+    let (dir, model, text) = cli_fixture();
+    let logs = dir.path().join("logs");
+    let (code, stdout, stderr) = run_prunemem(&[
+        "train",
+        "--model",
+        s(&model),
+        "--text",
+        s(&text),
+        "--seqlen",
+        "32",
+        "--batch-size",
+        "2",
+        "--grad-accum",
+        "2",
+        "--steps",
+        "2",
+        "--device",
+        "wgpu",
+        "--ui",
+        "none",
+        "--json",
+        "--log-memory",
+        s(&logs),
+    ]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let j: serde_json::Value = stdout
+        .lines()
+        .rev()
+        .find_map(|l| serde_json::from_str(l).ok())
+        .unwrap_or_else(|| panic!("no JSON line: {stdout}"));
+    let gap = &j["gap"];
+    let params = j["params"].as_u64().unwrap();
+    println!("device training gap: {gap}");
+    assert_eq!(gap["on_device"], true, "{gap}");
+    // f32 training: the parameters' four bytes each, held on the device.
+    assert_eq!(gap["single_step"]["parameters"].as_u64(), Some(params * 4));
+    // Adam's two f32 moments per parameter, created by the first step().
+    let opt = gap["factors"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|f| f["name"] == "optimizer state")
+        .and_then(|f| f["bytes"].as_i64())
+        .unwrap();
+    assert_eq!(opt, 8 * params as i64, "{gap}");
+    let report = prunemem_report(&logs, &dir.path().join("report"));
+    assert!(
+        report.contains("one step vs the epoch peak (device pool)"),
+        "{report}"
+    );
+}
+
+/// `prunemem report LOGS --out OUT`, and the report's markdown.
+fn prunemem_report(logs: &Path, out: &Path) -> String {
+    let (code, stdout, stderr) = run_prunemem(&["report", s(logs), "--out", s(out)]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    std::fs::read_to_string(out.join("report.md")).unwrap()
 }

@@ -207,6 +207,9 @@ pub fn flag(f: Field) -> String {
 
 /// A job's error for this CLI: configuration errors name its flags.
 pub fn job_error(e: JobError) -> CliError {
+    if let JobError::OutOfMemory { fit, .. } = &e {
+        return Box::new(super::OutOfMemory(format!("{e}; {}", fit_advice(fit))));
+    }
     if e.is_out_of_memory() {
         return Box::new(super::OutOfMemory(format!(
             "{e}; lower --batch-size, --nsamples or --seqlen, or raise --device-memory (prunemem estimate --device ... says what fits)"
@@ -216,6 +219,31 @@ pub fn job_error(e: JobError) -> CliError {
         JobError::Config(c) => c.render(flag).into(),
         JobError::WontFit(w) => format!("{w}; --force runs it anyway").into(),
         other => Box::new(other),
+    }
+}
+
+/// The estimator's largest sizes that fit a device's cap, as flags (each
+/// with the others as the run had them).
+fn fit_advice(l: &crate::estimate::fit::FitLimits) -> String {
+    let flags = [
+        ("--nsamples", l.max_nsamples),
+        ("--seqlen", l.max_seqlen),
+        ("--batch-size", l.max_batch_size),
+        ("--eval-windows", l.max_eval_windows),
+    ];
+    let fits: Vec<String> = flags
+        .iter()
+        .filter_map(|(f, v)| v.map(|v| format!("{f} {v}")))
+        .collect();
+    let cap = crate::units::format_bytes(l.budget);
+    match fits.is_empty() {
+        true => format!(
+            "the estimator finds no size of this run that fits {cap}: raise --device-memory"
+        ),
+        false => format!(
+            "the estimator's largest that fit {cap}, each with the others as given: {}",
+            fits.join(", ")
+        ),
     }
 }
 

@@ -452,8 +452,8 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
                 .unwrap_or_else(|| "n/a".into())
         );
     }
+    print_categories(&cmp.phases, on_device);
     if on_device {
-        // The pool's composition is not measured by category.
         println!("\nPredicted device pool by component at each phase's peak");
         for p in &cmp.estimate.phases {
             let parts: Vec<String> = p
@@ -463,21 +463,21 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
                 .collect();
             println!("  {:<12} {}", p.name, parts.join(" · "));
         }
-    } else {
-        print_categories(&cmp.phases);
     }
     Ok(0)
 }
 
 /// One row per category, one "predicted / measured" column per phase.
-fn print_categories(phases: &[against::PhaseCheck]) {
+fn print_categories(phases: &[against::PhaseCheck], on_device: bool) {
     let cats = against::phase_categories(phases);
     if cats.is_empty() {
         return;
     }
-    println!(
-        "\nBy category at each phase's peak, predicted / measured (measured runtime: the rest of the phase's peak, non-heap included)"
-    );
+    let rest = match on_device {
+        true => "the rest of the pool's peak: untagged intermediates",
+        false => "the rest of the phase's peak, non-heap included",
+    };
+    println!("\nBy category at each phase's peak, predicted / measured (measured runtime: {rest})");
     print!("{:<12}", "category");
     for p in phases {
         print!(" {:>23}", p.phase);

@@ -249,15 +249,18 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         }
     }
     let est = estimate(&arch, &workload)?;
-    // A device run is compared on the device: cubecl's pool, whose
-    // composition by category is not measured.
+    // A device run is compared on the device: cubecl's pool, and its
+    // composition by category (`memory::held`).
     let on_device = workload.device.is_gpu();
     let phases = est
         .phases
         .iter()
         .map(|p| {
             let (measured, heap) = match (p.stages.first(), p.stages.last()) {
-                (Some(a), Some(b)) if on_device => (run.device_peak_between(a, b), None),
+                (Some(a), Some(b)) if on_device => (
+                    run.device_peak_between(a, b),
+                    run.device_categories_at_peak_between(a, b),
+                ),
                 (Some(a), Some(b)) => {
                     (run.peak_between(a, b), run.categories_at_peak_between(a, b))
                 }

@@ -9,6 +9,10 @@
 //! its own (measured / predicted, kept within ½…2, so one odd phase cannot
 //! swing the forecast wildly). The forecast peak is the largest of these,
 //! and the first phase above the budget is where the run will exceed it.
+//!
+//! A device run is forecast on the device: the pool's peaks (readings
+//! inside passes included) against the device's budget (`--budget`, else
+//! `--device-memory` or the card's memory), never the host's.
 
 use serde::Serialize;
 
@@ -62,17 +66,26 @@ fn measured(fold: &RunFold, p: &Phase) -> (Option<u64>, bool) {
     let Some(start) = fold.stage_index(first) else {
         return (None, false);
     };
+    let device = fold.on_device();
     if fold.stage_index(last).is_some() {
-        return (fold.peak_between(first, last), true);
+        return match device {
+            true => (fold.device_peak_between(first, last), true),
+            false => (fold.peak_between(first, last), true),
+        };
     }
     let t0 = fold.stages[start].point.t;
-    let so_far = fold
-        .points
-        .iter()
-        .filter(|q| q.t >= t0)
-        .filter_map(|q| q.rss)
-        .chain(fold.stages[start + 1..].iter().filter_map(|s| s.peak))
-        .max();
+    let points = fold.points.iter().filter(|q| q.t >= t0);
+    let later = fold.stages[start + 1..].iter();
+    let so_far = match device {
+        true => points
+            .filter_map(|q| q.allocated)
+            .chain(later.filter_map(|s| s.snapshot.window_device_peak))
+            .max(),
+        false => points
+            .filter_map(|q| q.rss)
+            .chain(later.filter_map(|s| s.peak))
+            .max(),
+    };
     (so_far, false)
 }
 
@@ -135,6 +148,32 @@ pub fn budget(
         (None, None, Some(h)) => Some(Budget {
             bytes: h,
             source: "host memory",
+        }),
+        _ => None,
+    }
+}
+
+/// The budget a device run is held to: the user's, else the device pool's
+/// cap (`--device-memory`, or the card's memory as the run found it), else
+/// the GPU's total; `None` when the device's size is unknown (wgpu adapters
+/// report none): the host's memory says nothing about a device.
+pub fn device_budget(
+    user: Option<u64>,
+    cap: Option<u64>,
+    gpu_total: Option<u64>,
+) -> Option<Budget> {
+    match (user, cap, gpu_total) {
+        (Some(b), _, _) => Some(Budget {
+            bytes: b,
+            source: "--budget",
+        }),
+        (None, Some(c), _) => Some(Budget {
+            bytes: c,
+            source: "device memory",
+        }),
+        (None, None, Some(g)) => Some(Budget {
+            bytes: g,
+            source: "GPU total",
         }),
         _ => None,
     }

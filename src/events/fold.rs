@@ -116,6 +116,9 @@ pub struct RunFold {
     pub rss: Reading,
     pub heap: Reading,
     pub reserved: Reading,
+    /// Device runs: the pool's bytes in use and the profiler's peak of
+    /// them (readings inside passes too); `None` readings on the CPU.
+    pub device: Reading,
     pub gpu: Reading,
     /// The machine's memory, when a reading said.
     pub host_total: Option<u64>,
@@ -130,6 +133,11 @@ pub struct RunFold {
     live_peak_categories: BTreeMap<String, u64>,
     /// The breakdown over time (kept only without a point limit: reports).
     pub category_points: Vec<(f64, BTreeMap<String, u64>)>,
+    /// Device runs: the latest breakdown of the device pool
+    /// (`memory::held`); empty on the CPU backend.
+    pub device_categories: BTreeMap<String, u64>,
+    /// Device runs: the fullest pool breakdown any reading carried.
+    live_device_peak_categories: BTreeMap<String, u64>,
     point_limit: Option<usize>,
     window_rss: Option<u64>,
     window_heap: Option<u64>,
@@ -269,10 +277,20 @@ impl RunFold {
                     .push((s.elapsed_s, s.categories.clone()));
             }
         }
+        if !s.device_categories.is_empty() {
+            let sum = |c: &BTreeMap<String, u64>| c.values().sum::<u64>();
+            if sum(&s.device_categories) > sum(&self.live_device_peak_categories) {
+                self.live_device_peak_categories = s.device_categories.clone();
+            }
+            self.device_categories = s.device_categories.clone();
+        }
         self.rss.update(s.rss, s.rss_peak);
         self.heap.update(s.heap_allocated, s.heap_peak);
         self.host_total = s.system_total.or(self.host_total);
         self.reserved.update(s.device_reserved, None);
+        if self.on_device() {
+            self.device.update(s.device_allocated, s.device_peak);
+        }
         self.gpu.update(s.gpu_used, None);
         if s.gpu_total.is_some() {
             self.gpu.total = s.gpu_total;
@@ -290,6 +308,12 @@ impl RunFold {
                 keep
             });
         }
+    }
+
+    /// True when the run computes on a device (wgpu, CUDA), whose pool the
+    /// device readings are; false on the CPU backend and before the plan.
+    pub fn on_device(&self) -> bool {
+        self.plan.as_ref().is_some_and(|p| p.device != "cpu")
     }
 
     /// Index of the stage labelled `label`.
@@ -356,6 +380,35 @@ impl RunFold {
             .iter()
             .map(|r| &r.snapshot.window_peak_categories);
         fullest(first.chain(windows)).cloned()
+    }
+
+    /// What the device pool was made of at its highest from stage `from`
+    /// to stage `to` (`MemorySnapshot::window_device_peak_categories`);
+    /// `None` for CPU runs and logs without them.
+    pub fn device_categories_at_peak_between(
+        &self,
+        from: &str,
+        to: &str,
+    ) -> Option<BTreeMap<String, u64>> {
+        let (a, b) = (self.stage_index(from)?, self.stage_index(to)?);
+        if b < a {
+            return None;
+        }
+        let first = std::iter::once(&self.stages[a].snapshot.device_categories);
+        let windows = self.stages[a + 1..=b]
+            .iter()
+            .map(|r| &r.snapshot.window_device_peak_categories);
+        fullest(first.chain(windows)).cloned()
+    }
+
+    /// What the device pool was made of at its highest so far: the fullest
+    /// of the stage windows' and of every reading's; `None` for CPU runs.
+    pub fn device_peak_composition(&self) -> Option<&BTreeMap<String, u64>> {
+        let windows = self
+            .stages
+            .iter()
+            .map(|r| &r.snapshot.window_device_peak_categories);
+        fullest(windows.chain(std::iter::once(&self.live_device_peak_categories)))
     }
 
     fn window_max(

@@ -38,6 +38,12 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
 
 #[cfg(feature = "wgpu")]
 impl super::Compute for Wgpu {
+    fn max_buffer(device: &Self::Device) -> Option<u64> {
+        use burn::cubecl::Runtime;
+        let client = burn::backend::wgpu::WgpuRuntime::client(device);
+        Some(client.properties().memory.max_page_size)
+    }
+
     fn linear(
         linear: &burn::nn::Linear<Self>,
         x: burn::tensor::Tensor<Self, 3>,
@@ -47,6 +53,12 @@ impl super::Compute for Wgpu {
 }
 #[cfg(feature = "cuda")]
 impl super::Compute for Cuda {
+    fn max_buffer(device: &Self::Device) -> Option<u64> {
+        use burn::cubecl::Runtime;
+        let client = burn::cubecl::cuda::CudaRuntime::client(device);
+        Some(client.properties().memory.max_page_size)
+    }
+
     fn linear(
         linear: &burn::nn::Linear<Self>,
         x: burn::tensor::Tensor<Self, 3>,

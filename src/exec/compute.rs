@@ -33,6 +33,13 @@ pub trait Compute: Backend {
         false
     }
 
+    /// The largest buffer one tensor may take on `device` (a binding
+    /// limit: lavapipe 128 MiB); `None` where there is no such limit (the
+    /// CPU backend).
+    fn max_buffer(_device: &Self::Device) -> Option<u64> {
+        None
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

@@ -79,6 +79,8 @@ pub struct Run {
     /// Reads the device pool after every device op on this (the computing)
     /// thread for as long as the run lives (`Profiler::watch_device`).
     _device_watch: Option<crate::exec::watch::WatchGuard>,
+    /// The plan as emitted (the estimator's advice on a device OOM).
+    plan: RunPlan,
 }
 
 impl Run {
@@ -131,7 +133,7 @@ impl Run {
         if let Some(b) = options.budget {
             plan.settings.insert("memory_budget".into(), b.into());
         }
-        emitter.emit(Event::RunStarted { plan });
+        emitter.emit(Event::RunStarted { plan: plan.clone() });
         profiler.warn_unavailable_probes();
         if options.handle_signals {
             install_signal_handler(profiler.clone()).map_err(RunError::Signal)?;
@@ -139,6 +141,7 @@ impl Run {
         profiler.start_sampler();
         Ok(Self {
             _device_watch: profiler.watch_device(),
+            plan,
             profiler,
             emitter,
             results: BTreeMap::new(),
@@ -161,15 +164,32 @@ impl Run {
     /// Ends the run as failed by `error`: the error as a message for the
     /// user, then `RunFinished { Failed }` (`{ Oom }` when the device ran
     /// out of memory). Returns the error to pass on.
-    pub fn fail(self, error: super::JobError) -> super::JobError {
+    ///
+    /// A run that passed its device memory cap also gets the estimator's
+    /// advice for that cap: the largest sizes that fit it, each with the
+    /// others as the run had them (results `fits_device_memory`).
+    pub fn fail(mut self, error: super::JobError) -> super::JobError {
         self.profiler
             .message(crate::events::Level::Error, error.to_string());
+        let fit = error.device_oom().and_then(|oom| {
+            let (arch, w) = crate::estimate::against::workload_of(&self.plan).ok()?;
+            crate::estimate::fit::limits(&arch, &w, oom.cap).ok()
+        });
         let status = match error.is_out_of_memory() {
             true => RunStatus::Oom(error.to_string()),
             false => RunStatus::Failed(error.to_string()),
         };
+        if let Some(f) = &fit {
+            self.result("fits_device_memory", serde_json::json!(f));
+        }
         self.finish(status);
-        error
+        match fit {
+            Some(fit) => super::JobError::OutOfMemory {
+                error: Box::new(error),
+                fit,
+            },
+            None => error,
+        }
     }
 
     /// Stops the sampler, emits `RunFinished` and flushes every sink.

@@ -102,6 +102,13 @@ fn evaluate<B: Compute>(e: Evaluate<'_>, device: &B::Device) -> Result<Perplexit
         true => Some(ckpt.load_model::<B>(job.dtype, device)?),
         false => None,
     };
+    // The resident model on the device, for the run (`memory::held`).
+    let _model_held = crate::memory::held::Held::new(
+        crate::memory::tag::Category::Weights,
+        model
+            .as_ref()
+            .map_or(0, |_| ckpt.config.param_count() * job.dtype.size()),
+    );
     p.stage(stages::MODEL_LOADED);
     let options = EvalOptions {
         batch_size: job.batch_size,

@@ -55,6 +55,13 @@ pub enum JobError {
     Exec(#[from] crate::exec::ExecError),
     #[error(transparent)]
     Watch(#[from] crate::watch::WatchError),
+    /// A device run past its memory cap, with the largest sizes that fit
+    /// the cap (the estimator's).
+    #[error("{error}")]
+    OutOfMemory {
+        error: Box<JobError>,
+        fit: crate::estimate::fit::FitLimits,
+    },
     #[error("{path}: {source}")]
     Io {
         path: String,
@@ -69,6 +76,7 @@ impl JobError {
         match self {
             JobError::Model(ModelError::DeviceOom(e))
             | JobError::Prune(PruneError::Model(ModelError::DeviceOom(e))) => Some(e),
+            JobError::OutOfMemory { error, .. } => error.device_oom(),
             _ => None,
         }
     }

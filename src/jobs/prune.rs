@@ -355,6 +355,13 @@ fn prune_and_eval<B: Compute>(
         true => Some(ckpt.load_model::<B>(job.dtype, device)?),
         false => None,
     };
+    // The resident model on the device, for the run (`memory::held`).
+    let _model_held = crate::memory::held::Held::new(
+        crate::memory::tag::Category::Weights,
+        model
+            .as_ref()
+            .map_or(0, |_| ckpt.config.param_count() * job.dtype.size()),
+    );
     p.stage(stages::MODEL_LOADED);
     let mut config = engine_config(job, *seqlen)?;
     if let Some(owl) = job.owl {

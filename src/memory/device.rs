@@ -14,6 +14,8 @@ use super::alloc;
 pub struct DeviceReading {
     pub allocated: Option<u64>,
     pub reserved: Option<u64>,
+    /// What `allocated` is made of ([`super::held`]); device pools only.
+    pub parts: Option<super::held::Parts>,
 }
 
 /// A device run that passed its memory cap (`--device-memory`): where, how
@@ -63,6 +65,7 @@ impl DeviceProbe for HostHeapProbe {
         DeviceReading {
             allocated: alloc::heap_allocated(),
             reserved: alloc::malloc_reserved(),
+            parts: None,
         }
     }
     fn is_host_heap(&self) -> bool {
@@ -120,6 +123,7 @@ mod cube {
                 *latest = DeviceReading {
                     allocated: Some(usage.bytes_in_use),
                     reserved: Some(usage.bytes_reserved),
+                    parts: Some(crate::memory::held::composition(usage.bytes_in_use)),
                 };
             }
             *latest

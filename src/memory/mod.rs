@@ -10,6 +10,7 @@
 pub mod alloc;
 pub mod device;
 pub mod gpu;
+pub mod held;
 pub mod mapping;
 pub mod process;
 pub mod tag;
@@ -72,6 +73,14 @@ pub struct MemorySnapshot {
     /// (inside passes too, `Profiler::watch_device`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub window_device_peak: Option<u64>,
+    /// Device runs: what the pool's bytes in use are made of by category
+    /// ([`held`]), summing to `device_allocated`.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub device_categories: std::collections::BTreeMap<String, u64>,
+    /// On stage snapshots of a device run: what the pool was made of at
+    /// `window_device_peak`, summing to it.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub window_device_peak_categories: std::collections::BTreeMap<String, u64>,
 }
 
 impl MemorySnapshot {

@@ -21,6 +21,8 @@ use burn::tensor::{DType, FloatDType};
 use super::config::{LlamaConfig, RopeScaling};
 use super::{cpu_attention, cpu_ops, host};
 use crate::exec::Compute;
+use crate::memory::held::{Held, tensor_bytes};
+use crate::memory::tag::Category;
 
 /// RMS normalisation, computed in f32 whatever the model dtype (as
 /// transformers' `LlamaRMSNorm` does).
@@ -137,6 +139,9 @@ pub struct Rope<B: Backend> {
     expanded: Arc<Mutex<HashMap<[usize; 3], RopeTables<B>>>>,
     /// The f32 cos/sin tables `[seq, head_dim]` for the fused host kernel.
     host: Arc<(Vec<f32>, Vec<f32>)>,
+    /// The device bytes of every table, the cached ones included, for the
+    /// device's composition (`memory::held`); shared by clones.
+    held: Arc<Mutex<Held>>,
 }
 
 impl<B: Compute> Rope<B> {
@@ -170,12 +175,15 @@ impl<B: Compute> Rope<B> {
                 t.cast(float_dtype(dtype))
             }
         };
+        let (cos, sin, rot) = (make(cos, seq), make(sin, seq), make(rot, d));
+        let bytes = [&cos, &sin, &rot].into_iter().map(tensor_bytes).sum();
         Self {
-            cos: make(cos, seq),
-            sin: make(sin, seq),
-            rot: make(rot, d),
+            cos,
+            sin,
+            rot,
             expanded: Arc::default(),
             host,
+            held: Arc::new(Mutex::new(Held::new(Category::Activations, bytes))),
         }
     }
 
@@ -198,7 +206,13 @@ impl<B: Compute> Rope<B> {
         };
         let tables = (expand(&self.cos), expand(&self.sin));
         if let Ok(mut cache) = self.expanded.lock() {
-            cache.insert(key, tables.clone());
+            let added = tensor_bytes(&tables.0) + tensor_bytes(&tables.1);
+            if cache.insert(key, tables.clone()).is_none()
+                && let Ok(mut held) = self.held.lock()
+            {
+                let bytes = held.bytes() + added;
+                held.set(bytes);
+            }
         }
         tables
     }
@@ -505,15 +519,33 @@ pub struct Llama<B: Backend> {
 pub enum Head<'a, B: Backend> {
     Linear(&'a Linear<B>),
     Tied(&'a Embedding<B>),
+    /// A table past the device's largest buffer, in row shards
+    /// (`model::vocab`).
+    Sharded(&'a super::vocab::Shards<B>),
 }
 
-impl<B: Compute> Head<'_, B> {
+impl<'a, B: Compute> Head<'a, B> {
+    /// The head of a streamed evaluation: its untied head when there is
+    /// one, else the embedding table (`model::vocab`).
+    pub fn of(
+        lm_head: Option<&'a super::vocab::LmHead<B>>,
+        embed: &'a super::vocab::Embed<B>,
+    ) -> Self {
+        use super::vocab::{Embed, LmHead};
+        match (lm_head, embed) {
+            (Some(LmHead::Whole(l)), _) => Head::Linear(l),
+            (Some(LmHead::Sharded(s)), _) | (None, Embed::Sharded(s)) => Head::Sharded(s),
+            (None, Embed::Whole(e)) => Head::Tied(e),
+        }
+    }
+
     /// Logits for hidden states `[n, hidden]` → `[n, vocab]`.
     pub fn logits(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
         let _span = timing::work(Work::Gemm);
         let logits = match self {
             Head::Linear(l) => l.forward(h.clone()),
             Head::Tied(e) => h.clone().matmul(e.weight.val().transpose()),
+            Head::Sharded(s) => s.logits(h.clone()),
         };
         crate::exec::watch::after_op();
         logits

@@ -15,8 +15,10 @@ use crate::timing::{self, Work};
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 
+use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
 use crate::model::llama::Head;
+use crate::model::vocab::{Embed, LmHead};
 use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rope};
 use crate::profiler::Profiler;
 
@@ -142,7 +144,10 @@ pub fn perplexity<B: Compute>(
             let c = &ckpt.config;
             let dtype = options.dtype;
             let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
-            let embed = ckpt.load_embedding::<B>(dtype, device)?;
+            // Sharded when a table passes the device's largest buffer.
+            let embed = Embed::<B>::load(ckpt, dtype, device)?;
+            let embed_bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
+            let _embed_held = Held::new(Category::Weights, embed_bytes);
             let activations = tag::tag(Category::Activations);
             let mut xs: Vec<Tensor<B, 3>> = timing::timed(Work::Elementwise, || {
                 batches
@@ -151,10 +156,18 @@ pub fn perplexity<B: Compute>(
                     .collect()
             });
             drop(activations);
-            let head_linear = ckpt.load_lm_head::<B>(dtype, device)?;
+            let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
+            let mut xs_held = Held::new(Category::Activations, sizes.iter().sum());
+            let head_linear = LmHead::<B>::load(ckpt, dtype, device)?;
+            let _head_held = Held::new(
+                Category::Weights,
+                head_linear.as_ref().map_or(0, |_| embed_bytes),
+            );
             for i in 0..c.num_layers {
                 crate::memory::alloc::trim();
                 let layer = ckpt.load_layer::<B>(i, dtype, device)?;
+                let _layer_held =
+                    Held::new(Category::Weights, c.layer_param_count() * dtype.size());
                 let _tag = tag::tag(Category::Activations);
                 xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
                 if let Some(p) = profiler {
@@ -166,13 +179,12 @@ pub fn perplexity<B: Compute>(
             // logits, as every layer's do before the next.
             crate::memory::alloc::trim();
             let norm = ckpt.load_norm::<B>(dtype, device)?;
-            let head = match &head_linear {
-                Some(l) => Head::Linear(l),
-                None => Head::Tied(&embed),
-            };
+            let head = Head::of(head_linear.as_ref(), &embed);
             // The head over every batch is its own sequence: on a large
             // vocabulary it takes as long as the layers.
             for (k, (x, batch)) in xs.into_iter().zip(&batches).enumerate() {
+                // The batches still waiting stay held; this one is the head's.
+                xs_held.set(sizes[k + 1..].iter().sum());
                 nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
                 if let Some(p) = profiler {
                     p.device_tick(|| format!("eval logits batch {}", k + 1))?;

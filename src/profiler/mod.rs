@@ -40,7 +40,23 @@ struct Peaks {
     heap: PeakStack,
     rss: PeakStack,
     device: PeakStack,
+    /// The highest device reading since the last stage and what the pool
+    /// was made of then (`memory::held`).
+    device_window: Option<(u64, memory::held::Parts)>,
     scopes: Vec<OpenScope>,
+}
+
+impl Peaks {
+    /// Feeds a device reading to the device peak and to the stage window's
+    /// composition.
+    fn observe_device(&mut self, reading: &memory::DeviceReading) {
+        self.device.observe(reading.allocated);
+        if let (Some(a), Some(parts)) = (reading.allocated, reading.parts)
+            && self.device_window.is_none_or(|(w, _)| a >= w)
+        {
+            self.device_window = Some((a, parts));
+        }
+    }
 }
 
 struct OpenScope {
@@ -97,6 +113,7 @@ impl Profiler {
                 heap: PeakStack::new(Box::new(HeapPeak)),
                 rss: PeakStack::new(Box::<RssPeak>::default()),
                 device: PeakStack::new(device_peak),
+                device_window: None,
                 scopes: Vec::new(),
             }),
             next_scope: AtomicUsize::new(0),
@@ -153,6 +170,9 @@ impl Profiler {
             if !self.inner.device.is_host_heap() {
                 snapshot.window_device_peak =
                     max_opt(peaks.device.stage_window(), snapshot.device_allocated);
+                if let Some((_, parts)) = peaks.device_window.take() {
+                    snapshot.window_device_peak_categories = memory::held::named(&parts);
+                }
             }
         }
         if let Some(heap) = snapshot.heap_allocated {
@@ -301,8 +321,8 @@ impl Inner {
     fn observe_device(&self) -> Option<u64> {
         let reading = self.device.read();
         match self.peaks.lock() {
-            Ok(peaks) => {
-                peaks.device.observe(reading.allocated);
+            Ok(mut peaks) => {
+                peaks.observe_device(&reading);
                 peaks.device.run_peak()
             }
             Err(_) => reading.allocated,
@@ -329,15 +349,16 @@ impl Inner {
                 } else {
                     None
                 },
+                parts: None,
             }
         } else {
             self.device.read()
         };
         let gpu = self.gpu_index.and_then(gpu::read);
         let (heap_peak, rss_peak, device_peak) = match self.peaks.lock() {
-            Ok(p) => {
+            Ok(mut p) => {
                 p.rss.observe(proc_reading.rss);
-                p.device.observe(device.allocated);
+                p.observe_device(&device);
                 (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak())
             }
             Err(_) => (None, None, None),
@@ -370,6 +391,12 @@ impl Inner {
             window_rss_peak: None,
             window_heap_peak: None,
             window_device_peak: None,
+            device_categories: device
+                .parts
+                .as_ref()
+                .map(memory::held::named)
+                .unwrap_or_default(),
+            window_device_peak_categories: Default::default(),
         }
     }
 

@@ -12,11 +12,13 @@
 use burn::prelude::*;
 
 use crate::exec::Compute;
+use crate::memory::held::{Held, tensor_bytes};
+use crate::memory::tag::Category;
 
 /// The hidden states of every calibration batch.
 pub enum Activations<B: Compute> {
-    /// On the compute device.
-    Device(Vec<Tensor<B, 3>>),
+    /// On the compute device, and their bytes held there.
+    Device(Vec<Tensor<B, 3>>, Held),
     /// In host memory, in the compute dtype.
     Host {
         batches: Vec<TensorData>,
@@ -28,7 +30,7 @@ impl<B: Compute> Activations<B> {
     /// No batches yet; those pushed are kept where `offload` says.
     pub fn empty(offload: bool, device: &B::Device) -> Self {
         match offload {
-            false => Activations::Device(Vec::new()),
+            false => Activations::Device(Vec::new(), Held::none(Category::Activations)),
             true => Activations::Host {
                 batches: Vec::new(),
                 device: device.clone(),
@@ -39,14 +41,17 @@ impl<B: Compute> Activations<B> {
     /// Adds the next batch (read back to the host at once when offloaded).
     pub fn push(&mut self, x: Tensor<B, 3>) {
         match self {
-            Activations::Device(b) => b.push(x),
+            Activations::Device(b, held) => {
+                held.set(held.bytes() + tensor_bytes(&x));
+                b.push(x)
+            }
             Activations::Host { batches, .. } => batches.push(x.into_data()),
         }
     }
 
     pub fn len(&self) -> usize {
         match self {
-            Activations::Device(b) => b.len(),
+            Activations::Device(b, _) => b.len(),
             Activations::Host { batches, .. } => batches.len(),
         }
     }
@@ -58,7 +63,7 @@ impl<B: Compute> Activations<B> {
     /// Batch `i` on the device.
     pub fn get(&self, i: usize) -> Tensor<B, 3> {
         match self {
-            Activations::Device(b) => b[i].clone(),
+            Activations::Device(b, _) => b[i].clone(),
             // In the dtype it was read back in: `from_data` alone would
             // upload in the backend's default float (f32 on wgpu).
             Activations::Host { batches, device } => {
@@ -72,7 +77,10 @@ impl<B: Compute> Activations<B> {
     /// Replaces batch `i` (the output pass's result).
     pub fn set(&mut self, i: usize, x: Tensor<B, 3>) {
         match self {
-            Activations::Device(b) => b[i] = x,
+            Activations::Device(b, held) => {
+                held.set(held.bytes() + tensor_bytes(&x) - tensor_bytes(&b[i]));
+                b[i] = x
+            }
             Activations::Host { batches, .. } => batches[i] = x.into_data(),
         }
     }

@@ -24,10 +24,12 @@ use super::reallocation::ReallocationReport;
 use super::stats::{LayerStats, Needs};
 use super::{LayerMethod, PruneError};
 use crate::events::stages;
+use crate::memory::held::Held;
 use crate::memory::tag::{self, Category};
 use crate::model::llama::DecoderLayer;
 use crate::model::perplexity::token_tensor;
 use crate::model::save::PrunedWriter;
+use crate::model::vocab::Embed;
 use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
 use crate::profiler::Profiler;
 use crate::timing::{self, Work};
@@ -159,12 +161,17 @@ fn embed_each<B: Compute>(
     device: &B::Device,
     keep: &mut dyn FnMut(Tensor<B, 3>),
 ) -> Result<(), PruneError> {
-    let loaded;
+    let mut _held = None;
+    // Streamed, the table is sharded when it passes the device's largest
+    // buffer (`model::vocab`).
     let embed = match source {
-        Source::Resident(m) => &m.model.embed_tokens,
+        // A module's clone shares its tensors.
+        Source::Resident(m) => Embed::Whole(m.model.embed_tokens.clone()),
         Source::Streamed => {
-            loaded = ckpt.load_embedding::<B>(dtype, device)?;
-            &loaded
+            let c = &ckpt.config;
+            let bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
+            _held = Some(Held::new(Category::Weights, bytes));
+            Embed::<B>::load(ckpt, dtype, device)?
         }
     };
     for batch in windows.chunks(batch_size.max(1)) {
@@ -274,11 +281,14 @@ impl<B: Compute> LayerPass<'_, B> {
         crate::memory::alloc::trim();
         let _scope = profiler.scope(&stages::layer(i));
         let mut owned;
+        let mut _held = None;
         let layer: &mut DecoderLayer<B> = match source {
             Source::Resident(m) => &mut m.model.layers[i],
             Source::Streamed => {
                 let _phase = timing::phase(timing::Phase::Load);
                 owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
+                let bytes = c.layer_param_count() * config.dtype.size();
+                _held = Some(Held::new(Category::Weights, bytes));
                 &mut owned
             }
         };

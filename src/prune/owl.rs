@@ -18,6 +18,7 @@ use super::engine::{PruneConfig, Source, embed_windows, weight_out_in};
 use super::methods::wanda_metric;
 use super::stats::{LayerStats, Needs};
 use crate::events::stages;
+use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
 use crate::model::llama::LinearInput;
 use crate::model::{Checkpoint, Rope};
@@ -114,15 +115,23 @@ pub fn outlier_pass<B: Compute>(
             device,
         )
     })?;
+    // Same shapes in, same shapes out: the batches' bytes hold steady.
+    let _inps_held = Held::new(
+        Category::Activations,
+        inps.iter().map(held::tensor_bytes).sum(),
+    );
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
     let mut ratios = Vec::with_capacity(c.num_layers);
     for i in 0..c.num_layers {
         crate::memory::alloc::trim();
         let owned;
+        let mut _held = None;
         let layer = match source {
             Source::Resident(m) => &m.model.layers[i],
             Source::Streamed => {
                 owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
+                let bytes = c.layer_param_count() * config.dtype.size();
+                _held = Some(Held::new(Category::Weights, bytes));
                 &owned
             }
         };

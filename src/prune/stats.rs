@@ -22,6 +22,8 @@ use std::collections::HashMap;
 use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 
+use crate::memory::held::Held;
+use crate::memory::tag::Category;
 use crate::model::llama::LinearInput;
 
 /// Which statistics a run needs (a method's, plus DSnoT's moments).
@@ -63,6 +65,8 @@ struct Acc<B: Compute> {
 pub struct LayerStats<B: Compute> {
     needs: Needs,
     acc: HashMap<LinearInput, Acc<B>>,
+    /// The accumulators' bytes, for the device's composition.
+    held: Held,
 }
 
 /// DSnoT's per-input moments, on the host.
@@ -146,6 +150,7 @@ impl<B: Compute> LayerStats<B> {
         Self {
             needs,
             acc: HashMap::new(),
+            held: Held::none(Category::Statistics),
         }
     }
 
@@ -180,6 +185,7 @@ impl<B: Compute> LayerStats<B> {
             drop(x2);
             add(&mut acc.hessian, xtx);
         }
+        self.held.set(self.bytes());
     }
 
     /// Bytes the accumulators hold (for the run's accounting).
@@ -212,6 +218,7 @@ impl<B: Compute> LayerStats<B> {
     pub fn finish(&mut self, input: LinearInput, nsamples: usize) -> Option<Stat> {
         let n = nsamples.max(1) as f64;
         let a = self.acc.remove(&input)?;
+        self.held.set(self.bytes());
         let moments = match (host(a.sum, 1.0 / n), host(a.var, 1.0 / n)) {
             (Some(mean), Some(var)) => Some(Moments { mean, var }),
             _ => None,

@@ -44,15 +44,26 @@ pub fn breakdown(s: &mut String, bars: &[Bar], chart: bool) {
 /// measured, not estimated; "untagged" and "small allocations" are the
 /// honest remainder.
 pub fn categories(s: &mut String, run: &RunData, chart: bool) {
+    if let Some(cats) = run.device_peak_composition() {
+        let _ = writeln!(
+            s,
+            "\n## The device pool at its peak, by category (measured)\n\nBytes the engine held on the device by category (tensors' shape × dtype), and the rest of the pool's reading charged to what the engine was doing at that instant (`memory::held`).\n"
+        );
+        category_table(s, cats, "device peak");
+    }
     let cats = &run.peak_categories;
-    let total: u64 = cats.values().sum();
-    if total == 0 {
+    if cats.values().sum::<u64>() == 0 {
         return;
     }
     let _ = writeln!(s, "\n## The heap at its peak, by category (measured)\n");
     if chart && !run.category_points.is_empty() {
         let _ = writeln!(s, "![by category](categories.svg)\n");
     }
+    category_table(s, cats, "heap peak");
+}
+
+fn category_table(s: &mut String, cats: &std::collections::BTreeMap<String, u64>, what: &str) {
+    let total: u64 = cats.values().sum();
     let _ = writeln!(s, "| category | bytes | share |\n|---|---|---|");
     let mut parts: Vec<(&String, &u64)> = cats.iter().collect();
     parts.sort_by_key(|(_, v)| std::cmp::Reverse(**v));
@@ -60,7 +71,7 @@ pub fn categories(s: &mut String, run: &RunData, chart: bool) {
         let share = 100.0 * *bytes as f64 / total as f64;
         let _ = writeln!(s, "| {name} | {} | {share:.1}% |", format_bytes(*bytes));
     }
-    let _ = writeln!(s, "| **heap peak** | {} | 100% |", format_bytes(total));
+    let _ = writeln!(s, "| **{what}** | {} | 100% |", format_bytes(total));
 }
 
 /// "Where the time went": wall seconds by phase and by kind of work, as the
@@ -116,7 +127,7 @@ pub fn estimate_categories(s: &mut String, phases: &[against::PhaseCheck]) {
     }
     let _ = writeln!(
         s,
-        "\nBy category at each phase's peak, predicted / measured (measured runtime is the rest of the phase's measured peak: the runtime tag, untagged and small allocations, and resident memory that is not heap):\n"
+        "\nBy category at each phase's peak, predicted / measured (measured runtime is the rest of the phase's measured peak: on the CPU backend the runtime tag, untagged and small allocations, and resident memory that is not heap; on a device, the pool's untagged intermediates):\n"
     );
     let names: Vec<&str> = phases.iter().map(|p| p.phase.as_str()).collect();
     let _ = writeln!(s, "| category | {} |", names.join(" | "));

@@ -29,20 +29,24 @@ fn plain(b: i64) -> String {
 pub fn gap_text(g: &Gap) -> String {
     let mut o = String::new();
     let s = &g.single_step;
-    let _ = writeln!(o, "\n## Training memory: one step vs the epoch peak\n");
+    let mem = g.memory();
     let _ = writeln!(
         o,
-        "**Approach 1 — one step** (a fresh optimizer, one micro-batch's forward and backward): heap peak **{}** (in the window ending at `{}`).\n",
+        "\n## Training memory: one step vs the epoch peak ({mem})\n"
+    );
+    let _ = writeln!(
+        o,
+        "**Approach 1 — one step** (a fresh optimizer, one micro-batch's forward and backward): {mem} peak **{}** (in the window ending at `{}`).\n",
         format_bytes(s.peak.heap),
         s.peak.stage
     );
     let _ = writeln!(
         o,
-        "| component (measured as the heap's change) | bytes |\n|---|---|"
+        "| component (measured as the {mem}'s change) | bytes |\n|---|---|"
     );
     let rows = [
         (
-            "heap before the step (parameters, data, runtime heap)",
+            &*format!("{mem} before the step (parameters, data, runtime)"),
             plain(s.before as i64),
         ),
         ("  of which parameters", format_bytes(s.parameters)),
@@ -73,7 +77,7 @@ pub fn gap_text(g: &Gap) -> String {
     );
     let _ = writeln!(
         o,
-        "| epoch | heap peak | at stage | RSS in that window |\n|---|---|---|---|"
+        "| epoch | {mem} peak | at stage | RSS in that window |\n|---|---|---|---|"
     );
     for (e, p) in &g.epochs {
         let rss = p.rss.map_or("n/a".into(), format_bytes);
@@ -86,7 +90,7 @@ pub fn gap_text(g: &Gap) -> String {
     }
     let _ = writeln!(
         o,
-        "\n**The gap: {}**, split by what the heap held at each peak:\n",
+        "\n**The gap: {}**, split by what the {mem} held at each peak:\n",
         signed(g.gap)
     );
     let _ = writeln!(o, "| factor | bytes | why |\n|---|---|---|");

@@ -16,6 +16,10 @@
 //! compositions, which sum to the heap exactly; what no named mechanism
 //! covers (small allocations, untagged, runtime) is reported as
 //! unexplained.
+//!
+//! On a device run (`--device wgpu|cuda`) every figure is the device
+//! pool's instead of the heap's: bytes in use, the peaks the profiler saw
+//! inside passes, and the pool's composition (`memory::held`).
 
 use std::collections::BTreeMap;
 
@@ -84,14 +88,63 @@ pub struct Gap {
     /// allocator and runtime hold beyond live tensors (`memory_reserved`
     /// minus `max_memory_allocated`, roughly).
     pub reserve: Option<i64>,
+    /// True when every figure is the device pool's, not the heap's.
+    #[serde(default)]
+    pub on_device: bool,
+}
+
+impl Gap {
+    /// What the figures measure, in words: "heap" or "device pool".
+    pub fn memory(&self) -> &'static str {
+        match self.on_device {
+            true => "device pool",
+            false => "heap",
+        }
+    }
+}
+
+/// The memory a run computes in, as one snapshot read it: the device pool
+/// on a device run (whose stage snapshots carry a device window), else the
+/// heap.
+struct Mem<'a>(&'a MemorySnapshot);
+
+impl Mem<'_> {
+    fn on_device(&self) -> bool {
+        self.0.window_device_peak.is_some()
+    }
+    fn allocated(&self) -> Option<u64> {
+        match self.on_device() {
+            true => self.0.device_allocated,
+            false => self.0.heap_allocated,
+        }
+    }
+    fn window_peak(&self) -> Option<u64> {
+        match self.on_device() {
+            true => self.0.window_device_peak,
+            false => self.0.window_heap_peak,
+        }
+    }
+    fn categories(&self) -> &BTreeMap<String, u64> {
+        match self.on_device() {
+            true => &self.0.device_categories,
+            false => &self.0.categories,
+        }
+    }
+    fn window_categories(&self) -> &BTreeMap<String, u64> {
+        match self.on_device() {
+            true => &self.0.window_device_peak_categories,
+            false => &self.0.window_peak_categories,
+        }
+    }
 }
 
 fn peak_of(s: &MemorySnapshot) -> Option<Peak> {
-    let heap = s.window_heap_peak.or(s.heap_allocated)?;
-    let categories = if s.window_peak_categories.is_empty() {
-        s.categories.clone()
+    let m = Mem(s);
+    let heap = m.window_peak().or(m.allocated())?;
+    let categories = if m.window_categories().is_empty() {
+        m.categories().clone()
     } else {
-        s.window_peak_categories.clone()
+        m.window_categories().clone()
     };
     Some(Peak {
         stage: s.label.clone(),
@@ -121,7 +174,7 @@ pub fn from_results(results: &BTreeMap<String, serde_json::Value>) -> Option<Gap
 /// log has no complete first step.
 pub fn analyze(stages_in_order: &[MemorySnapshot]) -> Option<Gap> {
     let find = |label: &str| stages_in_order.iter().find(|s| s.label == label);
-    let heap = |label: &str| find(label).and_then(|s| s.heap_allocated);
+    let heap = |label: &str| find(label).and_then(|s| Mem(s).allocated());
     let start = stages::epoch_start(1);
     let fwd = stages::micro_batch(1, 1, "forward");
     let bwd = stages::micro_batch(1, 1, "backward");
@@ -134,7 +187,7 @@ pub fn analyze(stages_in_order: &[MemorySnapshot]) -> Option<Gap> {
     let single = highest([&fwd, &bwd].iter().filter_map(|l| find(l)))?;
     let highest_reading = h_fwd.max(h_bwd);
     let parameters = find(&start)
-        .and_then(|s| s.categories.get("weights").copied())
+        .and_then(|s| Mem(s).categories().get("weights").copied())
         .unwrap_or(0);
     let single_step = StepBreakdown {
         before,
@@ -179,7 +232,12 @@ pub fn analyze(stages_in_order: &[MemorySnapshot]) -> Option<Gap> {
     let gap = top.heap as i64 - single.heap as i64;
     let named: i64 = factors.iter().map(|f| f.bytes).sum();
     let accumulation_growth = accumulation_growth(stages_in_order);
-    let reserve = top.rss.map(|r| r as i64 - top.heap as i64);
+    // RSS beyond the heap; a device pool's reserve is not this.
+    let on_device = stages_in_order.iter().any(|s| Mem(s).on_device());
+    let reserve = top
+        .rss
+        .filter(|_| !on_device)
+        .map(|r| r as i64 - top.heap as i64);
     Some(Gap {
         single_step,
         epochs,
@@ -188,6 +246,7 @@ pub fn analyze(stages_in_order: &[MemorySnapshot]) -> Option<Gap> {
         unexplained: gap - named,
         accumulation_growth,
         reserve,
+        on_device,
     })
 }
 
@@ -231,7 +290,7 @@ fn accumulation_growth(stages_in_order: &[MemorySnapshot]) -> Option<i64> {
         stages_in_order
             .iter()
             .find(|s| s.label == label)
-            .map(|s| s.categories.get("gradients").copied().unwrap_or(0) as i64)
+            .map(|s| Mem(s).categories().get("gradients").copied().unwrap_or(0) as i64)
     };
     let k = stages_in_order
         .iter()

@@ -21,6 +21,7 @@ use thiserror::Error;
 
 use crate::events::{Level, stages};
 use crate::exec::Compute;
+use crate::memory::held::Held;
 use crate::memory::tag::{self, Category};
 use crate::model::{Checkpoint, ComputeDtype, ModelError};
 use crate::profiler::Profiler;
@@ -334,12 +335,17 @@ impl<B: Compute> Steps<'_, B> {
         let (config, p) = (self.config, self.p);
         let detail = detailed(s, self.total);
         let mut acc = GradientsAccumulator::<Model<B>>::new();
+        // The accumulated gradients, from the first backward to the step.
+        let mut grads_held = Held::none(Category::Gradients);
         let mut loss = 0.0;
         for (m, mb) in chunk.chunks(config.batch_size).enumerate() {
             let wins: Vec<Vec<u32>> = mb.iter().map(|i| self.windows[*i].clone()).collect();
             let mb = MicroBatch::from_windows(&wins);
             let fwd = step::forward(&model, &mb, &self.ropes, config.checkpointing, self.scale);
             if detail {
+                // What the pool holds beyond the parameters, gradients and
+                // optimizer state here is the forward's graph.
+                let _tag = crate::memory::tag::tag(Category::Activations);
                 let label = stages::micro_batch(s, m + 1, "forward");
                 let held = if config.checkpointing {
                     self.boundary_bytes
@@ -358,6 +364,7 @@ impl<B: Compute> Steps<'_, B> {
                 self.trainable,
                 self.scale,
             );
+            grads_held.set(self.trainable_count * 4);
             if detail {
                 let label = stages::micro_batch(s, m + 1, "backward");
                 p.components(&label, self.account(true, opt, 0));
@@ -365,6 +372,8 @@ impl<B: Compute> Steps<'_, B> {
             }
         }
         let model = opt.step(config.lr, model, acc.grads());
+        // The step consumed the gradients as it went.
+        drop(grads_held);
         if detail {
             let label = stages::step_end(s, "optimizer_step");
             p.components(&label, self.account(false, opt, 0));
@@ -409,6 +418,8 @@ pub fn train_on<B: Compute>(
     })?;
     let (mut model, trainable) = apply_freeze(model, &config.freeze)?;
     let (params, trainable_count) = (model.num_params() as u64, trainable_params(&model));
+    // The parameters on the device, for its composition (`memory::held`).
+    let _weights_held = Held::new(Category::Weights, params * config.dtype.size());
     if trainable_count == 0 {
         return Err(TrainError::Invalid(
             "--freeze leaves nothing to train".into(),

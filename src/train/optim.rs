@@ -9,6 +9,7 @@
 //! the first `step()`, one momentum buffer for SGD with momentum, none
 //! without.
 
+use crate::memory::held::Held;
 use std::collections::HashMap;
 
 use burn::module::{ModuleMapper, Param, ParamId};
@@ -106,6 +107,8 @@ pub struct Optimizer<B: Backend> {
     pub config: OptimizerConfig,
     steps: i32,
     state: HashMap<ParamId, State<B>>,
+    /// The state's bytes, for a device's composition (`memory::held`).
+    held: Held,
 }
 
 impl<B: Backend> Optimizer<B> {
@@ -114,6 +117,7 @@ impl<B: Backend> Optimizer<B> {
             config,
             steps: 0,
             state: HashMap::new(),
+            held: Held::none(Category::Optimizer),
         }
     }
 
@@ -140,7 +144,9 @@ impl<B: Backend> Optimizer<B> {
             grads,
             lr,
         };
-        module.map(&mut mapper)
+        let module = module.map(&mut mapper);
+        self.held.set(self.state_bytes());
+        module
     }
 
     /// The new value of one parameter (flattened).

@@ -80,6 +80,8 @@ pub struct UiState {
     pub estimate: Option<Estimate>,
     /// The run's `--budget` (plan setting `memory_budget`).
     pub budget: Option<u64>,
+    /// A device run's pool cap (plan setting `device_memory`).
+    pub device_cap: Option<u64>,
 }
 
 impl UiState {
@@ -101,6 +103,7 @@ impl UiState {
             dropped: 0,
             estimate: None,
             budget: None,
+            device_cap: None,
         }
     }
 
@@ -108,7 +111,10 @@ impl UiState {
     /// the budget (`--budget`, else the GPU's total, else the host's memory).
     pub fn forecast(&self) -> Option<Forecast> {
         let e = self.estimate.as_ref()?;
-        let b = forecast::budget(self.budget, self.run.gpu.total, self.run.host_total);
+        let b = match self.run.on_device() {
+            true => forecast::device_budget(self.budget, self.device_cap, self.run.gpu.total),
+            false => forecast::budget(self.budget, self.run.gpu.total, self.run.host_total),
+        };
         Some(forecast::forecast(e, &self.run, b))
     }
 
@@ -132,6 +138,7 @@ impl UiState {
             Event::RunStarted { plan } => {
                 self.estimate = forecast::estimate_plan(plan);
                 self.budget = plan.settings.get("memory_budget").and_then(|v| v.as_u64());
+                self.device_cap = plan.settings.get("device_memory").and_then(|v| v.as_u64());
                 // The program by its name, not its path: the header shows
                 // the command once (`prunemem prune …`).
                 self.command = match plan.argv.split_first() {

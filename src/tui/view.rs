@@ -36,9 +36,11 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
         return;
     }
     let message_rows = if area.height >= 32 { 6 } else { 3 };
+    // A device run has one more gauge: the device pool in use.
+    let gauge_rows = if state.run.on_device() { 10 } else { 9 };
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
-        Constraint::Length(9),
+        Constraint::Length(gauge_rows),
         Constraint::Min(7),
         Constraint::Length(3),
         Constraint::Length(message_rows),

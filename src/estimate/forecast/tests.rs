@@ -94,3 +94,41 @@ fn budget_prefers_the_user_then_the_gpu_then_the_host() {
     assert_eq!(budget(None, None, Some(3)).unwrap().source, "host memory");
     assert!(budget(None, None, None).is_none());
 }
+
+/// A device run's phases are measured on the device pool (readings inside
+/// passes included) and held to the device's budget, never the host's.
+#[test]
+fn a_device_run_is_forecast_on_the_device_pool() {
+    let plan = crate::events::RunPlan {
+        command: "prune".into(),
+        device: "wgpu".into(),
+        ..Default::default()
+    };
+    let on_device = |label: &str, t: f64, rss: u64, pool: u64, window: Option<u64>| {
+        let Event::Stage { mut snapshot } = at(label, t, rss) else {
+            unreachable!()
+        };
+        snapshot.device_allocated = Some(pool * M);
+        snapshot.window_device_peak = window.map(|w| w * M);
+        Event::Stage { snapshot }
+    };
+    let events = [
+        Event::RunStarted { plan },
+        on_device(stages::START, 0.0, 500, 0, Some(0)),
+        on_device(stages::MODEL_LOADED, 1.0, 900, 0, Some(0)),
+        on_device(stages::BEFORE_PRUNING, 2.0, 900, 20, Some(20)),
+        // A layer's window peaked at 260 MiB of pool; RSS says 900.
+        on_device("layer_00_stats", 3.0, 900, 30, Some(260)),
+    ];
+    let run = fold(&events);
+    assert!(run.on_device());
+    let budget = device_budget(None, Some(250 * M), Some(1 << 40));
+    assert_eq!(budget.as_ref().unwrap().source, "device memory");
+    let f = forecast(&estimate(), &run, budget);
+    assert_eq!(f.peak, 260 * M, "the pool's peak, not the host's RSS");
+    assert_eq!(f.verdict(), Some("exceeded"));
+    assert!(
+        device_budget(None, None, None).is_none(),
+        "no device size, no verdict"
+    );
+}

@@ -49,17 +49,26 @@ pub fn category_color(name: &str) -> Color {
     Color::Rgb(r, g, b)
 }
 
-/// The heap split by category as stacked bars: now, and at the heap's
-/// peak so far (the highest stage window's composition while the run goes,
-/// the run's own figure once it has finished). Both bars share one scale.
+/// The memory the run computes in, split by category as stacked bars:
+/// now, and at its peak so far (the highest stage window's composition
+/// while the run goes, the run's own figure once it has finished). On a
+/// device run that is the device pool (`memory::held`), else the heap.
+/// Both bars share one scale.
 fn category_lines(state: &UiState, width: usize) -> [Line<'static>; 2] {
-    let now = &state.run.categories;
     let none = Default::default();
-    let peak = state.run.heap_peak_composition().unwrap_or(&none);
+    let run = &state.run;
+    let (now, peak, what) = match run.device_peak_composition() {
+        Some(peak) => (&run.device_categories, peak, ["device now", "device peak"]),
+        None => (
+            &run.categories,
+            run.heap_peak_composition().unwrap_or(&none),
+            ["heap now", "heap peak"],
+        ),
+    };
     let full = now.values().sum::<u64>().max(peak.values().sum::<u64>());
     [
-        category_bar("by kind", now, "heap now", full, width),
-        category_bar("at peak", peak, "heap peak", full, width),
+        category_bar("by kind", now, what[0], full, width),
+        category_bar("at peak", peak, what[1], full, width),
     ]
 }
 
@@ -157,18 +166,33 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
     .unwrap_or(1);
     let width = (area.width as usize).saturating_sub(48).clamp(10, 60);
     let gpu_full = state.run.gpu.total.or(state.run.gpu.peak).unwrap_or(1);
-    let mut lines = vec![
-        gauge_line("RSS", &state.run.rss, host_full, width, Color::Green),
-        gauge_line("allocated", &state.run.heap, host_full, width, Color::Blue),
-        gauge_line(
-            "reserved",
-            &state.run.reserved,
-            host_full,
-            width,
-            Color::Magenta,
-        ),
-        gauge_line("GPU used", &state.run.gpu, gpu_full, width, Color::Yellow),
-    ];
+    let run = &state.run;
+    let mut lines = match run.on_device() {
+        // The device pool on its own scale (its reserved bytes), beside the
+        // host's resident set and heap.
+        true => {
+            let host_full = run.rss.peak.max(run.heap.peak).unwrap_or(1);
+            let pool_full = run.reserved.peak.max(run.device.peak).unwrap_or(1);
+            vec![
+                gauge_line("RSS", &run.rss, host_full, width, Color::Green),
+                gauge_line("heap", &run.heap, host_full, width, Color::Blue),
+                gauge_line("device", &run.device, pool_full, width, Color::Cyan),
+                gauge_line("reserved", &run.reserved, pool_full, width, Color::Magenta),
+            ]
+        }
+        false => vec![
+            gauge_line("RSS", &run.rss, host_full, width, Color::Green),
+            gauge_line("allocated", &run.heap, host_full, width, Color::Blue),
+            gauge_line("reserved", &run.reserved, host_full, width, Color::Magenta),
+        ],
+    };
+    lines.push(gauge_line(
+        "GPU used",
+        &run.gpu,
+        gpu_full,
+        width,
+        Color::Yellow,
+    ));
     lines.extend(category_lines(state, width));
     lines.push(forecast_line(state));
     let title = " memory (│ = peak) ";
