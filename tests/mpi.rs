@@ -161,8 +161,72 @@ fn two_ranks_prune_the_same_model_as_one_process() {
                 let bytes = summary.results["rank_reduced_bytes"].as_array().unwrap();
                 assert!(bytes.iter().all(|b| b.as_f64().unwrap() > 0.0), "{bytes:?}");
             }
+            if k == 1 {
+                ranks_are_folded(&logs, &dir.path().join(format!("report-{nsamples}")));
+            }
         }
     }
+}
+
+/// Rank 1 logged into `rank-1/`; `report` and `estimate --against` fold
+/// both ranks: each rank's peak, the slowest rank per layer, the bytes
+/// each layer's reduction moved.
+fn ranks_are_folded(logs: &Path, out: &Path) {
+    let text = std::fs::read_to_string(logs.join("rank-1").join("events.jsonl")).unwrap();
+    let first: Event = serde_json::from_str(text.lines().next().unwrap()).unwrap();
+    let Event::RunStarted { plan } = first else {
+        panic!("rank 1's log starts with its plan")
+    };
+    assert_eq!(
+        (
+            plan.settings["rank"].as_u64(),
+            plan.settings["ranks"].as_u64()
+        ),
+        (Some(1), Some(2))
+    );
+    // Rank 0 followed rank 1's log while both ran: its own stream holds
+    // rank 1's readings (what the live view and `watch --log` show).
+    let zero = std::fs::read_to_string(logs.join("events.jsonl")).unwrap();
+    let followed = zero
+        .lines()
+        .filter_map(|l| serde_json::from_str::<Event>(l).ok())
+        .filter(|e| matches!(e, Event::Rank { rank: 1, reading } if reading.rss.is_some()))
+        .count();
+    assert!(followed >= 1, "no rank 1 reading in rank 0's log");
+    let ranks = prunemem::events::ranks::read(logs)
+        .unwrap()
+        .expect("two ranks");
+    assert_eq!(ranks.len(), 2);
+    for r in &ranks {
+        assert_eq!(r.status.as_deref(), Some("ok"), "{r:?}");
+        assert!(r.rss_peak.is_some_and(|p| p > 0), "{r:?}");
+        assert_eq!(r.layer_seconds.len(), 3, "{r:?}");
+        assert!(
+            r.layer_reduced_bytes.iter().all(|b| *b > 0),
+            "Wanda's norms move every layer: {r:?}"
+        );
+    }
+    let (code, stdout, stderr) = run_prunemem(&["report", s(logs), "--out", s(out)]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let report = std::fs::read_to_string(out.join("report.md")).unwrap();
+    let section = &report[report.find("## Ranks").expect("a ranks section")..];
+    println!("{}", &section[..section.len().min(1200)]);
+    assert!(
+        section.contains("| 0 | ok |") && section.contains("| 1 | ok |"),
+        "{section}"
+    );
+    assert!(section.contains("| layer | slowest rank"), "{section}");
+    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(logs), "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let checks = cmp["ranks"].as_array().unwrap();
+    assert_eq!(checks.len(), 2, "{cmp}");
+    assert!(
+        checks
+            .iter()
+            .all(|c| c["measured"].as_u64().is_some_and(|m| m > 0)),
+        "{cmp}"
+    );
 }
 
 #[test]

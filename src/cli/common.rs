@@ -236,15 +236,19 @@ fn fit_advice(l: &crate::estimate::fit::FitLimits) -> String {
         .filter_map(|(f, v)| v.map(|v| format!("{f} {v}")))
         .collect();
     let cap = crate::units::format_bytes(l.budget);
-    match fits.is_empty() {
-        true => format!(
+    if fits.is_empty() {
+        return format!(
             "the estimator finds no size of this run that fits {cap}: raise --device-memory"
-        ),
-        false => format!(
-            "the estimator's largest that fit {cap}, each with the others as given: {}",
-            fits.join(", ")
-        ),
+        );
     }
+    let rest = match fits.len() < flags.len() {
+        true => "; lowering any other size alone does not fit",
+        false => "",
+    };
+    format!(
+        "the estimator's largest that fit {cap}, each with the others as given: {}{rest}",
+        fits.join(", ")
+    )
 }
 
 /// A run whose logs could not be written did not succeed, whatever it

@@ -427,8 +427,17 @@ fn run_table(args: &EstimateArgs) -> CliResult<i32> {
 fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
     let events = against::read_events(dir)?;
     let cmp = against::compare(&events)?;
+    // A distributed run: every rank's peak from its own log.
+    let ranks = crate::events::ranks::read(dir)
+        .ok()
+        .flatten()
+        .map(|r| against::rank_checks(&cmp, &r))
+        .unwrap_or_default();
     if as_json {
-        println!("{}", json!({"phases": cmp.phases, "peak": cmp.peak}));
+        println!(
+            "{}",
+            json!({"phases": cmp.phases, "peak": cmp.peak, "ranks": ranks})
+        );
         return Ok(0);
     }
     let on_device = cmp.estimate.workload.device.is_gpu();
@@ -441,7 +450,12 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
         "{:<20} {:>12} {:>12} {:>9}",
         "phase", "predicted", "measured", "error"
     );
-    for p in cmp.phases.iter().chain(std::iter::once(&cmp.peak)) {
+    for p in cmp
+        .phases
+        .iter()
+        .chain(std::iter::once(&cmp.peak))
+        .chain(&ranks)
+    {
         println!(
             "{:<20} {:>12} {:>12} {:>9}",
             p.phase,

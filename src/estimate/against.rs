@@ -232,6 +232,28 @@ fn check(phase: &str, predicted: u64, measured: Option<u64>) -> PhaseCheck {
     }
 }
 
+/// A distributed run's ranks against the estimate of one rank's peak
+/// (`estimate --ranks`: the busiest rank's share of the windows), each
+/// rank's measured peak from its own log: the device pool on a device run,
+/// else the RSS.
+pub fn rank_checks(cmp: &Comparison, ranks: &[crate::events::ranks::RankRun]) -> Vec<PhaseCheck> {
+    let on_device = cmp.estimate.workload.device.is_gpu();
+    ranks
+        .iter()
+        .map(|r| {
+            let measured = match on_device {
+                true => r.device_peak,
+                false => r.rss_peak,
+            };
+            check(
+                &format!("rank {} peak", r.rank),
+                cmp.peak.predicted,
+                measured,
+            )
+        })
+        .collect()
+}
+
 /// Estimates a finished run and compares.
 pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
     let run = RunFold::of(events);

@@ -138,6 +138,9 @@ pub struct RunFold {
     pub device_categories: BTreeMap<String, u64>,
     /// Device runs: the fullest pool breakdown any reading carried.
     live_device_peak_categories: BTreeMap<String, u64>,
+    /// A distributed run: the other ranks' latest readings, by rank
+    /// (`Event::Rank`).
+    pub ranks: BTreeMap<usize, super::RankReading>,
     point_limit: Option<usize>,
     window_rss: Option<u64>,
     window_heap: Option<u64>,
@@ -219,6 +222,12 @@ impl RunFold {
                         .collect();
                 }
                 self.summary = Some(summary.clone());
+            }
+            Event::Rank { rank, reading } => {
+                let peak = self.ranks.get(rank).and_then(|r| r.rss_peak);
+                let mut r = reading.clone();
+                r.rss_peak = r.rss_peak.max(peak).max(r.rss);
+                self.ranks.insert(*rank, r);
             }
             Event::ScopeBegin { .. } | Event::Message { .. } => {}
         }

@@ -9,6 +9,7 @@
 pub mod fold;
 pub mod logdir;
 pub mod plan;
+pub mod ranks;
 pub mod stages;
 
 use std::collections::BTreeMap;
@@ -91,8 +92,28 @@ pub enum Event {
         text: String,
         elapsed_s: f64,
     },
+    /// Another rank of a distributed run, as its own log last read
+    /// (rank 0 folds the ranks' logs into its stream, `jobs::ranks`).
+    Rank { rank: usize, reading: RankReading },
     /// Last event of a run.
     RunFinished { summary: RunSummary },
+}
+
+/// The latest of one rank's readings, from its own log.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct RankReading {
+    /// Seconds since the rank started.
+    pub elapsed_s: f64,
+    pub rss: Option<u64>,
+    pub rss_peak: Option<u64>,
+    pub device_allocated: Option<u64>,
+    pub device_peak: Option<u64>,
+    /// Its latest stage, and its progress through the layers.
+    pub stage: Option<String>,
+    pub done: Option<usize>,
+    pub total: Option<usize>,
+    /// Its status once it finished (`ok`, `failed`, …).
+    pub finished: Option<String>,
 }
 
 impl Event {

@@ -81,6 +81,8 @@ pub struct Run {
     _device_watch: Option<crate::exec::watch::WatchGuard>,
     /// The plan as emitted (the estimator's advice on a device OOM).
     plan: RunPlan,
+    /// Rank 0 of a distributed run: the other ranks' logs, followed.
+    ranks: Option<super::ranks::Collector>,
 }
 
 impl Run {
@@ -103,13 +105,17 @@ impl Run {
                 plan.settings.insert("device_memory".into(), cap.into());
             }
         }
-        // A distributed run's logs and views are rank 0's; the other ranks
-        // compute silently and hand rank 0 their figures.
+        // A distributed run's views and printed results are rank 0's; every
+        // other rank computes silently and logs into `LOGDIR/rank-R/`
+        // (`events::ranks` folds the ranks' logs).
         let (rank, world) = crate::exec::dist::world();
         if world > 1 {
             plan.settings.insert("ranks".into(), world.into());
+            plan.settings.insert("rank".into(), rank.into());
             if rank != 0 {
-                options.log_dir = None;
+                options.log_dir = options
+                    .log_dir
+                    .map(|d| d.join(crate::events::ranks::folder(rank)));
                 options.sinks.clear();
             }
         }
@@ -139,7 +145,14 @@ impl Run {
             install_signal_handler(profiler.clone()).map_err(RunError::Signal)?;
         }
         profiler.start_sampler();
+        let ranks = match (&options.log_dir, rank, world) {
+            (Some(dir), 0, w) if w > 1 => {
+                Some(super::ranks::Collector::start(dir, w, emitter.clone()))
+            }
+            _ => None,
+        };
         Ok(Self {
+            ranks,
             _device_watch: profiler.watch_device(),
             plan,
             profiler,
@@ -197,6 +210,9 @@ impl Run {
     pub fn finish(mut self, status: RunStatus) -> (RunSummary, Vec<String>) {
         self.finished = true;
         self.profiler.stop_sampler();
+        if let Some(c) = self.ranks.take() {
+            c.stop();
+        }
         let summary = summary_of(
             &self.profiler,
             status,
@@ -215,6 +231,9 @@ impl Drop for Run {
     fn drop(&mut self) {
         if !self.finished {
             self.profiler.stop_sampler();
+            if let Some(c) = self.ranks.take() {
+                c.stop();
+            }
             let summary = summary_of(
                 &self.profiler,
                 RunStatus::Failed("the run ended without finishing".into()),

@@ -21,6 +21,7 @@ mod gradprobe;
 pub mod preflight;
 pub mod prune;
 mod pruned;
+mod ranks;
 pub mod snapshot;
 pub mod text;
 pub mod train;

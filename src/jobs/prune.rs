@@ -392,6 +392,13 @@ fn prune_and_eval<B: Compute>(
     run.result("text_bytes", text_bytes);
     let seconds: Vec<f64> = prune.layers.iter().map(|l| l.seconds).collect();
     run.result("layer_seconds", seconds);
+    if crate::exec::dist::world().1 > 1 {
+        let layers = &prune.layers;
+        let wait: Vec<f64> = layers.iter().map(|l| l.reduction_seconds).collect();
+        let bytes: Vec<u64> = layers.iter().map(|l| l.reduced_bytes).collect();
+        run.result("layer_reduction_seconds", wait);
+        run.result("layer_reduced_bytes", bytes);
+    }
     let Some(windows) = &eval_wins else {
         return Ok(Pruned {
             prune,

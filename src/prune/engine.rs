@@ -44,6 +44,11 @@ pub struct LayerReport {
     pub index: usize,
     pub seconds: f64,
     pub linears: Vec<LinearReport>,
+    /// Across MPI ranks: bytes this rank moved in the layer's reductions
+    /// and seconds it spent in them (waiting for the slowest rank
+    /// included); zero in one process.
+    pub reduced_bytes: u64,
+    pub reduction_seconds: f64,
 }
 
 /// Fraction of zeros over `linears`.
@@ -278,6 +283,7 @@ impl<B: Compute> LayerPass<'_, B> {
         let (ckpt, config, device, profiler) = (self.ckpt, self.config, self.device, self.profiler);
         let c = &ckpt.config;
         let layer_start = Instant::now();
+        let traffic = crate::exec::dist::reducer().traffic();
         crate::memory::alloc::trim();
         let _scope = profiler.scope(&stages::layer(i));
         let mut owned;
@@ -346,10 +352,13 @@ impl<B: Compute> LayerPass<'_, B> {
             w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
         }
         profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
+        let (bytes, seconds) = crate::exec::dist::reducer().traffic();
         Ok(LayerReport {
             index: i,
             seconds: layer_start.elapsed().as_secs_f64(),
             linears,
+            reduced_bytes: bytes - traffic.0,
+            reduction_seconds: seconds - traffic.1,
         })
     }
 }

@@ -33,6 +33,8 @@ pub struct RunData {
     pub scope: Scope,
     /// What was missing or skipped (a torn line, unknown columns...).
     pub notes: Vec<String>,
+    /// A distributed run: every rank's figures (`events::ranks`).
+    pub ranks: Option<Vec<crate::events::ranks::RankRun>>,
 }
 
 impl Deref for RunData {
@@ -85,11 +87,13 @@ fn from_jsonl(path: &Path, name: String) -> Result<RunData, ReportError> {
             path.display()
         )));
     }
+    let ranks = crate::events::ranks::read(path).ok().flatten();
     Ok(RunData {
         name,
         fold,
         scope: Scope::Continuous,
         notes,
+        ranks,
     })
 }
 
@@ -182,6 +186,7 @@ fn from_csv(path: &Path, name: String) -> Result<RunData, ReportError> {
         name,
         fold: RunFold::new(),
         scope: Scope::Checkpoints,
+        ranks: None,
         notes: vec![
             "read from memory_log.csv: checkpoint snapshots only, no samples between them".into(),
         ],

@@ -114,6 +114,56 @@ pub fn time(s: &mut String, run: &RunData) {
     }
 }
 
+/// "Ranks": a distributed run's ranks side by side (`events::ranks`):
+/// each rank's peaks and time in reductions, then per layer the slowest
+/// rank, how much faster the fastest was, and the longest wait.
+pub fn ranks(s: &mut String, run: &RunData) {
+    let Some(ranks) = &run.ranks else { return };
+    let _ = writeln!(
+        s,
+        "\n## Ranks\n\nEach rank's own log (rank 0 in this folder, rank R in `rank-R/`). Time in reductions includes waiting for the slowest rank.\n"
+    );
+    let _ = writeln!(
+        s,
+        "| rank | status | peak RSS | device peak | wall s | s in reductions | bytes reduced |\n|---|---|---|---|---|---|---|"
+    );
+    let bytes = |v: Option<u64>| v.map_or("n/a".to_string(), format_bytes);
+    for r in ranks {
+        let wait: f64 = r.layer_reduction_seconds.iter().sum();
+        let moved: u64 = r.layer_reduced_bytes.iter().sum();
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {} | {} | {wait:.3} | {} |",
+            r.rank,
+            r.status.as_deref().unwrap_or("no summary"),
+            bytes(r.rss_peak),
+            bytes(r.device_peak),
+            r.wall_s.map_or("n/a".into(), |w| format!("{w:.1}")),
+            format_bytes(moved)
+        );
+    }
+    let layers = crate::events::ranks::layers(ranks);
+    if layers.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        s,
+        "\n| layer | slowest rank | its seconds | fastest rank's | longest wait in reductions | bytes rank 0 moved |\n|---|---|---|---|---|---|"
+    );
+    for l in layers {
+        let _ = writeln!(
+            s,
+            "| {} | {} | {:.3} | {:.3} | {:.3} | {} |",
+            l.layer,
+            l.slowest_rank,
+            l.slowest_s,
+            l.fastest_s,
+            l.max_wait_s,
+            format_bytes(l.bytes)
+        );
+    }
+}
+
 /// "By category": each estimated phase's prediction beside the measured
 /// heap composition at the phase's peak, one row per category, one
 /// "predicted / measured" cell per phase (`estimate::against`).

@@ -143,6 +143,7 @@ pub fn markdown(
     let bars = super::breakdown::bars(run, check);
     super::sections::categories(&mut s, run, charts);
     super::sections::time(&mut s, run);
+    super::sections::ranks(&mut s, run);
     super::sections::breakdown(&mut s, &bars, charts);
     if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), run.peak_rss()) {
         let _ = writeln!(

@@ -295,13 +295,23 @@ fn draw_stages(frame: &mut Frame, area: Rect, state: &UiState) {
 
 fn draw_progress(frame: &mut Frame, area: Rect, state: &UiState) {
     let current = state.run.stages.last().map_or("–", |s| s.label());
-    let (ratio, label) = match &state.run.progress {
+    let (ratio, mut label) = match &state.run.progress {
         Some(p) => (
             p.done as f64 / p.total.max(1) as f64,
             format!("{}/{} {}   stage {current}", p.done, p.total, p.name),
         ),
         None => (0.0, format!("stage {current}")),
     };
+    // A distributed run: where every other rank is, from its own log.
+    for (rank, r) in &state.run.ranks {
+        let at = match (r.done, r.total, &r.finished) {
+            (_, _, Some(status)) => status.clone(),
+            (Some(d), Some(t), None) => format!("{d}/{t}"),
+            _ => r.stage.clone().unwrap_or_else(|| "starting".into()),
+        };
+        let rss = r.rss.map_or("n/a".into(), crate::units::format_bytes);
+        label.push_str(&format!("   rank {rank} {at} {rss}"));
+    }
     // Training counts optimizer steps; everything else, decoder layers.
     let training = state
         .run

@@ -116,6 +116,7 @@ fn event_time(e: &Event) -> Option<f64> {
         | Event::Components { elapsed_s, .. }
         | Event::ScopeBegin { elapsed_s, .. } => Some(*elapsed_s),
         Event::ScopeEnd { report } => Some(report.elapsed_s),
+        Event::Rank { .. } => None,
         Event::RunStarted { .. } | Event::RunFinished { .. } => None,
     }
 }

@@ -22,6 +22,8 @@ pub fn write_pruned(
             index,
             seconds: 0.0,
             linears: Vec::new(),
+            reduced_bytes: 0,
+            reduction_seconds: 0.0,
         })
         .collect();
     let mut others = Vec::new();
