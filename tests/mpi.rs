@@ -168,6 +168,86 @@ fn two_ranks_prune_the_same_model_as_one_process() {
     }
 }
 
+/// GradProbe across ranks: each rank probes its share of the batches and
+/// every maximum (gradient magnitudes, activation norms) is reduced with a
+/// maximum, which no order or split can change: the model is the single
+/// process's, byte for byte, with one batch per rank and with two.
+#[test]
+fn gradprobe_across_two_ranks_decides_as_one_process() {
+    let (dir, model, text) = fixture();
+    for batches in ["2", "4"] {
+        for strategy in ["magnitude", "wanda"] {
+            let args = |save: &'static str| -> Vec<String> {
+                [
+                    "prune",
+                    "--model",
+                    s(&model),
+                    "--method",
+                    "gradprobe",
+                    "--sparsity",
+                    "0.3",
+                    "--seqlen",
+                    "32",
+                    "--batch-size",
+                    "1",
+                    "--num-batches",
+                    batches,
+                    "--gradient-threshold",
+                    "2.0",
+                    "--strategy",
+                    strategy,
+                    "--calib-text",
+                    s(&text),
+                    "--eval-text",
+                    s(&text),
+                    "--eval-windows",
+                    "4",
+                    "--ui",
+                    "none",
+                    "--json",
+                    "--save",
+                ]
+                .iter()
+                .map(|a| a.to_string())
+                .chain([dir
+                    .path()
+                    .join(format!("{save}-{batches}-{strategy}"))
+                    .display()
+                    .to_string()])
+                .collect()
+            };
+            let one = args("gp-one");
+            let one: Vec<&str> = one.iter().map(String::as_str).collect();
+            let (code, single, stderr) = run_prunemem(&one);
+            assert_eq!(code, Some(0), "{single}\n{stderr}");
+            let two = args("gp-two");
+            let two: Vec<&str> = two.iter().map(String::as_str).collect();
+            let out = mpirun(2, &two).output().unwrap();
+            let (stdout, stderr) = (
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr),
+            );
+            assert!(out.status.success(), "{stdout}\n{stderr}");
+            let file = |w: &str| {
+                dir.path()
+                    .join(format!("{w}-{batches}-{strategy}"))
+                    .join("model.safetensors")
+            };
+            let identical =
+                std::fs::read(file("gp-one")).unwrap() == std::fs::read(file("gp-two")).unwrap();
+            let (p1, p2) = (perplexity(&single), perplexity(&stdout));
+            println!(
+                "gradprobe {strategy} × {batches} batches: identical {identical}, perplexity {p1} / {p2}"
+            );
+            assert!(
+                identical,
+                "{strategy}, {batches} batches: the two ranks' model differs"
+            );
+            assert!((p1 / p2 - 1.0).abs() < 1e-6, "{p1} vs {p2}");
+        }
+    }
+}
+
 /// Rank 1 logged into `rank-1/`; `report` and `estimate --against` fold
 /// both ranks: each rank's peak, the slowest rank per layer, the bytes
 /// each layer's reduction moved.
@@ -362,11 +442,11 @@ fn launches_that_cannot_share_the_work_are_one_line() {
         &args,
         "2 calibration batches cannot be shared across 3 ranks",
     );
-    // GradProbe is not distributed: said, not run N times.
+    // GradProbe's batches are shared too: one batch, two ranks.
     let mut args = vec!["prune", "--model", s(&model), "--method", "gradprobe"];
     args.extend_from_slice(&[
-        "--nsamples",
-        "4",
+        "--num-batches",
+        "1",
         "--seqlen",
         "32",
         "--calib-text",
@@ -374,7 +454,11 @@ fn launches_that_cannot_share_the_work_are_one_line() {
         "--ui",
         "none",
     ]);
-    fails_saying(2, &args, "GradProbe does not run across MPI ranks");
+    fails_saying(
+        2,
+        &args,
+        "1 calibration batches cannot be shared across 2 ranks: give at least one per rank (--num-batches)",
+    );
     // A launcher's environment without its MPI world: one line, exit 2.
     let out = Command::new(env!("CARGO_BIN_EXE_prunemem"))
         .args(["estimate", "--params", "7e9"])

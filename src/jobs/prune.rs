@@ -241,12 +241,6 @@ impl OnDevice for Pruning<'_, '_> {
     type Output = Result<Pruned, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
         match self.job.method {
-            Method::GradProbe if crate::exec::dist::world().1 > 1 => Err(
-                crate::exec::ExecError::Distributed(
-                    "GradProbe does not run across MPI ranks yet (its gradient maxima are not reduced): run it as one process".into(),
-                )
-                .into(),
-            ),
             Method::GradProbe => super::gradprobe::prune_and_eval::<B>(
                 self.job,
                 self.opened,

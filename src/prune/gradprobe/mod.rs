@@ -156,7 +156,14 @@ impl<'a, B: Compute> GradProbe<'a, B> {
                 "the reduction factor and the gradient threshold must be finite".into(),
             ));
         }
-        let batches = windows.chunks(batch_size.max(1)).map(Batch::new).collect();
+        // Across MPI ranks each rank probes its share of the batches; every
+        // figure the decisions use is a maximum over batches, reduced
+        // across ranks (`phases`), so the shares change no bit.
+        let total = windows.len().div_ceil(batch_size.max(1));
+        crate::exec::dist::check_share("calibration batches", total, "--num-batches")
+            .map_err(|e| PruneError::Invalid(e.to_string()))?;
+        let mine = crate::exec::dist::share_batches(windows, batch_size);
+        let batches = mine.chunks(batch_size.max(1)).map(Batch::new).collect();
         let targets = targets(ckpt, config.include_embeddings);
         Ok(Self {
             device,

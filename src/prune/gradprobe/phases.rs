@@ -145,6 +145,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             for x in &xs[c.num_layers] {
                 fold_norms(&mut norms.head, &final_norm.forward(x.clone()));
             }
+            max_across_ranks(&mut norms);
             state.norms = Some(norms);
         }
         Ok(xs)
@@ -352,8 +353,9 @@ impl<'a, B: Compute> Pass<'a, B> {
                 *g = dx;
             }
         }
-        for ((_, full), acc) in names.iter().zip(maxima) {
+        for ((_, full), mut acc) in names.iter().zip(maxima) {
             if self.probed.contains(full.as_str()) {
+                crate::exec::dist::reducer().max_f32(&mut acc);
                 state.finish(self.which, full, acc, config.gradient_threshold);
             }
         }
@@ -400,15 +402,38 @@ impl<'a, B: Compute> Pass<'a, B> {
                     }
                 }
             }
-            let maxima = std::mem::take(acc);
+            let mut maxima = std::mem::take(acc);
+            crate::exec::dist::reducer().max_f32(&mut maxima);
             state.finish(self.which, EMBED, maxima, config.gradient_threshold);
         }
         if self.probed.contains(HEAD) && head.head_name == HEAD {
+            crate::exec::dist::reducer().max_f32(&mut head.head_max);
             state.finish(self.which, HEAD, head.head_max, config.gradient_threshold);
         }
         self.progress(2 * c.num_layers + 1, "embeddings".into());
-        head.loss / batches.len().max(1) as f64
+        // The mean over every rank's batches.
+        let mut loss = [head.loss, batches.len() as f64];
+        crate::exec::dist::reducer().sum_f64(&mut loss);
+        loss[0] / loss[1].max(1.0)
     }
+}
+
+/// The activation norms (each a maximum over batches) as maxima over every
+/// rank's batches, reduced in a fixed order (layer by layer, the inputs in
+/// `LinearInput::ALL` order, then the head's).
+fn max_across_ranks(norms: &mut Norms) {
+    let reducer = crate::exec::dist::reducer();
+    if reducer.world().1 == 1 {
+        return;
+    }
+    for layer in norms.layers.iter_mut() {
+        for input in crate::model::llama::LinearInput::ALL {
+            if let Some(v) = layer.get_mut(&input) {
+                reducer.max_f32(v);
+            }
+        }
+    }
+    reducer.max_f32(&mut norms.head);
 }
 
 /// Runs one pass; returns the mean calibration loss.
