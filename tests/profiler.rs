@@ -154,7 +154,7 @@ fn log_dir_formats_round_trip() {
         std::thread::sleep(std::time::Duration::from_millis(60));
         drop(v);
     }
-    run.profiler.progress(0, 2, "layer 0");
+    run.profiler.progress("pruning", 0, 2, "layer 0");
     run.profiler.message(Level::Warn, "seqlen capped");
     run.profiler.stage("09_end");
     run.result("perplexity", 12.5);

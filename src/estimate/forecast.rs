@@ -129,6 +129,13 @@ pub fn forecast(estimate: &Estimate, fold: &RunFold, budget: Option<Budget>) -> 
     }
 }
 
+/// The first of `candidates` that is known, as a budget.
+fn first_known(candidates: [(Option<u64>, &'static str); 3]) -> Option<Budget> {
+    candidates
+        .into_iter()
+        .find_map(|(bytes, source)| bytes.map(|bytes| Budget { bytes, source }))
+}
+
 /// The budget a run is held to: the user's, else the GPU's total, else the
 /// machine's memory.
 pub fn budget(
@@ -136,21 +143,11 @@ pub fn budget(
     gpu_total: Option<u64>,
     host_total: Option<u64>,
 ) -> Option<Budget> {
-    match (user, gpu_total, host_total) {
-        (Some(b), _, _) => Some(Budget {
-            bytes: b,
-            source: "--budget",
-        }),
-        (None, Some(g), _) => Some(Budget {
-            bytes: g,
-            source: "GPU total",
-        }),
-        (None, None, Some(h)) => Some(Budget {
-            bytes: h,
-            source: "host memory",
-        }),
-        _ => None,
-    }
+    first_known([
+        (user, "--budget"),
+        (gpu_total, "GPU total"),
+        (host_total, "host memory"),
+    ])
 }
 
 /// The budget a device run is held to: the user's, else the device pool's
@@ -162,21 +159,11 @@ pub fn device_budget(
     cap: Option<u64>,
     gpu_total: Option<u64>,
 ) -> Option<Budget> {
-    match (user, cap, gpu_total) {
-        (Some(b), _, _) => Some(Budget {
-            bytes: b,
-            source: "--budget",
-        }),
-        (None, Some(c), _) => Some(Budget {
-            bytes: c,
-            source: "device memory",
-        }),
-        (None, None, Some(g)) => Some(Budget {
-            bytes: g,
-            source: "GPU total",
-        }),
-        _ => None,
-    }
+    first_known([
+        (user, "--budget"),
+        (cap, "device memory"),
+        (gpu_total, "GPU total"),
+    ])
 }
 
 /// The estimate for a run's plan, as `estimate --against` makes it; `None`

@@ -97,6 +97,8 @@ pub struct Progress {
     pub total: usize,
     /// Name of the last finished unit.
     pub name: String,
+    /// The pass the sequence belongs to (empty in older logs).
+    pub pass: String,
     /// When the sequence began (the last stage before its first unit).
     pub origin_s: f64,
 }
@@ -194,6 +196,7 @@ impl RunFold {
                 index,
                 total,
                 name,
+                pass,
                 elapsed_s,
             } => {
                 let origin_s = match &self.progress {
@@ -205,6 +208,7 @@ impl RunFold {
                     done: index + 1,
                     total: *total,
                     name: name.clone(),
+                    pass: pass.clone(),
                     origin_s,
                 });
                 self.elapsed_s = self.elapsed_s.max(*elapsed_s);
@@ -380,15 +384,7 @@ impl RunFold {
         from: &str,
         to: &str,
     ) -> Option<BTreeMap<String, u64>> {
-        let (a, b) = (self.stage_index(from)?, self.stage_index(to)?);
-        if b < a {
-            return None;
-        }
-        let first = std::iter::once(&self.stages[a].snapshot.categories);
-        let windows = self.stages[a + 1..=b]
-            .iter()
-            .map(|r| &r.snapshot.window_peak_categories);
-        fullest(first.chain(windows)).cloned()
+        self.composition_between(from, to, |s| (&s.categories, &s.window_peak_categories))
     }
 
     /// What the device pool was made of at its highest from stage `from`
@@ -399,14 +395,25 @@ impl RunFold {
         from: &str,
         to: &str,
     ) -> Option<BTreeMap<String, u64>> {
+        self.composition_between(from, to, |s| {
+            (&s.device_categories, &s.window_device_peak_categories)
+        })
+    }
+
+    /// The fullest composition from `from`'s own reading and the later
+    /// stages' windows up to `to`; `parts` picks (reading, window).
+    fn composition_between(
+        &self,
+        from: &str,
+        to: &str,
+        parts: impl Fn(&MemorySnapshot) -> (&BTreeMap<String, u64>, &BTreeMap<String, u64>),
+    ) -> Option<BTreeMap<String, u64>> {
         let (a, b) = (self.stage_index(from)?, self.stage_index(to)?);
         if b < a {
             return None;
         }
-        let first = std::iter::once(&self.stages[a].snapshot.device_categories);
-        let windows = self.stages[a + 1..=b]
-            .iter()
-            .map(|r| &r.snapshot.window_device_peak_categories);
+        let first = std::iter::once(parts(&self.stages[a].snapshot).0);
+        let windows = self.stages[a + 1..=b].iter().map(|r| parts(&r.snapshot).1);
         fullest(first.chain(windows)).cloned()
     }
 

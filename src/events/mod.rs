@@ -76,6 +76,10 @@ pub enum Event {
         index: usize,
         total: usize,
         name: String,
+        /// The pass the sequence belongs to (`pruning`, `evaluation`, …),
+        /// which the ETA names; empty in logs written before it existed.
+        #[serde(default, skip_serializing_if = "String::is_empty")]
+        pass: String,
         elapsed_s: f64,
     },
     /// The engine's own accounting of what it holds at a stage: bytes per
@@ -325,6 +329,7 @@ mod tests {
             index: 2,
             total: 30,
             name: "model.layers.2".into(),
+            pass: "pruning".into(),
             elapsed_s: 1.5,
         };
         let json = serde_json::to_string(&e).unwrap();

@@ -136,7 +136,12 @@ pub fn perplexity<B: Compute>(
                 nll.extend(window_nll(h, batch, &model.head(), config.vocab_size));
                 if let Some(p) = profiler {
                     p.device_tick(|| format!("eval batch {}", k + 1))?;
-                    p.progress(k, batches.len(), &format!("eval batch {}", k + 1));
+                    p.progress(
+                        "evaluation",
+                        k,
+                        batches.len(),
+                        &format!("eval batch {}", k + 1),
+                    );
                 }
             }
         }
@@ -172,7 +177,12 @@ pub fn perplexity<B: Compute>(
                 xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
                 if let Some(p) = profiler {
                     p.device_tick(|| format!("eval model.layers.{i}"))?;
-                    p.progress(i, c.num_layers, &format!("eval model.layers.{i}"));
+                    p.progress(
+                        "evaluation",
+                        i,
+                        c.num_layers,
+                        &format!("eval model.layers.{i}"),
+                    );
                 }
             }
             // The last layer's freed buffers go back before the head's
@@ -188,7 +198,12 @@ pub fn perplexity<B: Compute>(
                 nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
                 if let Some(p) = profiler {
                     p.device_tick(|| format!("eval logits batch {}", k + 1))?;
-                    p.progress(k, batches.len(), &format!("eval logits batch {}", k + 1));
+                    p.progress(
+                        "evaluation logits",
+                        k,
+                        batches.len(),
+                        &format!("eval logits batch {}", k + 1),
+                    );
                 }
             }
         }

@@ -287,11 +287,12 @@ impl Profiler {
     }
 
     /// Emits progress through `total` units of work.
-    pub fn progress(&self, index: usize, total: usize, name: &str) {
+    pub fn progress(&self, pass: &str, index: usize, total: usize, name: &str) {
         self.inner.emitter.emit(Event::Progress {
             index,
             total,
             name: name.to_string(),
+            pass: pass.to_string(),
             elapsed_s: self.elapsed_s(),
         });
     }

@@ -351,7 +351,7 @@ impl<B: Compute> LayerPass<'_, B> {
             let _io = timing::work(Work::Io);
             w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
         }
-        profiler.progress(i, c.num_layers, &format!("model.layers.{i}"));
+        profiler.progress("pruning", i, c.num_layers, &format!("model.layers.{i}"));
         let (bytes, seconds) = crate::exec::dist::reducer().traffic();
         Ok(LayerReport {
             index: i,

@@ -158,7 +158,12 @@ pub fn outlier_pass<B: Compute>(
         }
         ratios.push(outlier_ratio(&metrics, owl.m));
         drop(metrics);
-        profiler.progress(i, c.num_layers, &format!("OWL outliers, model.layers.{i}"));
+        profiler.progress(
+            "OWL outliers",
+            i,
+            c.num_layers,
+            &format!("OWL outliers, model.layers.{i}"),
+        );
     }
     profiler.stage(stages::OWL_RATIOS);
     Ok(ratios)

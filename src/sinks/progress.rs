@@ -106,6 +106,7 @@ mod tests {
             index,
             total: 4,
             name: format!("layer {index}"),
+            pass: String::new(),
             elapsed_s,
         };
         sink.on_event(&progress(0, 10.0)).unwrap();

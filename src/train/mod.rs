@@ -465,7 +465,7 @@ pub fn train_on<B: Compute>(
                 seconds,
             });
             let text = format!("epoch {epoch} step {s}/{total} loss {loss:.4} ({seconds:.1} s)");
-            p.progress(s - 1, total, &text);
+            p.progress("training", s - 1, total, &text);
             p.message(Level::Info, text);
         }
         if s == total {

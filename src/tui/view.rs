@@ -87,7 +87,12 @@ fn status_text(state: &UiState) -> (String, Color) {
 }
 
 /// What a progress unit's name says the pass is.
-fn pass_name(unit: &str) -> &'static str {
+fn pass_name(p: &crate::events::fold::Progress) -> &str {
+    if !p.pass.is_empty() {
+        return &p.pass;
+    }
+    // Logs written before progress events named their pass.
+    let unit = p.name.as_str();
     if unit.starts_with("eval logits") {
         "logits"
     } else if unit.starts_with("eval") {
@@ -109,11 +114,7 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
     // The ETA is the current pass's (its pace times the units left), so it
     // names the pass: during `--eval-dense` it is the evaluation's, not the
     // run's.
-    let pass = state
-        .run
-        .progress
-        .as_ref()
-        .map_or("", |p| pass_name(&p.name));
+    let pass = state.run.progress.as_ref().map_or("", pass_name);
     let eta = state
         .run
         .eta_s()

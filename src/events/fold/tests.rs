@@ -32,6 +32,7 @@ fn progress(index: usize, total: usize, t: f64) -> Event {
         index,
         total,
         name: format!("unit {index}"),
+        pass: "pruning".into(),
         elapsed_s: t,
     }
 }

@@ -68,7 +68,10 @@ impl<'a, B: Compute> Pass<'a, B> {
     fn progress(&self, index: usize, what: String) {
         let layers = self.input.ckpt.config.num_layers;
         let name = format!("{}: {what}", self.tag);
-        self.input.profiler.progress(index, 2 * layers + 2, &name);
+        let pass = format!("gradient pass ({})", self.tag);
+        self.input
+            .profiler
+            .progress(&pass, index, 2 * layers + 2, &name);
     }
 
     /// Embeds every batch (tentative candidates of a probed embedding were

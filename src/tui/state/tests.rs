@@ -76,6 +76,7 @@ fn eta_follows_layer_pace() {
             index: i,
             total: 10,
             name: format!("model.layers.{i}"),
+            pass: "pruning".into(),
             elapsed_s: 10.0 + 2.0 * (i + 1) as f64,
         });
     }

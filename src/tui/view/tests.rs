@@ -58,6 +58,7 @@ fn state() -> UiState {
         index: 0,
         total: 30,
         name: "model.layers.0".into(),
+        pass: "pruning".into(),
         elapsed_s: t,
     });
     s.apply(&Event::Message {
@@ -253,10 +254,34 @@ fn the_forecast_line_says_whether_the_run_fits_its_budget() {
 #[test]
 fn the_eta_names_the_pass_it_measures() {
     use super::pass_name;
-    assert_eq!(pass_name("eval model.layers.3"), "evaluation");
-    assert_eq!(pass_name("eval logits batch 2"), "logits");
-    assert_eq!(pass_name("model.layers.12"), "pruning");
-    assert_eq!(pass_name("OWL outliers, model.layers.0"), "OWL outliers");
-    assert_eq!(pass_name("backward layer 4"), "gradient pass");
-    assert_eq!(pass_name("epoch 1 step 3/6 loss 2.1"), "training");
+    use crate::events::fold::Progress;
+    let unit = |name: &str, pass: &str| Progress {
+        done: 1,
+        total: 2,
+        name: name.into(),
+        pass: pass.into(),
+        origin_s: 0.0,
+    };
+    // The pass the progress event names.
+    assert_eq!(
+        pass_name(&unit("eval batch 1", "dense evaluation")),
+        "dense evaluation"
+    );
+    assert_eq!(
+        pass_name(&unit("backward layer 4", "gradient pass (modified)")),
+        "gradient pass (modified)"
+    );
+    // Logs written before events named it: read from the unit.
+    assert_eq!(pass_name(&unit("eval model.layers.3", "")), "evaluation");
+    assert_eq!(pass_name(&unit("eval logits batch 2", "")), "logits");
+    assert_eq!(pass_name(&unit("model.layers.12", "")), "pruning");
+    assert_eq!(
+        pass_name(&unit("OWL outliers, model.layers.0", "")),
+        "OWL outliers"
+    );
+    assert_eq!(pass_name(&unit("backward layer 4", "")), "gradient pass");
+    assert_eq!(
+        pass_name(&unit("epoch 1 step 3/6 loss 2.1", "")),
+        "training"
+    );
 }
