@@ -685,6 +685,54 @@ fn unsupported_device_requests_are_one_line() {
 /// which used to leave the embedding empty and the run going to a garbage
 /// perplexity with exit 0. Now the run fails with one line (exit 2) and its
 /// log says so.
+/// An untied head goes up in shards like the embedding: the same bits as
+/// one table (f16, `PRUNEMEM_MAX_BUFFER=256KiB`: four shards).
+fn untied_head_in_shards() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        tied: false,
+        vocab: 4096,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(2000)).unwrap();
+    let eval = |max_buffer: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"));
+        cmd.args([
+            "eval",
+            "--model",
+            s(&model),
+            "--text",
+            s(&text),
+            "--windows",
+            "2",
+            "--seqlen",
+            "32",
+            "--device",
+            "wgpu",
+            "--ui",
+            "none",
+            "--json",
+        ]);
+        if let Some(m) = max_buffer {
+            cmd.env("PRUNEMEM_MAX_BUFFER", m);
+        }
+        let out = cmd.output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "{stdout}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        support::json_line(&stdout)["perplexity"].as_f64().unwrap()
+    };
+    let (whole, sharded) = (eval(None), eval(Some("256KiB")));
+    println!("untied head: perplexity whole {whole}, in shards {sharded}");
+    assert_eq!(whole.to_bits(), sharded.to_bits(), "{whole} vs {sharded}");
+}
+
 #[test]
 fn a_table_past_the_devices_largest_buffer_is_sharded_and_a_resident_model_refused() {
     let dir = tempfile::tempdir().unwrap();
@@ -752,6 +800,7 @@ fn a_table_past_the_devices_largest_buffer_is_sharded_and_a_resident_model_refus
     let whole = ppl(eval("wgpu", "f16", &[], None));
     let small = ppl(eval("wgpu", "f16", &[], Some("16MiB")));
     assert_eq!(whole.to_bits(), small.to_bits(), "{whole} vs {small}");
+    untied_head_in_shards();
 
     // A resident model keeps Burn's one-tensor table: refused in one line.
     let (code, stdout, stderr) = eval(

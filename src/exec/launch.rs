@@ -19,6 +19,33 @@ pub fn launched_world_size() -> Option<usize> {
     size.filter(|n| *n > 1)
 }
 
+/// This process's rank on its own node, from the launcher's environment
+/// (OpenMPI, MPICH/Hydra, PMIx, Slurm); `None` when started alone.
+pub fn local_rank() -> Option<usize> {
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
+    launched_world_size()?;
+    var("OMPI_COMM_WORLD_LOCAL_RANK")
+        .or_else(|| var("MPI_LOCALRANKID"))
+        .or_else(|| var("PMIX_LOCAL_RANK"))
+        .or_else(|| var("SLURM_LOCALID"))
+}
+
+/// The CUDA card `--device cuda` (no index) means for a rank that is
+/// `local` on its node, when `visible` is `CUDA_VISIBLE_DEVICES`: one card
+/// per rank on a multi-GPU node (rank i takes card i), card 0 when the
+/// launcher already gave each rank its own (`--gpus-per-task=1` leaves one
+/// visible), wrapping round when there are more ranks than visible cards.
+pub fn cuda_index_for(local: Option<usize>, visible: Option<&str>) -> usize {
+    let Some(local) = local else { return 0 };
+    let cards = visible
+        .map(|v| v.split(',').filter(|c| !c.trim().is_empty()).count())
+        .filter(|n| *n > 0);
+    match cards {
+        Some(n) => local % n,
+        None => local,
+    }
+}
+
 /// Keeps MPI initialised while alive; finalises it when dropped (at the end
 /// of `main`).
 pub struct DistGuard {
@@ -61,4 +88,31 @@ pub fn init() -> Result<DistGuard, ExecError> {
     Err(ExecError::Distributed(format!(
         "started as one of {launched} MPI ranks, but this build has no MPI support; rebuild with `cargo build --release --features mpi`"
     )))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::cuda_index_for;
+
+    #[test]
+    fn each_rank_takes_its_own_card() {
+        assert_eq!(cuda_index_for(None, None), 0, "one process: card 0");
+        assert_eq!(cuda_index_for(Some(3), None), 3, "four ranks, four cards");
+        assert_eq!(cuda_index_for(Some(3), Some("0,1,2,3")), 3);
+        assert_eq!(
+            cuda_index_for(Some(3), Some("2")),
+            0,
+            "the launcher bound one card"
+        );
+        assert_eq!(
+            cuda_index_for(Some(5), Some("0,1")),
+            1,
+            "more ranks than cards"
+        );
+        assert_eq!(
+            cuda_index_for(Some(2), Some("")),
+            2,
+            "an empty list names none"
+        );
+    }
 }

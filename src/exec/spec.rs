@@ -54,7 +54,11 @@ impl FromStr for DeviceSpec {
             ("wgpu", None) => Ok(DeviceSpec::Wgpu(WgpuSelect::Default)),
             ("wgpu", Some("cpu")) => Ok(DeviceSpec::Wgpu(WgpuSelect::Software)),
             ("wgpu", Some(i)) => Ok(DeviceSpec::Wgpu(WgpuSelect::Discrete(number(i)?))),
-            ("cuda", None) => Ok(DeviceSpec::Cuda(0)),
+            // Under MPI, each rank on a node takes its own card.
+            ("cuda", None) => Ok(DeviceSpec::Cuda(super::launch::cuda_index_for(
+                super::launch::local_rank(),
+                std::env::var("CUDA_VISIBLE_DEVICES").ok().as_deref(),
+            ))),
             ("cuda", Some(i)) => Ok(DeviceSpec::Cuda(number(i)?)),
             _ => Err(format!(
                 "unknown device `{s}`: expected cpu, wgpu, wgpu:N, wgpu:cpu, cuda or cuda:N"
