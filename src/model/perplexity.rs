@@ -146,66 +146,7 @@ pub fn perplexity<B: Compute>(
             }
         }
         Weights::Streamed(ckpt) => {
-            let c = &ckpt.config;
-            let dtype = options.dtype;
-            let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
-            // Sharded when a table passes the device's largest buffer.
-            let embed = Embed::<B>::load(ckpt, dtype, device)?;
-            let embed_bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
-            let _embed_held = Held::new(Category::Weights, embed_bytes);
-            let activations = tag::tag(Category::Activations);
-            let mut xs: Vec<Tensor<B, 3>> = timing::timed(Work::Elementwise, || {
-                batches
-                    .iter()
-                    .map(|batch| embed.forward(token_tensor(batch, device)))
-                    .collect()
-            });
-            drop(activations);
-            let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
-            let mut xs_held = Held::new(Category::Activations, sizes.iter().sum());
-            let head_linear = LmHead::<B>::load(ckpt, dtype, device)?;
-            let _head_held = Held::new(
-                Category::Weights,
-                head_linear.as_ref().map_or(0, |_| embed_bytes),
-            );
-            for i in 0..c.num_layers {
-                crate::memory::alloc::trim();
-                let layer = ckpt.load_layer::<B>(i, dtype, device)?;
-                let _layer_held =
-                    Held::new(Category::Weights, c.layer_param_count() * dtype.size());
-                let _tag = tag::tag(Category::Activations);
-                xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
-                if let Some(p) = profiler {
-                    p.device_tick(|| format!("eval model.layers.{i}"))?;
-                    p.progress(
-                        "evaluation",
-                        i,
-                        c.num_layers,
-                        &format!("eval model.layers.{i}"),
-                    );
-                }
-            }
-            // The last layer's freed buffers go back before the head's
-            // logits, as every layer's do before the next.
-            crate::memory::alloc::trim();
-            let norm = ckpt.load_norm::<B>(dtype, device)?;
-            let head = Head::of(head_linear.as_ref(), &embed);
-            // The head over every batch is its own sequence: on a large
-            // vocabulary it takes as long as the layers.
-            for (k, (x, batch)) in xs.into_iter().zip(&batches).enumerate() {
-                // The batches still waiting stay held; this one is the head's.
-                xs_held.set(sizes[k + 1..].iter().sum());
-                nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
-                if let Some(p) = profiler {
-                    p.device_tick(|| format!("eval logits batch {}", k + 1))?;
-                    p.progress(
-                        "evaluation logits",
-                        k,
-                        batches.len(),
-                        &format!("eval logits batch {}", k + 1),
-                    );
-                }
-            }
+            nll = streamed_nll::<B>(ckpt, &batches, seqlen, options, device, profiler)?;
         }
     }
     let mut sums = [
@@ -268,4 +209,78 @@ fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
         .collect::<Vec<f64>>()
         .into_iter()
         .sum()
+}
+
+/// The streamed evaluation: every batch embedded, each layer read once and
+/// run over every batch, then the head batch by batch. Returns each
+/// window's summed negative log-likelihood.
+fn streamed_nll<B: Compute>(
+    ckpt: &Checkpoint,
+    batches: &[&[Vec<u32>]],
+    seqlen: usize,
+    options: &EvalOptions,
+    device: &B::Device,
+    profiler: Option<&Profiler>,
+) -> Result<Vec<f64>, ModelError> {
+    let mut nll = Vec::new();
+    let c = &ckpt.config;
+    let dtype = options.dtype;
+    let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
+    // Sharded when a table passes the device's largest buffer.
+    let embed = Embed::<B>::load(ckpt, dtype, device)?;
+    let embed_bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
+    let _embed_held = Held::new(Category::Weights, embed_bytes);
+    let activations = tag::tag(Category::Activations);
+    let mut xs: Vec<Tensor<B, 3>> = timing::timed(Work::Elementwise, || {
+        batches
+            .iter()
+            .map(|batch| embed.forward(token_tensor(batch, device)))
+            .collect()
+    });
+    drop(activations);
+    let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
+    let mut xs_held = Held::new(Category::Activations, sizes.iter().sum());
+    let head_linear = LmHead::<B>::load(ckpt, dtype, device)?;
+    let _head_held = Held::new(
+        Category::Weights,
+        head_linear.as_ref().map_or(0, |_| embed_bytes),
+    );
+    for i in 0..c.num_layers {
+        crate::memory::alloc::trim();
+        let layer = ckpt.load_layer::<B>(i, dtype, device)?;
+        let _layer_held = Held::new(Category::Weights, c.layer_param_count() * dtype.size());
+        let _tag = tag::tag(Category::Activations);
+        xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
+        if let Some(p) = profiler {
+            p.device_tick(|| format!("eval model.layers.{i}"))?;
+            p.progress(
+                "evaluation",
+                i,
+                c.num_layers,
+                &format!("eval model.layers.{i}"),
+            );
+        }
+    }
+    // The last layer's freed buffers go back before the head's
+    // logits, as every layer's do before the next.
+    crate::memory::alloc::trim();
+    let norm = ckpt.load_norm::<B>(dtype, device)?;
+    let head = Head::of(head_linear.as_ref(), &embed);
+    // The head over every batch is its own sequence: on a large
+    // vocabulary it takes as long as the layers.
+    for (k, (x, batch)) in xs.into_iter().zip(batches).enumerate() {
+        // The batches still waiting stay held; this one is the head's.
+        xs_held.set(sizes[k + 1..].iter().sum());
+        nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
+        if let Some(p) = profiler {
+            p.device_tick(|| format!("eval logits batch {}", k + 1))?;
+            p.progress(
+                "evaluation logits",
+                k,
+                batches.len(),
+                &format!("eval logits batch {}", k + 1),
+            );
+        }
+    }
+    Ok(nll)
 }
