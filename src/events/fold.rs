@@ -227,11 +227,9 @@ impl RunFold {
                 }
                 self.summary = Some(summary.clone());
             }
+            // Each reading is the rank's latest whole (its peak included).
             Event::Rank { rank, reading } => {
-                let peak = self.ranks.get(rank).and_then(|r| r.rss_peak);
-                let mut r = reading.clone();
-                r.rss_peak = r.rss_peak.max(peak).max(r.rss);
-                self.ranks.insert(*rank, r);
+                self.ranks.insert(*rank, reading.clone());
             }
             Event::ScopeBegin { .. } | Event::Message { .. } => {}
         }
@@ -280,22 +278,22 @@ impl RunFold {
             .flatten()
             .max();
         if !s.categories.is_empty() {
-            if s.categories.values().sum::<u64>() > self.live_peak_categories.values().sum::<u64>()
-            {
-                self.live_peak_categories = s.categories.clone();
-            }
-            self.categories = s.categories.clone();
+            follow_composition(
+                &s.categories,
+                &mut self.categories,
+                &mut self.live_peak_categories,
+            );
             if self.point_limit.is_none() {
                 self.category_points
                     .push((s.elapsed_s, s.categories.clone()));
             }
         }
         if !s.device_categories.is_empty() {
-            let sum = |c: &BTreeMap<String, u64>| c.values().sum::<u64>();
-            if sum(&s.device_categories) > sum(&self.live_device_peak_categories) {
-                self.live_device_peak_categories = s.device_categories.clone();
-            }
-            self.device_categories = s.device_categories.clone();
+            follow_composition(
+                &s.device_categories,
+                &mut self.device_categories,
+                &mut self.live_device_peak_categories,
+            );
         }
         self.rss.update(s.rss, s.rss_peak);
         self.heap.update(s.heap_allocated, s.heap_peak);
@@ -491,6 +489,19 @@ impl RunFold {
 }
 
 /// The composition with the most bytes, empty ones left out.
+/// A reading's composition becomes the latest, and the fullest so far when
+/// it is.
+fn follow_composition(
+    reading: &BTreeMap<String, u64>,
+    latest: &mut BTreeMap<String, u64>,
+    fullest_so_far: &mut BTreeMap<String, u64>,
+) {
+    if reading.values().sum::<u64>() > fullest_so_far.values().sum::<u64>() {
+        *fullest_so_far = reading.clone();
+    }
+    *latest = reading.clone();
+}
+
 fn fullest<'a>(
     compositions: impl Iterator<Item = &'a BTreeMap<String, u64>>,
 ) -> Option<&'a BTreeMap<String, u64>> {

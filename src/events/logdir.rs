@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use thiserror::Error;
 
-use super::{ParsedLog, parse_log};
+use super::{Event, ParsedLog, parse_log};
 
 /// `memory_log.csv`: one row per stage, as the Python scripts write it.
 pub const CSV_FILE: &str = "memory_log.csv";
@@ -40,6 +40,66 @@ pub enum LogError {
     Empty(String),
     #[error("{path}: {why}")]
     BadLine { path: String, why: String },
+}
+
+/// An `events.jsonl` another process is writing, read as it grows: each
+/// poll returns the whole lines appended since the last (a line still being
+/// written waits for its end). `watch --log` follows a run with it, and a
+/// distributed run's rank 0 the other ranks' logs.
+#[derive(Debug)]
+pub struct Tail {
+    path: PathBuf,
+    offset: u64,
+    /// Bytes read past the last complete line (kept as bytes: a read may
+    /// end inside a character).
+    pending: Vec<u8>,
+}
+
+impl Tail {
+    pub fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            offset: 0,
+            pending: Vec::new(),
+        }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The events of the lines completed since the last poll; `Ok(None)`
+    /// while the file does not exist yet. A line that is not an event is
+    /// an error naming the file.
+    pub fn poll(&mut self) -> Result<Option<Vec<Event>>, LogError> {
+        use std::io::{Read, Seek, SeekFrom};
+        let io = |source| LogError::Io {
+            path: self.path.display().to_string(),
+            source,
+        };
+        let mut file = match std::fs::File::open(&self.path) {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io(e)),
+        };
+        file.seek(SeekFrom::Start(self.offset)).map_err(io)?;
+        self.offset += file.read_to_end(&mut self.pending).map_err(io)? as u64;
+        let Some(end) = self.pending.iter().rposition(|b| *b == b'\n') else {
+            return Ok(Some(Vec::new()));
+        };
+        let lines: Vec<u8> = self.pending.drain(..=end).collect();
+        let bad = |why: String| LogError::BadLine {
+            path: self.path.display().to_string(),
+            why,
+        };
+        let lines = String::from_utf8(lines).map_err(|e| bad(e.to_string()))?;
+        let events = lines
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).map_err(|e| bad(e.to_string())))
+            .collect::<Result<Vec<Event>, _>>()?;
+        Ok(Some(events))
+    }
 }
 
 /// Which log a path names.

@@ -85,6 +85,19 @@ pub enum RunStatus {
     Oom(String),
 }
 
+impl RunStatus {
+    /// The status's name as the log spells it (`ok`, `failed`,
+    /// `interrupted`, `oom`), without its message.
+    pub fn name(&self) -> &'static str {
+        match self {
+            RunStatus::Ok => "ok",
+            RunStatus::Failed(_) => "failed",
+            RunStatus::Interrupted => "interrupted",
+            RunStatus::Oom(_) => "oom",
+        }
+    }
+}
+
 /// The closing account of a run.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct RunSummary {

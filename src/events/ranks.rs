@@ -7,7 +7,6 @@
 
 use std::path::Path;
 
-use super::RunStatus;
 use super::fold::RunFold;
 use super::logdir::{self, LogError};
 
@@ -58,12 +57,7 @@ fn rank_run(rank: usize, fold: &RunFold) -> RankRun {
     let s = fold.summary.as_ref();
     RankRun {
         rank,
-        status: s.map(|s| match &s.status {
-            RunStatus::Ok => "ok".to_string(),
-            RunStatus::Failed(_) => "failed".into(),
-            RunStatus::Interrupted => "interrupted".into(),
-            RunStatus::Oom(_) => "oom".into(),
-        }),
+        status: s.map(|s| s.status.name().to_string()),
         rss_peak: fold.peak_rss(),
         // On the CPU backend the summary's device peak is the heap's.
         device_peak: s.and_then(|s| s.device_peak).filter(|_| fold.on_device()),

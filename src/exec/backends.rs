@@ -36,12 +36,17 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
     y
 }
 
+/// The largest allocation cubecl's pool takes on `device` (wgpu: the
+/// adapter's storage-binding limit; CUDA: a quarter of the card).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+fn cube_max_buffer<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<u64> {
+    Some(R::client(device).properties().memory.max_page_size)
+}
+
 #[cfg(feature = "wgpu")]
 impl super::Compute for Wgpu {
     fn max_buffer(device: &Self::Device) -> Option<u64> {
-        use burn::cubecl::Runtime;
-        let client = burn::backend::wgpu::WgpuRuntime::client(device);
-        Some(client.properties().memory.max_page_size)
+        cube_max_buffer::<burn::backend::wgpu::WgpuRuntime>(device)
     }
 
     fn linear(
@@ -54,9 +59,7 @@ impl super::Compute for Wgpu {
 #[cfg(feature = "cuda")]
 impl super::Compute for Cuda {
     fn max_buffer(device: &Self::Device) -> Option<u64> {
-        use burn::cubecl::Runtime;
-        let client = burn::cubecl::cuda::CudaRuntime::client(device);
-        Some(client.properties().memory.max_page_size)
+        cube_max_buffer::<burn::cubecl::cuda::CudaRuntime>(device)
     }
 
     fn linear(

@@ -6,15 +6,22 @@
 
 use super::ExecError;
 
+/// A launcher's environment variable `key`, as a number.
+fn env_number(key: &str) -> Option<usize> {
+    std::env::var(key)
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+}
+
 /// The number of ranks the process launcher started, from its environment
 /// (OpenMPI, MPICH/Hydra, PMIx, Slurm's `srun`); `None` when started alone.
 pub fn launched_world_size() -> Option<usize> {
-    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
-    let size = var("OMPI_COMM_WORLD_SIZE")
-        .or_else(|| var("PMI_SIZE"))
-        .or_else(|| var("PMIX_SIZE"))
+    let size = env_number("OMPI_COMM_WORLD_SIZE")
+        .or_else(|| env_number("PMI_SIZE"))
+        .or_else(|| env_number("PMIX_SIZE"))
         .or_else(|| {
-            var("SLURM_STEP_NUM_TASKS").filter(|_| std::env::var_os("SLURM_PROCID").is_some())
+            env_number("SLURM_STEP_NUM_TASKS")
+                .filter(|_| std::env::var_os("SLURM_PROCID").is_some())
         });
     size.filter(|n| *n > 1)
 }
@@ -22,12 +29,11 @@ pub fn launched_world_size() -> Option<usize> {
 /// This process's rank on its own node, from the launcher's environment
 /// (OpenMPI, MPICH/Hydra, PMIx, Slurm); `None` when started alone.
 pub fn local_rank() -> Option<usize> {
-    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<usize>().ok());
     launched_world_size()?;
-    var("OMPI_COMM_WORLD_LOCAL_RANK")
-        .or_else(|| var("MPI_LOCALRANKID"))
-        .or_else(|| var("PMIX_LOCAL_RANK"))
-        .or_else(|| var("SLURM_LOCALID"))
+    env_number("OMPI_COMM_WORLD_LOCAL_RANK")
+        .or_else(|| env_number("MPI_LOCALRANKID"))
+        .or_else(|| env_number("PMIX_LOCAL_RANK"))
+        .or_else(|| env_number("SLURM_LOCALID"))
 }
 
 /// The CUDA card `--device cuda` (no index) means for a rank that is

@@ -98,17 +98,7 @@ fn evaluate<B: Compute>(e: Evaluate<'_>, device: &B::Device) -> Result<Perplexit
         run,
     } = e;
     let p = run.profiler.clone();
-    let model = match job.resident {
-        true => Some(ckpt.load_model::<B>(job.dtype, device)?),
-        false => None,
-    };
-    // The resident model on the device, for the run (`memory::held`).
-    let _model_held = crate::memory::held::Held::new(
-        crate::memory::tag::Category::Weights,
-        model
-            .as_ref()
-            .map_or(0, |_| ckpt.config.param_count() * job.dtype.size()),
-    );
+    let (model, _model_held) = super::resident_model::<B>(ckpt, job.resident, job.dtype, device)?;
     p.stage(stages::MODEL_LOADED);
     let options = EvalOptions {
         batch_size: job.batch_size,

@@ -96,6 +96,23 @@ impl JobError {
     }
 }
 
+/// With `--resident`, the whole model loaded onto `device`, and its bytes
+/// held there for as long as the guard lives (`memory::held`); else none.
+fn resident_model<B: crate::exec::Compute>(
+    ckpt: &crate::model::Checkpoint,
+    resident: bool,
+    dtype: crate::model::ComputeDtype,
+    device: &B::Device,
+) -> Result<(Option<crate::model::Llama<B>>, crate::memory::held::Held), ModelError> {
+    let category = crate::memory::tag::Category::Weights;
+    if !resident {
+        return Ok((None, crate::memory::held::Held::none(category)));
+    }
+    let model = ckpt.load_model::<B>(dtype, device)?;
+    let bytes = ckpt.config.param_count() * dtype.size();
+    Ok((Some(model), crate::memory::held::Held::new(category, bytes)))
+}
+
 /// Opens a model folder (or Hub id) and its tokenizer, checked against
 /// each other.
 pub fn open_model(

@@ -345,17 +345,8 @@ fn prune_and_eval<B: Compute>(
         }
         None => None,
     };
-    let mut model = match job.resident {
-        true => Some(ckpt.load_model::<B>(job.dtype, device)?),
-        false => None,
-    };
-    // The resident model on the device, for the run (`memory::held`).
-    let _model_held = crate::memory::held::Held::new(
-        crate::memory::tag::Category::Weights,
-        model
-            .as_ref()
-            .map_or(0, |_| ckpt.config.param_count() * job.dtype.size()),
-    );
+    let (mut model, _model_held) =
+        super::resident_model::<B>(ckpt, job.resident, job.dtype, device)?;
     p.stage(stages::MODEL_LOADED);
     let mut config = engine_config(job, *seqlen)?;
     if let Some(owl) = job.owl {

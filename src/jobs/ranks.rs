@@ -5,49 +5,32 @@
 //! and rank 0's log show every rank's memory and progress. The ranks never
 //! wait on it: it only reads files they write anyway.
 
-use std::io::{Read, Seek, SeekFrom};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use crate::events::{Emitter, Event, RankReading, RunStatus};
+use crate::events::logdir::Tail;
+use crate::events::{Emitter, Event, RankReading};
 
-/// One rank's log and how far it has been read.
-struct Tail {
+/// One rank's log, read as it grows, and its latest reading.
+struct Follow {
     rank: usize,
-    file: PathBuf,
-    offset: u64,
-    pending: String,
+    tail: Tail,
     latest: RankReading,
 }
 
-impl Tail {
-    /// Reads the complete lines appended since the last call; true when
-    /// the reading changed.
+impl Follow {
+    /// Takes the events the rank appended since the last poll; true when
+    /// its reading changed. A log not there yet is looked for again at the
+    /// next poll; a poll that fails (a line that is not an event) changes
+    /// nothing, and the rank's own log keeps what it wrote.
     fn poll(&mut self) -> bool {
-        let Ok(mut f) = std::fs::File::open(&self.file) else {
-            return false;
-        };
-        if f.seek(SeekFrom::Start(self.offset)).is_err() {
-            return false;
-        }
-        let mut buf = String::new();
-        let Ok(n) = f.read_to_string(&mut buf) else {
-            return false;
-        };
-        self.offset += n as u64;
-        self.pending.push_str(&buf);
-        let Some(end) = self.pending.rfind('\n') else {
-            return false;
-        };
-        let lines: String = self.pending.drain(..=end).collect();
+        let events = self.tail.poll().ok().flatten().unwrap_or_default();
         let mut changed = false;
-        for line in lines.lines().filter(|l| !l.trim().is_empty()) {
-            if let Ok(e) = serde_json::from_str::<Event>(line) {
-                changed |= self.take(&e);
-            }
+        for e in &events {
+            changed |= self.take(e);
         }
         changed
     }
@@ -71,15 +54,7 @@ impl Tail {
             }
             Event::RunFinished { summary } => {
                 r.rss_peak = r.rss_peak.max(summary.rss_peak);
-                r.finished = Some(
-                    match summary.status {
-                        RunStatus::Ok => "ok",
-                        RunStatus::Failed(_) => "failed",
-                        RunStatus::Interrupted => "interrupted",
-                        RunStatus::Oom(_) => "oom",
-                    }
-                    .into(),
-                );
+                r.finished = Some(summary.status.name().into());
             }
             _ => return false,
         }
@@ -93,7 +68,7 @@ pub struct Collector {
     handle: Option<JoinHandle<()>>,
 }
 
-fn poll_all(tails: &mut [Tail], emitter: &Emitter) {
+fn poll_all(tails: &mut [Follow], emitter: &Emitter) {
     for t in tails.iter_mut() {
         if t.poll() {
             emitter.emit(Event::Rank {
@@ -107,14 +82,13 @@ fn poll_all(tails: &mut [Tail], emitter: &Emitter) {
 impl Collector {
     /// Follows ranks `1..world` logging under `dir`, emitting to `emitter`.
     pub fn start(dir: &Path, world: usize, emitter: Arc<Emitter>) -> Self {
-        let mut tails: Vec<Tail> = (1..world)
-            .map(|rank| Tail {
+        let mut tails: Vec<Follow> = (1..world)
+            .map(|rank| Follow {
                 rank,
-                file: dir
-                    .join(crate::events::ranks::folder(rank))
-                    .join(crate::events::logdir::JSONL_FILE),
-                offset: 0,
-                pending: String::new(),
+                tail: Tail::new(
+                    dir.join(crate::events::ranks::folder(rank))
+                        .join(crate::events::logdir::JSONL_FILE),
+                ),
                 latest: RankReading::default(),
             })
             .collect();

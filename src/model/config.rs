@@ -252,10 +252,16 @@ impl LlamaConfig {
         Ok(())
     }
 
+    /// Parameters of the vocabulary table: the embedding (an untied head
+    /// has as many).
+    pub fn vocab_table_params(&self) -> u64 {
+        self.vocab_size as u64 * self.hidden_size as u64
+    }
+
     /// Parameters of the whole model (embeddings counted once when tied).
     pub fn param_count(&self) -> u64 {
         let h = self.hidden_size as u64;
-        let embed = self.vocab_size as u64 * h;
+        let embed = self.vocab_table_params();
         let lm_head = if self.tie_word_embeddings { 0 } else { embed };
         embed + lm_head + self.num_layers as u64 * self.layer_param_count() + h
     }

@@ -228,7 +228,7 @@ fn streamed_nll<B: Compute>(
     let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
     // Sharded when a table passes the device's largest buffer.
     let embed = Embed::<B>::load(ckpt, dtype, device)?;
-    let embed_bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
+    let embed_bytes = c.vocab_table_params() * dtype.size();
     let _embed_held = Held::new(Category::Weights, embed_bytes);
     let activations = tag::tag(Category::Activations);
     let mut xs: Vec<Tensor<B, 3>> = timing::timed(Work::Elementwise, || {

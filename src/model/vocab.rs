@@ -26,7 +26,6 @@ use crate::exec::Compute;
 pub struct Shards<B: Backend> {
     /// Each shard and the first row it holds.
     parts: Vec<(usize, Tensor<B, 2>)>,
-    rows: usize,
 }
 
 /// The embedding table, whole or in shards.
@@ -105,7 +104,7 @@ fn load_shards<B: Backend>(
         parts.push((first, t));
     }
     ckpt.release(name);
-    Ok(Shards { parts, rows })
+    Ok(Shards { parts })
 }
 
 impl<B: Compute> Shards<B> {
@@ -155,11 +154,17 @@ impl<B: Compute> Shards<B> {
     pub fn is_empty(&self) -> bool {
         self.parts.is_empty()
     }
+}
 
-    /// Rows of the whole table.
-    pub fn rows(&self) -> usize {
-        self.rows
-    }
+/// The device's largest buffer when `ckpt`'s vocabulary table passes it
+/// in `dtype` (the table must go up in shards), else `None`.
+fn shard_limit<B: Compute>(
+    ckpt: &Checkpoint,
+    dtype: ComputeDtype,
+    device: &B::Device,
+) -> Option<u64> {
+    let bytes = ckpt.config.vocab_table_params() * dtype.size();
+    max_buffer::<B>(device).filter(|limit| bytes > *limit)
 }
 
 impl<B: Compute> Embed<B> {
@@ -170,18 +175,16 @@ impl<B: Compute> Embed<B> {
         dtype: ComputeDtype,
         device: &B::Device,
     ) -> Result<Self, ModelError> {
-        let c = &ckpt.config;
-        let bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
-        match max_buffer::<B>(device) {
-            Some(limit) if bytes > limit => Ok(Embed::Sharded(load_shards(
+        Ok(match shard_limit::<B>(ckpt, dtype, device) {
+            Some(limit) => Embed::Sharded(load_shards(
                 ckpt,
                 "model.embed_tokens.weight",
                 dtype,
                 limit,
                 device,
-            )?)),
-            _ => Ok(Embed::Whole(ckpt.load_embedding(dtype, device)?)),
-        }
+            )?),
+            None => Embed::Whole(ckpt.load_embedding(dtype, device)?),
+        })
     }
 
     /// Hidden states `[batch, seq, hidden]` for `tokens`.
@@ -201,22 +204,16 @@ impl<B: Compute> LmHead<B> {
         dtype: ComputeDtype,
         device: &B::Device,
     ) -> Result<Option<Self>, ModelError> {
-        let c = &ckpt.config;
-        if c.tie_word_embeddings || ckpt.entry("lm_head.weight").is_err() {
-            return Ok(ckpt
-                .load_lm_head(dtype, device)?
-                .map(|l| LmHead::Whole(Box::new(l))));
-        }
-        let bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
-        match max_buffer::<B>(device) {
-            Some(limit) if bytes > limit => Ok(Some(LmHead::Sharded(load_shards(
+        let untied = !ckpt.config.tie_word_embeddings && ckpt.entry("lm_head.weight").is_ok();
+        match shard_limit::<B>(ckpt, dtype, device).filter(|_| untied) {
+            Some(limit) => Ok(Some(LmHead::Sharded(load_shards(
                 ckpt,
                 "lm_head.weight",
                 dtype,
                 limit,
                 device,
             )?))),
-            _ => Ok(ckpt
+            None => Ok(ckpt
                 .load_lm_head(dtype, device)?
                 .map(|l| LmHead::Whole(Box::new(l)))),
         }
@@ -241,7 +238,7 @@ mod tests {
             .step_by(step)
             .map(|a| (a, t.clone().slice([a..(a + step).min(rows), 0..hidden])))
             .collect();
-        Shards { parts, rows }
+        Shards { parts }
     }
 
     #[test]

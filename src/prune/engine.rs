@@ -174,7 +174,7 @@ fn embed_each<B: Compute>(
         Source::Resident(m) => Embed::Whole(m.model.embed_tokens.clone()),
         Source::Streamed => {
             let c = &ckpt.config;
-            let bytes = (c.vocab_size * c.hidden_size) as u64 * dtype.size();
+            let bytes = c.vocab_table_params() * dtype.size();
             _held = Some(Held::new(Category::Weights, bytes));
             Embed::<B>::load(ckpt, dtype, device)?
         }

@@ -80,8 +80,6 @@ pub struct UiState {
     pub estimate: Option<Estimate>,
     /// The run's `--budget` (plan setting `memory_budget`).
     pub budget: Option<u64>,
-    /// A device run's pool cap (plan setting `device_memory`).
-    pub device_cap: Option<u64>,
 }
 
 impl UiState {
@@ -103,7 +101,6 @@ impl UiState {
             dropped: 0,
             estimate: None,
             budget: None,
-            device_cap: None,
         }
     }
 
@@ -112,7 +109,12 @@ impl UiState {
     pub fn forecast(&self) -> Option<Forecast> {
         let e = self.estimate.as_ref()?;
         let b = match self.run.on_device() {
-            true => forecast::device_budget(self.budget, self.device_cap, self.run.gpu.total),
+            true => {
+                // The run's pool cap, as its plan recorded it.
+                let plan = self.run.plan.as_ref();
+                let cap = plan.and_then(|p| p.settings.get("device_memory")?.as_u64());
+                forecast::device_budget(self.budget, cap, self.run.gpu.total)
+            }
             false => forecast::budget(self.budget, self.run.gpu.total, self.run.host_total),
         };
         Some(forecast::forecast(e, &self.run, b))
@@ -138,7 +140,6 @@ impl UiState {
             Event::RunStarted { plan } => {
                 self.estimate = forecast::estimate_plan(plan);
                 self.budget = plan.settings.get("memory_budget").and_then(|v| v.as_u64());
-                self.device_cap = plan.settings.get("device_memory").and_then(|v| v.as_u64());
                 // The program by its name, not its path: the header shows
                 // the command once (`prunemem prune …`).
                 self.command = match plan.argv.split_first() {

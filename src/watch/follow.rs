@@ -3,22 +3,23 @@
 //! end), [`replay`] plays a finished log back at a chosen speed, optionally
 //! jumping straight to a stage.
 
-use std::io::{BufRead, BufReader, Seek, SeekFrom};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use super::WatchError;
-use crate::events::logdir::{self, JSONL_FILE, LogError};
+use crate::events::logdir::{self, JSONL_FILE, LogError, Tail};
 use crate::events::{Event, Level};
 
 /// How often a followed log is polled for new lines.
 const POLL: Duration = Duration::from_millis(100);
 
-fn io(path: &Path) -> impl Fn(std::io::Error) -> WatchError + '_ {
-    move |source| WatchError::Io {
-        path: path.display().to_string(),
-        source,
+/// A log that cannot be read: its I/O error as it came, anything else in
+/// one line naming the file.
+fn watch_error(e: LogError) -> WatchError {
+    match e {
+        LogError::Io { path, source } => WatchError::Io { path, source },
+        other => WatchError::Invalid(other.to_string()),
     }
 }
 
@@ -50,60 +51,42 @@ pub fn follow(
     stop: &AtomicBool,
     idle_exit: Option<Duration>,
 ) -> Result<(), WatchError> {
-    let path = dir.join(JSONL_FILE);
+    let mut tail = Tail::new(dir.join(JSONL_FILE));
     let mut announced = false;
-    let file = loop {
-        match std::fs::File::open(&path) {
-            Ok(f) => break f,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                if !announced {
-                    emit(Event::Message {
-                        level: Level::Info,
-                        text: format!("waiting for {}", path.display()),
-                        elapsed_s: 0.0,
-                    });
-                    announced = true;
-                }
-                if stop.load(Ordering::SeqCst) {
-                    return Ok(());
-                }
-                std::thread::sleep(POLL);
-            }
-            Err(e) => return Err(io(&path)(e)),
-        }
-    };
-    let mut reader = BufReader::new(file);
-    let mut pending = String::new();
     let mut last_news = Instant::now();
     loop {
         if stop.load(Ordering::SeqCst) {
             return Ok(());
         }
-        let n = reader.read_line(&mut pending).map_err(io(&path))?;
-        if n == 0 {
+        let events = match tail.poll().map_err(watch_error)? {
+            Some(events) => events,
+            None => {
+                if !announced {
+                    emit(Event::Message {
+                        level: Level::Info,
+                        text: format!("waiting for {}", tail.path().display()),
+                        elapsed_s: 0.0,
+                    });
+                    announced = true;
+                }
+                std::thread::sleep(POLL);
+                continue;
+            }
+        };
+        if events.is_empty() {
             if idle_exit.is_some_and(|d| last_news.elapsed() > d) {
                 return Ok(());
             }
             std::thread::sleep(POLL);
-            // Re-read from the current position (the file may have grown).
-            let pos = reader.stream_position().map_err(io(&path))?;
-            reader.seek(SeekFrom::Start(pos)).map_err(io(&path))?;
             continue;
-        }
-        if !pending.ends_with('\n') {
-            continue; // a line still being written
         }
         last_news = Instant::now();
-        let line = std::mem::take(&mut pending);
-        if line.trim().is_empty() {
-            continue;
-        }
-        let event: Event = serde_json::from_str(&line)
-            .map_err(|e| WatchError::Invalid(format!("{}: {e}", path.display())))?;
-        let done = matches!(event, Event::RunFinished { .. });
-        emit(event);
-        if done {
-            return Ok(());
+        for event in events {
+            let done = matches!(event, Event::RunFinished { .. });
+            emit(event);
+            if done {
+                return Ok(());
+            }
         }
     }
 }

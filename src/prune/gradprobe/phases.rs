@@ -207,10 +207,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             self.input.device,
         );
         let mut held = state.components();
-        held.insert(
-            "head weight (f32)".into(),
-            (c.vocab_size * c.hidden_size * 4) as u64,
-        );
+        held.insert("head weight (f32)".into(), c.vocab_table_params() * 4);
         let tokens: usize = batches.iter().map(|b| b.targets.len()).sum();
         held.insert(
             "boundary activations".into(),
