@@ -4,13 +4,18 @@
 //!
 //! What a step holds, by the order it happens: the parameters; after the
 //! first `step()`, the optimizer's moments; for each micro-batch, the graph
-//! the forward saves for the backward (every layer's saved tensors and the
-//! logits with their log-softmax); at the start of the backward, the
+//! the forward saves for the backward (every layer's saved tensors, the
+//! logits and their log-softmax); at the start of the backward, the
 //! gradients of the logits (the backward's peak); from the backward on,
-//! the gradients, which stay through the next micro-batch's forward when
-//! accumulating. With checkpointing the forward keeps only each layer's
-//! input, and the backward holds one layer's graph at a time beside the
-//! logits' graph. Frozen layers below the first trainable one save nothing.
+//! the gradients — one per trained parameter, the engine adds each
+//! segment's into the held ones (`train::grads`) — which stay through the
+//! next micro-batch's forward when accumulating. With checkpointing the
+//! forward keeps only each layer's input, and the backward holds one
+//! layer's graph at a time beside the logits' graph. Frozen layers below
+//! the first trainable one save nothing. The optimizer's update is the
+//! other candidate peak: every gradient, the moments, and one update's
+//! temporaries for the largest trained tensor — on a real vocabulary (a
+//! 49 152 × 576 table beside 3.5 M-parameter layers) it is the step's peak.
 
 use super::{Arch, Optimizer, Phase, Workload, prunemem::TEXT_FACTOR};
 use crate::events::stages;
@@ -40,18 +45,42 @@ const PER_HIDDEN: f64 = 10.0;
 const PER_INTERMEDIATE: f64 = 5.0;
 const PER_KV: f64 = 4.0;
 const PER_SCORE: f64 = 2.5;
-/// f32 elements the head's graph saves per token beside the logits
-/// themselves: per vocabulary entry (the log-softmax's) and per hidden
-/// unit (the final norm's).
-const HEAD_PER_VOCAB: f64 = 0.307;
-/// The same, measured when the head's graph is rebuilt in a checkpointed
-/// backward (one fit point, hidden 384 / vocab 8192: 12.06 MB of
-/// activations at the peak less the layer inputs and rotary tables).
-const HEAD_PER_VOCAB_CHECKPOINTED: f64 = 0.095;
-const HEAD_PER_HIDDEN: f64 = 3.98;
-/// f32 elements per token and vocabulary entry the backward holds first
-/// (the gradients of the log-softmax and of the logits): its peak.
-const BACKWARD_PER_LOGIT: u64 = 2;
+/// f32 elements the head's graph saves per token beside the logits and
+/// their log-softmax: per vocabulary entry and per hidden unit (the final
+/// norm's). Fitted 2026-11-24 on two points after the logits became a leaf
+/// of their own (`train::step`): the grid's h256 / vocab 4096 run (4.19 MB
+/// of head activations) and the SmolLM2 2-layer cut (h576 / vocab 49 152,
+/// 4.13 MiB).
+const HEAD_PER_VOCAB: f64 = 0.096;
+/// The same when the head's graph is rebuilt in a checkpointed backward:
+/// nothing per vocabulary entry; per hidden unit and per token. Fitted on
+/// two points, 2026-11-24 (release and debug agree): the grid's h256 /
+/// vocab 4096 run (4.2 MB of head activations for 512 tokens) and the
+/// vocab-49 152 run (5.5 MB, h576).
+const HEAD_PER_HIDDEN_CHECKPOINTED: f64 = 2.0;
+const HEAD_PER_TOKEN_CHECKPOINTED: f64 = 1536.0;
+const HEAD_PER_HIDDEN: f64 = 6.45;
+/// Gradient memory the head's backward holds beyond the table's gradient
+/// while it adds the product a block at a time (`train::grads`: blocks of
+/// 8 MiB): per block byte, and a constant (the product's packing buffers
+/// and the hidden states' host copy). Fitted 2026-11-24 on two points: the
+/// grid's h256 / vocab 4096 table (one 4.2 MB block: 13.6 MB) and the
+/// SmolLM2 2-layer cut (8 MiB blocks: 18.2 MiB).
+const HEAD_BLOCK_FACTOR: f64 = 1.31;
+const HEAD_BLOCK_CONSTANT: u64 = 8_090_000;
+const HEAD_BLOCK_BYTES: u64 = 8 << 20;
+/// Temporaries of one Adam/AdamW update, in units of the tensor updated
+/// (the denominator; the step's other products reuse their operands'
+/// buffers). Measured on the SmolLM2 2-layer cut: 108 MiB above the
+/// moments at the update of its 49 152 × 576 table in later steps
+/// (2026-11-24).
+const ADAM_UPDATE_TRANSIENT: u64 = 1;
+/// The first update creates the moments as it goes: at the largest
+/// tensor it holds every gradient beside that tensor's new moments and
+/// temporaries, this many times the tensor (fitted on the cut: 645 MiB of
+/// heap against 142 + 142 + 3 × 108 MiB); at its end, every moment and
+/// almost no gradient (SmolLM2-135M: 1.009 GiB of state, no gradient).
+const ADAM_FIRST_UPDATE_AT_LARGEST: u64 = 3;
 /// A recomputed layer's backward holds this fraction of its graph again in
 /// gradient transients (checkpointing).
 const LAYER_BACKWARD: f64 = 0.3;
@@ -71,15 +100,12 @@ fn layer_graph(a: &Arch, tokens: u64, s: u64) -> u64 {
 
 /// The head's saved graph beside the logits.
 fn head_graph(a: &Arch, tokens: u64, checkpointed: bool) -> u64 {
-    let per_vocab = if checkpointed {
-        HEAD_PER_VOCAB_CHECKPOINTED
+    let per_token = if checkpointed {
+        HEAD_PER_HIDDEN_CHECKPOINTED * a.hidden as f64 + HEAD_PER_TOKEN_CHECKPOINTED
     } else {
-        HEAD_PER_VOCAB
+        HEAD_PER_VOCAB * a.vocab as f64 + HEAD_PER_HIDDEN * a.hidden as f64
     };
-    bytes(
-        per_vocab * a.vocab as f64 + HEAD_PER_HIDDEN * a.hidden as f64,
-        tokens,
-    )
+    bytes(per_token, tokens)
 }
 
 /// The trainable parameters: the plan's count, else all.
@@ -87,8 +113,73 @@ fn trainable(a: &Arch, w: &Workload) -> u64 {
     w.trainable_params.unwrap_or(a.params)
 }
 
-/// One step's peak, with `optimizer` bytes of state (0 in the first step).
-fn step(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], optimizer: u64) -> Phase {
+/// Whether the vocabulary table (or an untied head) trains: the trained
+/// parameters reach past the trained layers by a table.
+fn table_trains(a: &Arch, w: &Workload) -> bool {
+    let layers = a.layers.saturating_sub(w.first_trainable_layer) * a.layer_params();
+    trainable(a, w) >= layers + a.embedding_params()
+}
+
+/// The largest tensor the optimizer updates (elements): the vocabulary
+/// table when it trains, else the largest linear.
+fn largest_trained(a: &Arch, w: &Workload) -> u64 {
+    if table_trains(a, w) {
+        a.embedding_params().max(a.largest_linear())
+    } else {
+        a.largest_linear()
+    }
+}
+
+/// The optimizer's update. Later steps: every gradient, the moments and
+/// one update's temporaries for the largest tensor. The first, which
+/// creates the moments as it consumes the gradients: the larger of its
+/// moment at the largest tensor and its end.
+fn update(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], first: bool) -> Phase {
+    let largest = largest_trained(a, w) * 4;
+    let grads = trainable(a, w) * 4;
+    let moments = grads * optimizer_buffers(w);
+    let workspace = if w.checkpointing {
+        CHECKPOINTED_WORKSPACE
+    } else {
+        0
+    };
+    let base = Phase::new(name, &stages)
+        .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
+        .add("weights", a.params * 4);
+    match w.optimizer {
+        Optimizer::Sgd => base.add("gradients consumed by the update", grads),
+        Optimizer::AdamW if !first => base
+            .add("gradients consumed by the update", grads)
+            .add("optimizer state", moments)
+            .add(
+                "optimizer update's temporaries",
+                ADAM_UPDATE_TRANSIENT * largest,
+            ),
+        Optimizer::AdamW if grads + ADAM_FIRST_UPDATE_AT_LARGEST * largest > moments => {
+            base.add("gradients consumed by the update", grads).add(
+                "optimizer state and temporaries of the largest tensor's first update",
+                ADAM_FIRST_UPDATE_AT_LARGEST * largest,
+            )
+        }
+        Optimizer::AdamW => base.add("optimizer state, every moment created", moments),
+    }
+}
+
+/// One step's peak: the larger of the backward's (with `held` bytes of
+/// optimizer state: none in the first step) and the update's.
+fn step(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], first: bool) -> Phase {
+    let moments = trainable(a, w) * 4 * optimizer_buffers(w);
+    let backward = backward(a, w, name, stages, if first { 0 } else { moments });
+    let update = update(a, w, name, stages, first);
+    if update.total() > backward.total() {
+        update
+    } else {
+        backward
+    }
+}
+
+/// The backward's peak, with `optimizer` bytes of state held.
+fn backward(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], optimizer: u64) -> Phase {
     let tokens = w.batch_size * w.seqlen;
     let grads = trainable(a, w) * 4;
     let logits = tokens * a.vocab * 4;
@@ -103,62 +194,92 @@ fn step(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], optimizer: u64) -
         .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
         .add("weights", a.params * 4)
         .add("optimizer state", optimizer);
+    let head = head_point(a, w, held, logits);
     if !w.checkpointing {
         let layers = a.layers.saturating_sub(w.first_trainable_layer);
-        return base
-            .add("gradients held across micro-batches", held)
-            .add(
-                "activations saved by the forward",
-                layers * layer_graph(a, tokens, w.seqlen) + head_graph(a, tokens, false),
-            )
-            .add("logits saved by the forward", logits)
-            .add(
-                "backward transients (gradients of the log-softmax)",
-                BACKWARD_PER_LOGIT * logits,
-            );
+        let base = base.add(
+            "activations saved by the forward",
+            layers * layer_graph(a, tokens, w.seqlen) + head_graph(a, tokens, false),
+        );
+        return head.into_iter().fold(base, |p, (name, b)| p.add(name, b));
     }
     // Checkpointed: every layer's input, and the autodiff backend's rotary
     // tables (the plain CPU forward rotates with `model::cpu_ops` and caches
-    // none); then the larger of the head's backward (first) and a
-    // recomputed layer's (with nearly every gradient made).
+    // none); then the larger of the head's (first) and a recomputed
+    // layer's: every gradient but the layer's own, made by this backward,
+    // and the embedding's, added at the end.
     let inputs = (a.layers + 1) * tokens * a.hidden * 4;
     let rotary = 2 * (a.q_dim() + a.kv_dim()) * tokens * 4;
     let base = base
         .add("checkpointed layer inputs (activations)", inputs)
         .add("rotary tables (activations)", rotary);
-    let head_grads = a.embedding_params() * 4 * if a.tied { 1 } else { 2 };
-    let at_head = held.max(head_grads.min(grads))
-        + head_graph(a, tokens, true)
-        + logits
-        + BACKWARD_PER_LOGIT * logits;
+    let at_head = head.iter().map(|(_, b)| b).sum::<u64>() + head_graph(a, tokens, true);
     let graph = layer_graph(a, tokens, w.seqlen);
-    let at_layer = grads + graph + (LAYER_BACKWARD * graph as f64) as u64;
+    let made = grads.saturating_sub(a.layer_params() * 4);
+    let at_layer = made + graph + (LAYER_BACKWARD * graph as f64) as u64;
     if at_head >= at_layer {
-        base.add(
-            "gradients held across micro-batches",
-            held.max(head_grads.min(grads)),
-        )
-        .add("activations saved by the head", head_graph(a, tokens, true))
-        .add("logits saved by the head", logits)
-        .add(
-            "backward transients (gradients of the log-softmax)",
-            BACKWARD_PER_LOGIT * logits,
-        )
+        let base = base.add("activations saved by the head", head_graph(a, tokens, true));
+        head.into_iter().fold(base, |p, (name, b)| p.add(name, b))
     } else {
         base.add(
             "gradients made so far",
-            grads + (LAYER_BACKWARD * graph as f64) as u64,
+            made + (LAYER_BACKWARD * graph as f64) as u64,
         )
         .add("activations saved by one recomputed layer", graph)
     }
 }
 
-pub fn phases(a: &Arch, w: &Workload) -> Vec<Phase> {
-    let state = match w.optimizer {
+/// Logits-sized buffers at the head's forward: the logits and, while the
+/// product that makes them runs, a second buffer of its output's size
+/// inside the CPU matrix multiply (measured 2026-11-24: twice the logits
+/// in the forward windows of SmolLM2-135M and of the grid's runs).
+const LOGITS_AT_FORWARD: u64 = 2;
+
+/// The head's gradients and logits at the larger of its two moments: its
+/// forward's product (the held gradients beside twice the logits) and its
+/// backward (the logits, which become their own gradient in place —
+/// `train::head` —, the held gradients, and the head's weight gradient,
+/// made a block at a time when none is held yet).
+fn head_point(a: &Arch, w: &Workload, held: u64, logits: u64) -> [(&'static str, u64); 2] {
+    let table = if table_trains(a, w) {
+        a.embedding_params() * 4
+    } else {
+        0
+    };
+    let block = if table > 0 {
+        (HEAD_BLOCK_FACTOR * HEAD_BLOCK_BYTES.min(table) as f64) as u64 + HEAD_BLOCK_CONSTANT
+    } else {
+        0
+    };
+    if held + LOGITS_AT_FORWARD * logits >= held.max(table) + block + logits {
+        [
+            ("gradients held across micro-batches", held),
+            (
+                "logits and their product's output-sized buffer",
+                LOGITS_AT_FORWARD * logits,
+            ),
+        ]
+    } else {
+        [
+            (
+                "gradients held, the head's weight gradient made a block at a time",
+                held.max(table) + block,
+            ),
+            ("logits, becoming their own gradient", logits),
+        ]
+    }
+}
+
+/// f32 state buffers per trained parameter (the estimate's SGD has no
+/// momentum).
+fn optimizer_buffers(w: &Workload) -> u64 {
+    match w.optimizer {
         Optimizer::AdamW => 2,
         Optimizer::Sgd => 0,
-    };
-    let optimizer = trainable(a, w) * 4 * state;
+    }
+}
+
+pub fn phases(a: &Arch, w: &Workload) -> Vec<Phase> {
     let first_step = stages::step_end(1, "zero_grad");
     let later = stages::micro_batch(2, 1, "forward");
     vec![
@@ -171,8 +292,8 @@ pub fn phases(a: &Arch, w: &Workload) -> Vec<Phase> {
             w,
             "first step",
             [&stages::epoch_start(1), &first_step],
-            0,
+            true,
         ),
-        step(a, w, "later steps", [&later, stages::TRAIN_END], optimizer),
+        step(a, w, "later steps", [&later, stages::TRAIN_END], false),
     ]
 }

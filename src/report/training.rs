@@ -117,12 +117,22 @@ pub fn gap_text(g: &Gap) -> String {
             );
         }
     }
-    if let Some(r) = g.reserve {
-        let _ = writeln!(
-            o,
-            "Beyond the heap: RSS in the peak's window exceeds the heap peak by {} (allocator reserve, binary, stacks — what `nvidia-smi` adds over `max_memory_allocated()` on a GPU).",
-            plain(r)
-        );
+    match g.reserve {
+        Some(r) if r >= 0 => {
+            let _ = writeln!(
+                o,
+                "Beyond the heap: RSS in the peak's window exceeds the heap peak by {} (allocator reserve, binary, stacks — what `nvidia-smi` adds over `max_memory_allocated()` on a GPU).",
+                plain(r)
+            );
+        }
+        Some(r) => {
+            let _ = writeln!(
+                o,
+                "RSS in the peak's window stays {} below the heap peak: part of the heap was allocated but never touched (a page is resident only once written).",
+                plain(-r)
+            );
+        }
+        None => {}
     }
     o
 }

@@ -10,13 +10,15 @@
 //! explains the gap from the measured bytes.
 
 pub mod analysis;
+pub mod grads;
+pub mod head;
+pub mod micro;
 pub mod optim;
 pub mod step;
 
 use std::collections::BTreeMap;
 
 use burn::module::{AutodiffModule, Module};
-use burn::optim::GradientsAccumulator;
 use thiserror::Error;
 
 use crate::events::{Level, stages};
@@ -334,14 +336,21 @@ impl<B: Compute> Steps<'_, B> {
     ) -> (Model<B>, f64) {
         let (config, p) = (self.config, self.p);
         let detail = detailed(s, self.total);
-        let mut acc = GradientsAccumulator::<Model<B>>::new();
+        let mut acc = step::Accumulator::<B>::new();
         // The accumulated gradients, from the first backward to the step.
         let mut grads_held = Held::none(Category::Gradients);
         let mut loss = 0.0;
         for (m, mb) in chunk.chunks(config.batch_size).enumerate() {
             let wins: Vec<Vec<u32>> = mb.iter().map(|i| self.windows[*i].clone()).collect();
             let mb = MicroBatch::from_windows(&wins);
-            let fwd = step::forward(&model, &mb, &self.ropes, config.checkpointing, self.scale);
+            let fwd = step::forward(
+                &model,
+                &mb,
+                &self.ropes,
+                config.checkpointing,
+                self.trainable,
+                self.scale,
+            );
             if detail {
                 // What the pool holds beyond the parameters, gradients and
                 // optimizer state here is the forward's graph.

@@ -6,51 +6,33 @@
 //! per decoder layer: the memory-for-time trade of
 //! `torch.utils.checkpoint` around each layer).
 //!
-//! Gradients land in a [`GradientsAccumulator`], so k micro-batches add into
-//! the same buffers. Frozen parameters are not tracked: Burn keeps no graph
-//! for a frozen prefix, and the checkpointed backward stops at the lowest
-//! trainable layer.
+//! Either way the backward runs in segments — the head, then each decoder
+//! layer from the top, then the embedding lookup — and each segment's
+//! gradients are added into the [`Accumulator`] as soon as they exist, so
+//! the backward holds one segment's new gradients beside the accumulated
+//! ones, not a second copy of the model's. The full graph keeps every
+//! layer's graph from the forward, each from its own input; the
+//! checkpointed backward rebuilds it. What is as large as the vocabulary
+//! stays out of Burn's graph: the head and its loss are written out
+//! (`train::head`: one logits-sized tensor from the forward to the end of
+//! the head's backward), and the head's and the embedding's weight
+//! gradients are added into the held gradient in pieces (`train::grads`).
+//! Frozen parameters are not tracked:
+//! Burn keeps no graph for a frozen prefix, and the backward stops at the
+//! lowest trainable layer.
 
 use crate::exec::{Compute, Cpu};
-use burn::backend::Autodiff;
 use burn::module::AutodiffModule;
-use burn::optim::{GradientsAccumulator, GradientsParams};
 use burn::prelude::*;
 
 use crate::memory::tag::{self, Category};
-use crate::model::llama::Llama;
 use crate::model::perplexity::token_tensor;
-use crate::model::tiny::lm_loss;
 use crate::model::{ComputeDtype, Rope};
 
-/// The autodiff backend over `B` (Burn's CPU backend unless named).
-pub type Ad<B = Cpu> = Autodiff<B>;
-/// The model under training on `B`.
-pub type Model<B = Cpu> = Llama<Ad<B>>;
-pub type Accumulator<B = Cpu> = GradientsAccumulator<Model<B>>;
-
-/// `b` windows of `seqlen` inputs and their next tokens.
-#[derive(Debug, Clone, PartialEq)]
-pub struct MicroBatch {
-    pub inputs: Vec<Vec<u32>>,
-    pub targets: Vec<u32>,
-}
-
-impl MicroBatch {
-    /// From windows of `seqlen + 1` tokens.
-    pub fn from_windows(windows: &[Vec<u32>]) -> Self {
-        Self {
-            inputs: windows.iter().map(|w| w[..w.len() - 1].to_vec()).collect(),
-            targets: windows
-                .iter()
-                .flat_map(|w| w[1..].iter().copied())
-                .collect(),
-        }
-    }
-    pub fn tokens(&self) -> usize {
-        self.targets.len()
-    }
-}
+pub use super::grads::Accumulator;
+use super::grads::push_back;
+use super::head;
+pub use super::micro::{Ad, MicroBatch, Model};
 
 /// Rotary tables for both backends at one length.
 pub struct Ropes<B: Compute = Cpu> {
@@ -76,35 +58,62 @@ impl<B: Compute> Ropes<B> {
     }
 }
 
+/// Which parameters the backward must reach: the lowest decoder layer
+/// (`Freeze::backward_floor`) and whether the embedding table trains.
+pub type Trainable = (usize, bool);
+
+/// One decoder layer's graph, from its own input.
+pub struct Segment<B: Compute = Cpu> {
+    input: Tensor<Ad<B>, 3>,
+    output: Tensor<Ad<B>, 3>,
+}
+
 /// What the forward leaves for the backward.
 pub enum Forward<B: Compute = Cpu> {
-    /// The loss, with the whole graph behind it.
-    Full { loss: Tensor<Ad<B>, 1> },
+    /// Every layer's graph and the head's.
+    Full {
+        layers: Vec<Segment<B>>,
+        head: head::HeadPass<B>,
+    },
     /// The inputs of every layer and of the final norm, no graph.
     Checkpointed { boundaries: Vec<Tensor<B, 3>> },
 }
 
-/// Mean next-token cross-entropy of `x` (the last layer's output, before
-/// the final norm) times `scale`.
-fn loss_of<B: Compute>(
-    model: &Model<B>,
-    x: Tensor<Ad<B>, 3>,
-    mb: &MicroBatch,
-    scale: f64,
-) -> Tensor<Ad<B>, 1> {
-    let [b, s, d] = x.dims();
-    let h = model.model.norm.forward(x);
-    let _tag = tag::tag(Category::Logits);
-    let logits = model.head().logits(h.reshape([b * s, d]));
-    let targets: Vec<i64> = mb.targets.iter().map(|t| *t as i64).collect();
-    let targets =
-        Tensor::<Ad<B>, 1, Int>::from_data(TensorData::new(targets, [b * s]), &device_of(model));
-    lm_loss(logits, targets).mul_scalar(scale)
+impl<B: Compute> Forward<B> {
+    /// The full graph's scaled loss (a checkpointed forward has none yet).
+    pub fn loss(&self) -> Option<f64> {
+        match self {
+            Forward::Full { head, .. } => Some(head.loss),
+            Forward::Checkpointed { .. } => None,
+        }
+    }
 }
 
 /// The device the model's parameters live on.
 fn device_of<B: Compute>(model: &Model<B>) -> B::Device {
     model.model.embed_tokens.weight.val().device()
+}
+
+/// The embedding lookup, outside the graph.
+fn embed<B: Compute>(model: &Model<B>, mb: &MicroBatch) -> Tensor<B, 3> {
+    let device = device_of(model);
+    model
+        .model
+        .embed_tokens
+        .valid()
+        .forward(token_tensor::<B>(&mb.inputs, &device))
+}
+
+/// A leaf on `x`'s values; tracked when the backward needs its gradient.
+fn leaf<B: Compute>(x: Tensor<B, 3>, tracked: bool) -> Tensor<Ad<B>, 3> {
+    let x = Tensor::<Ad<B>, 3>::from_inner(x);
+    if tracked { x.require_grad() } else { x }
+}
+
+/// Whether the backward needs the gradient of layer `i`'s input (`i` = the
+/// number of layers: the head's).
+fn needs_input_grad(i: usize, (floor, embeddings): Trainable) -> bool {
+    i > floor || (i == 0 && embeddings)
 }
 
 /// The forward of one micro-batch.
@@ -113,87 +122,90 @@ pub fn forward<B: Compute>(
     mb: &MicroBatch,
     ropes: &Ropes<B>,
     checkpointed: bool,
+    trainable: Trainable,
     scale: f64,
 ) -> Forward<B> {
     let _tag = tag::tag(Category::Activations);
-    let device = device_of(model);
-    if !checkpointed {
-        let mut x = model
-            .model
-            .embed_tokens
-            .forward(token_tensor::<Ad<B>>(&mb.inputs, &device));
+    let mut x = embed(model, mb);
+    if checkpointed {
+        let mut boundaries = vec![x];
         for layer in &model.model.layers {
-            x = layer.forward(x, &ropes.ad);
+            let plain = layer.valid();
+            let next = plain.forward(boundaries[boundaries.len() - 1].clone(), &ropes.plain);
+            boundaries.push(next);
         }
-        return Forward::Full {
-            loss: loss_of(model, x, mb, scale),
-        };
+        return Forward::Checkpointed { boundaries };
     }
-    let embed = model.model.embed_tokens.valid();
-    let mut boundaries = vec![embed.forward(token_tensor::<B>(&mb.inputs, &device))];
-    drop(embed);
-    for layer in &model.model.layers {
-        let plain = layer.valid();
-        let next = plain.forward(boundaries[boundaries.len() - 1].clone(), &ropes.plain);
-        boundaries.push(next);
+    let mut layers = Vec::with_capacity(model.model.layers.len());
+    for (i, layer) in model.model.layers.iter().enumerate() {
+        let input = leaf(x, needs_input_grad(i, trainable));
+        let output = layer.forward(input.clone(), &ropes.ad);
+        x = output.clone().inner();
+        layers.push(Segment { input, output });
     }
-    Forward::Checkpointed { boundaries }
+    let input = leaf(x, needs_input_grad(layers.len(), trainable));
+    Forward::Full {
+        layers,
+        head: head::forward(model, input, mb, scale),
+    }
 }
 
 /// The backward of one micro-batch; gradients are added into `acc`.
-/// `floor` is the lowest decoder layer the backward must reach
-/// (`Freeze::backward_floor`), `embeddings_trainable` whether the lookup's
-/// gradient is needed. Returns the micro-batch's scaled loss.
+/// Returns the micro-batch's scaled loss.
 pub fn backward<B: Compute>(
     model: &Model<B>,
     mb: &MicroBatch,
     fwd: Forward<B>,
     ropes: &Ropes<B>,
     acc: &mut Accumulator<B>,
-    (floor, embeddings_trainable): (usize, bool),
+    trainable: Trainable,
     scale: f64,
 ) -> f64 {
     let _tag = tag::tag(Category::Gradients);
-    let mut boundaries = match fwd {
-        Forward::Full { loss } => {
-            let value = loss.clone().into_scalar().to_f64();
-            let grads = loss.backward();
-            acc.accumulate(model, GradientsParams::from_grads(grads, model));
-            return value;
-        }
-        Forward::Checkpointed { boundaries } => boundaries,
-    };
+    let (floor, embeddings_trainable) = trainable;
     let layers = model.model.layers.len();
-    let last = boundaries.pop().expect("the final norm's input");
-    let x = Tensor::<Ad<B>, 3>::from_inner(last).require_grad();
-    let loss = tag::tagged(Category::Activations, || {
-        loss_of(model, x.clone(), mb, scale)
-    });
-    let value = loss.clone().into_scalar().to_f64();
-    let grads = loss.backward();
-    let mut g = x.grad(&grads);
-    acc.accumulate(model, GradientsParams::from_grads(grads, model));
-    for i in (floor..layers).rev() {
-        let (Some(dy), Some(input)) = (g.take(), boundaries.pop()) else {
-            break;
-        };
-        let x = Tensor::<Ad<B>, 3>::from_inner(input).require_grad();
-        let y = tag::tagged(Category::Activations, || {
-            model.model.layers[i].forward(x.clone(), &ropes.ad)
-        });
-        let grads = (y * Tensor::<Ad<B>, 3>::from_inner(dy)).sum().backward();
-        g = x.grad(&grads);
-        acc.accumulate(model, GradientsParams::from_grads(grads, model));
-    }
-    drop(boundaries);
-    if embeddings_trainable && let Some(dy) = g {
-        let device = device_of(model);
-        let e = model
-            .model
-            .embed_tokens
-            .forward(token_tensor::<Ad<B>>(&mb.inputs, &device));
-        let grads = (e * Tensor::<Ad<B>, 3>::from_inner(dy)).sum().backward();
-        acc.accumulate(model, GradientsParams::from_grads(grads, model));
+    let (value, mut g) = match fwd {
+        Forward::Full { mut layers, head } => {
+            let value = head.loss;
+            let mut g = head::backward(model, head, acc);
+            for _ in (floor..layers.len()).rev() {
+                let (Some(dy), Some(seg)) = (g.take(), layers.pop()) else {
+                    break;
+                };
+                g = push_back(model, seg.output, &seg.input, dy, acc);
+            }
+            (value, g)
+        }
+        Forward::Checkpointed { mut boundaries } => {
+            let last = boundaries.pop().expect("the final norm's input");
+            let input = leaf(last, needs_input_grad(layers, trainable));
+            let head = tag::tagged(Category::Activations, || {
+                head::forward(model, input, mb, scale)
+            });
+            let value = head.loss;
+            let mut g = head::backward(model, head, acc);
+            for i in (floor..layers).rev() {
+                let (Some(dy), Some(x)) = (g.take(), boundaries.pop()) else {
+                    break;
+                };
+                let input = leaf(x, needs_input_grad(i, trainable));
+                let output = tag::tagged(Category::Activations, || {
+                    model.model.layers[i].forward(input.clone(), &ropes.ad)
+                });
+                g = push_back(model, output, &input, dy, acc);
+            }
+            (value, g)
+        }
+    };
+    if floor == 0
+        && embeddings_trainable
+        && let Some(de) = g.take()
+    {
+        let [b, s, d] = de.dims();
+        let table = &model.model.embed_tokens.weight;
+        let tokens: Vec<u32> = mb.inputs.iter().flatten().copied().collect();
+        let shape = [table.val().dims()[0], d];
+        acc.add_rows(model, (table.id, shape), &tokens, de.reshape([b * s, d]));
     }
     value
 }

@@ -48,6 +48,24 @@ fn m2() -> SyntheticSpec {
     }
 }
 
+/// SmolLM2-135M's shape cut to two layers: its 49 152-entry vocabulary,
+/// tied, the table four times the layers' parameters (where the
+/// optimizer's update, not the backward, is the step's peak).
+fn vocab49k() -> SyntheticSpec {
+    SyntheticSpec {
+        layers: 2,
+        hidden: 576,
+        intermediate: 1536,
+        heads: 9,
+        kv_heads: 3,
+        vocab: 49152,
+        tied: true,
+        max_positions: 1024,
+        seed: 4,
+        ..Default::default()
+    }
+}
+
 pub fn cases() -> Vec<Case> {
     vec![
         Case {
@@ -113,6 +131,16 @@ pub fn cases() -> Vec<Case> {
                 "2",
                 "--checkpointing",
             ],
+        },
+        Case {
+            name: "adamw-v49k-b2-s64-acc2",
+            spec: vocab49k(),
+            args: &["--batch-size", "2", "--seqlen", "64", "--grad-accum", "2"],
+        },
+        Case {
+            name: "adamw-v49k-b4-s128-ckpt",
+            spec: vocab49k(),
+            args: &["--batch-size", "4", "--seqlen", "128", "--checkpointing"],
         },
     ]
 }
