@@ -305,8 +305,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             eval_phase(a, w, &sh, "dense eval", &stages, false, sh.text),
         );
     }
-    cache_up_to_high_water(&mut out);
-    out
+    cache_up_to_high_water(out)
 }
 
 /// The allocator's mapping cache (`memory::mapping`) keeps freed large
@@ -316,24 +315,25 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
 /// that mark before its layer's trim. Measured on SmolLM2-135M Wanda
 /// (release, 2026-11-24): the prune phase's heap peaked at 128 MiB per
 /// layer, its resident set at 173-181 MiB, the calibration's 175 MiB.
-fn cache_up_to_high_water(phases: &mut [Phase]) {
-    let mut high = 0;
-    for p in phases.iter_mut() {
-        let heap: u64 = p
-            .components
-            .iter()
-            .filter(|c| c.category != crate::memory::tag::Category::Runtime)
-            .map(|c| c.bytes)
-            .sum();
-        if heap < high {
-            let phase = std::mem::replace(p, Phase::new("", &[]));
-            *p = phase.add(
+fn cache_up_to_high_water(phases: Vec<Phase>) -> Vec<Phase> {
+    let mut high: u64 = 0;
+    phases
+        .into_iter()
+        .map(|p| {
+            let heap: u64 = p
+                .components
+                .iter()
+                .filter(|c| c.category != crate::memory::tag::Category::Runtime)
+                .map(|c| c.bytes)
+                .sum();
+            let cached = high.saturating_sub(heap);
+            high = high.max(heap);
+            p.add(
                 "runtime: freed blocks the allocator caches up to the heap's high-water mark",
-                high - heap,
-            );
-        }
-        high = high.max(heap);
-    }
+                cached,
+            )
+        })
+        .collect()
 }
 
 /// OWL's outlier pass (`prune::owl`): its own copy of the calibration

@@ -130,6 +130,19 @@ fn largest_trained(a: &Arch, w: &Workload) -> u64 {
     }
 }
 
+/// What a step holds at every moment: the runtime (with the checkpointed
+/// forward's workspace) and the parameters.
+fn held_by_every_moment(a: &Arch, w: &Workload, name: &str, stages: [&str; 2]) -> Phase {
+    let workspace = if w.checkpointing {
+        CHECKPOINTED_WORKSPACE
+    } else {
+        0
+    };
+    Phase::new(name, &stages)
+        .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
+        .add("weights", a.params * 4)
+}
+
 /// The optimizer's update. Later steps: every gradient, the moments and
 /// one update's temporaries for the largest tensor. The first, which
 /// creates the moments as it consumes the gradients: the larger of its
@@ -138,14 +151,7 @@ fn update(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], first: bool) ->
     let largest = largest_trained(a, w) * 4;
     let grads = trainable(a, w) * 4;
     let moments = grads * optimizer_buffers(w);
-    let workspace = if w.checkpointing {
-        CHECKPOINTED_WORKSPACE
-    } else {
-        0
-    };
-    let base = Phase::new(name, &stages)
-        .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
-        .add("weights", a.params * 4);
+    let base = held_by_every_moment(a, w, name, stages);
     match w.optimizer {
         Optimizer::Sgd => base.add("gradients consumed by the update", grads),
         Optimizer::AdamW if !first => base
@@ -185,15 +191,7 @@ fn backward(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], optimizer: u6
     let logits = tokens * a.vocab * 4;
     // Gradients stay through the next micro-batch when accumulating.
     let held = if w.grad_accum > 1 { grads } else { 0 };
-    let workspace = if w.checkpointing {
-        CHECKPOINTED_WORKSPACE
-    } else {
-        0
-    };
-    let base = Phase::new(name, &stages)
-        .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
-        .add("weights", a.params * 4)
-        .add("optimizer state", optimizer);
+    let base = held_by_every_moment(a, w, name, stages).add("optimizer state", optimizer);
     let head = head_point(a, w, held, logits);
     if !w.checkpointing {
         let layers = a.layers.saturating_sub(w.first_trainable_layer);

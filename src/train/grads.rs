@@ -98,15 +98,12 @@ impl<B: Compute> Accumulator<B> {
                 if tied {
                     let block = part.transpose().matmul(h.clone()).into_data();
                     let block = block.as_slice::<f32>().expect("f32");
-                    for (dst, src) in table[v0 * width..v1 * width].iter_mut().zip(block) {
-                        *dst += src;
-                    }
+                    add_into(&mut table[v0 * width..v1 * width], block);
                 } else {
                     let block = h.clone().transpose().matmul(part).into_data();
                     let block = block.as_slice::<f32>().expect("f32");
                     for (r, src) in block.chunks(v1 - v0).enumerate() {
-                        let dst = &mut table[r * vocab + v0..r * vocab + v1];
-                        dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                        add_into(&mut table[r * vocab + v0..r * vocab + v1], src);
                     }
                 }
             }
@@ -136,8 +133,7 @@ impl<B: Compute> Accumulator<B> {
         self.update_table(model, (id, shape), &device, |table| {
             for (t, src) in tokens.iter().zip(rows.chunks(width)) {
                 let t = *t as usize;
-                let dst = &mut table[t * width..(t + 1) * width];
-                dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
+                add_into(&mut table[t * width..(t + 1) * width], src);
             }
         });
     }
@@ -146,6 +142,11 @@ impl<B: Compute> Accumulator<B> {
     pub fn grads(&mut self) -> GradientsParams {
         self.inner.grads()
     }
+}
+
+/// `dst += src`, element by element.
+fn add_into(dst: &mut [f32], src: &[f32]) {
+    dst.iter_mut().zip(src).for_each(|(d, s)| *d += s);
 }
 
 /// The gradient of `output` pushed back to its input, the parameters'

@@ -12,11 +12,12 @@
 //! into the held gradient a block of rows at a time (`train::grads`); the
 //! final norm stays in autodiff.
 
-use burn::module::ParamId;
+use burn::module::{AutodiffModule, ParamId};
 use burn::prelude::*;
 
 use crate::exec::Compute;
 use crate::memory::tag::{self, Category};
+use crate::model::llama::Head;
 
 use super::grads::{Accumulator, push_back};
 use super::micro::{Ad, MicroBatch, Model};
@@ -86,12 +87,11 @@ pub fn forward<B: Compute>(
     let n = b * s;
     let normed = model.model.norm.forward(x.clone()).reshape([n, d]);
     let _tag = tag::tag(Category::Logits);
-    let (w, _, tied, _) = weight(model);
     let h = normed.clone().inner();
-    let logits = if tied {
-        h.matmul(w.transpose())
-    } else {
-        h.matmul(w)
+    // The model's own head on the parameters' values (outside the graph).
+    let logits = match &model.lm_head {
+        Some(l) => Head::Linear(&l.valid()).logits(h),
+        None => Head::Tied(&model.model.embed_tokens.valid()).logits(h),
     };
     let lse = log_sum_exp(&logits);
     let device = logits.device();

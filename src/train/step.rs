@@ -164,39 +164,36 @@ pub fn backward<B: Compute>(
     let _tag = tag::tag(Category::Gradients);
     let (floor, embeddings_trainable) = trainable;
     let layers = model.model.layers.len();
-    let (value, mut g) = match fwd {
-        Forward::Full { mut layers, head } => {
-            let value = head.loss;
-            let mut g = head::backward(model, head, acc);
-            for _ in (floor..layers.len()).rev() {
-                let (Some(dy), Some(seg)) = (g.take(), layers.pop()) else {
-                    break;
-                };
-                g = push_back(model, seg.output, &seg.input, dy, acc);
-            }
-            (value, g)
-        }
+    // The head's pass (rebuilt here when checkpointed), then the layers'
+    // graphs from the top: kept from the forward, or rebuilt one at a time.
+    let (head, mut kept, mut boundaries) = match fwd {
+        Forward::Full { layers, head } => (head, layers, Vec::new()),
         Forward::Checkpointed { mut boundaries } => {
             let last = boundaries.pop().expect("the final norm's input");
             let input = leaf(last, needs_input_grad(layers, trainable));
             let head = tag::tagged(Category::Activations, || {
                 head::forward(model, input, mb, scale)
             });
-            let value = head.loss;
-            let mut g = head::backward(model, head, acc);
-            for i in (floor..layers).rev() {
-                let (Some(dy), Some(x)) = (g.take(), boundaries.pop()) else {
-                    break;
-                };
+            (head, Vec::new(), boundaries)
+        }
+    };
+    let value = head.loss;
+    let mut g = head::backward(model, head, acc);
+    for i in (floor..layers).rev() {
+        let Some(dy) = g.take() else { break };
+        let seg = match kept.pop() {
+            Some(seg) => seg,
+            None => {
+                let Some(x) = boundaries.pop() else { break };
                 let input = leaf(x, needs_input_grad(i, trainable));
                 let output = tag::tagged(Category::Activations, || {
                     model.model.layers[i].forward(input.clone(), &ropes.ad)
                 });
-                g = push_back(model, output, &input, dy, acc);
+                Segment { input, output }
             }
-            (value, g)
-        }
-    };
+        };
+        g = push_back(model, seg.output, &seg.input, dy, acc);
+    }
     if floor == 0
         && embeddings_trainable
         && let Some(de) = g.take()
