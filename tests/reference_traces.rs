@@ -45,6 +45,28 @@ fn workload(t: &Value) -> Workload {
     w
 }
 
+/// What a trace of op outputs cannot see inside `memory_allocated` at the
+/// estimate's allocated peak: cuBLAS' workspace and, for Wanda on CUDA, the
+/// row sort's own buffers (both measured on an H100,
+/// `tests/fixtures/reference_cuda.jsonl`).
+fn invisible_to_trace(est: &estimate::Estimate) -> u64 {
+    if est.workload.device != Device::Cuda {
+        return 0;
+    }
+    let peak = est
+        .phases
+        .iter()
+        .max_by_key(|p| p.allocated())
+        .expect("an estimate has phases");
+    let sort: u64 = peak
+        .components
+        .iter()
+        .filter(|c| c.name == reference::SORT_BUFFERS_NAME)
+        .map(|c| c.bytes)
+        .sum();
+    reference::CUBLAS_WORKSPACE + sort
+}
+
 #[test]
 fn reference_estimate_is_within_five_percent_of_every_trace() {
     let mut misses = Vec::new();
@@ -64,14 +86,7 @@ fn reference_estimate_is_within_five_percent_of_every_trace() {
             arch.name
         );
         let est = estimate::estimate(&arch, &workload(&t)).unwrap();
-        // The trace sees tensors only; cuBLAS' workspace is the one
-        // allocation inside `memory_allocated` it cannot see.
-        let workspace = if est.workload.device == Device::Cuda {
-            reference::CUBLAS_WORKSPACE
-        } else {
-            0
-        };
-        let predicted = est.peak_allocated() - workspace;
+        let predicted = est.peak_allocated() - invisible_to_trace(&est);
         let traced = t["peak_allocated_bytes"].as_u64().unwrap();
         let err = predicted as f64 / traced as f64 - 1.0;
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
@@ -181,5 +196,71 @@ fn json_reports_the_allocated_peak_under_the_whole_peak() {
     assert!(
         est.peak_allocated() > arch.params * 2,
         "the weights alone are allocated"
+    );
+}
+
+/// The same scripts run on a real GPU (`scripts/reference/cuda_check.py` on
+/// an H100: random weights of the real shapes, PyTorch's own
+/// `max_memory_allocated`); each line also holds the fake trace of the same
+/// run.
+const CUDA_RUNS: &str = include_str!("fixtures/reference_cuda.jsonl");
+
+#[test]
+fn reference_estimate_is_within_five_percent_of_real_cuda_runs() {
+    let mut misses = Vec::new();
+    let mut rows = 0;
+    println!(
+        "| case | max_memory_allocated (phase) | traced (fake) | estimated allocated | error | max_memory_reserved | estimated reserve |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for line in CUDA_RUNS.lines().filter(|l| !l.trim().is_empty()) {
+        let t: Value = serde_json::from_str(line).expect("one JSON object per run");
+        let real = &t["real"];
+        let cuda = &real["cuda"];
+        let args: Vec<&str> = t["args"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|a| a.as_str().unwrap())
+            .collect();
+        let config = args[args.iter().position(|a| *a == "--config").unwrap() + 1];
+        let preset = config.rsplit('/').next().unwrap().trim_end_matches(".json");
+        let mut arch = presets::load(preset).expect("the run's config is a preset");
+        // A shape built with fewer layers (`--layers`): the same layers, fewer.
+        let layers = real["layers"].as_u64().unwrap();
+        arch.params -= (arch.layers - layers) * arch.layer_params();
+        arch.layers = layers;
+        assert_eq!(arch.params, real["params"].as_u64().unwrap(), "{preset}");
+        let est = estimate::estimate(&arch, &workload(real)).unwrap();
+        let measured = cuda["max_memory_allocated"].as_u64().unwrap();
+        let err = est.peak_allocated() as f64 / measured as f64 - 1.0;
+        let reserve: u64 = est.phases[est.peak_phase()]
+            .components
+            .iter()
+            .filter(|c| c.name == "allocator reserve")
+            .map(|c| c.bytes)
+            .sum();
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        println!(
+            "| {} | {:.2} GiB ({}) | {:.2} GiB | {:.2} GiB | {:+.1}% | {:.2} GiB | {:.2} GiB |",
+            t["case"].as_str().unwrap(),
+            gib(measured),
+            cuda["peak_phase"].as_str().unwrap(),
+            gib(t["fake"]["peak_allocated_bytes"].as_u64().unwrap()),
+            gib(est.peak_allocated()),
+            err * 100.0,
+            gib(cuda["max_memory_reserved"].as_u64().unwrap()),
+            gib(est.peak_allocated() + reserve),
+        );
+        if err.abs() > TOLERANCE {
+            misses.push(format!("{}: {:+.1}%", t["case"], err * 100.0));
+        }
+        rows += 1;
+    }
+    assert!(rows >= 13, "the fixture holds {rows} real GPU runs");
+    assert!(
+        misses.is_empty(),
+        "estimates off the real GPU by more than 5%:\n{}",
+        misses.join("\n")
     );
 }

@@ -73,6 +73,10 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--attn-implementation", default="sdpa", choices=["sdpa", "eager"],
                     help="transformers' attention path (both compute the same softmax attention)")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"],
+                    help="cuda: the model in --dtype on the GPU, as the authors run it; the JSON adds "
+                    "torch.cuda.max_memory_allocated / max_memory_reserved")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--save-model")
     ap.add_argument("--dsnot", action="store_true")
     ap.add_argument("--dsnot-repo")
@@ -81,12 +85,16 @@ def main():
     t_start = time.time()
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    sync = torch.cuda.synchronize if a.device == "cuda" else (lambda: None)
     import refshim
     P = refshim.import_reference(a.dsnot_repo if a.dsnot else a.wanda_repo)
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(
-        a.model, dtype=torch.float32, attn_implementation=a.attn_implementation).eval()
+        a.model, dtype=getattr(torch, a.dtype), attn_implementation=a.attn_implementation).eval()
+    device = torch.device(a.device)
+    model.to(device)
+    sync()
     refshim.prepare_model(model, a.seqlen)
     tok = AutoTokenizer.from_pretrained(a.model)
     t_loaded = time.time()
@@ -114,7 +122,6 @@ def main():
                                  skip_layer="mlp", skip_sub_layer="no_skip", without_same_sign=True,
                                  get_time_overhead=False)
     prune_n, prune_m = (0, 0) if a.sparsity_type == "unstructured" else map(int, a.sparsity_type.split(":"))
-    device = torch.device("cpu")
 
     # Sample RSS while pruning (VmHWM also counts model loading).
     peak = {"rss": 0}
@@ -127,6 +134,8 @@ def main():
 
     th = threading.Thread(target=sampler, daemon=True)
     th.start()
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
     t0 = time.time()
     with torch.no_grad():
         if a.dsnot:
@@ -137,6 +146,7 @@ def main():
             P.prune_magnitude(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
         else:
             P.prune_sparsegpt(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
+    sync()
     prune_seconds = time.time() - t0
     done.set()
     th.join()
@@ -157,7 +167,7 @@ def main():
         losses = []
         with torch.no_grad():
             for i in range(n):
-                x = ids[:, i * a.seqlen:(i + 1) * a.seqlen]
+                x = ids[:, i * a.seqlen:(i + 1) * a.seqlen].to(device)
                 logits = model(x).logits
                 losses.append(torch.nn.functional.cross_entropy(logits[0, :-1].float(), x[0, 1:]).item())
         result["perplexity"] = math.exp(sum(losses) / len(losses))
@@ -167,6 +177,10 @@ def main():
         model.save_pretrained(a.save_model)
         tok.save_pretrained(a.save_model)
     result["rss_peak"] = rss_kib("VmHWM:") * 1024
+    if a.device == "cuda":
+        result["device"] = torch.cuda.get_device_name()
+        result["max_memory_allocated"] = torch.cuda.max_memory_allocated()
+        result["max_memory_reserved"] = torch.cuda.max_memory_reserved()
     result["wall_seconds"] = time.time() - t_start
     print(json.dumps(result))
 

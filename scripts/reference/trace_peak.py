@@ -25,11 +25,21 @@ Where values are needed:
   `== 0` on a Hessian diagonal (SparseGPT's dead columns) are assumed empty;
 - `.item()` answers 0 (only the final perplexity and sparsity prints use it).
 
-What it does not see (added by `prunemem estimate` as named constants):
-the CUDA context, cuBLAS' workspace, and the caching allocator's reserve
-above `memory_allocated`. Blocks the allocator leaves unsplit (a cached
+What it does not see (added by `prunemem estimate` as named constants,
+measured on an H100 with `--tensors real`): the CUDA context, cuBLAS'
+workspace, ops' own transient buffers (CUDA's row sort: 20 bytes per
+element in Wanda), and the caching allocator's reserve above
+`memory_allocated`. Blocks the allocator leaves unsplit (a cached
 block used for a request up to 1 MiB smaller) are counted at the request's
 size.
+
+On a real GPU (`--tensors real --device cuda`) the same code runs on
+random weights of the same shape (memory does not depend on the values),
+the counter counts the real storages, and the JSON adds what the CUDA
+caching allocator itself says (`cuda`): `torch.cuda.max_memory_allocated`
+and `max_memory_reserved` per phase and overall, and the device memory the
+process holds outside the allocator (the CUDA context) — the figures the
+fake run is checked against (`scripts/reference/cuda_check.sh`).
 
 Layers: every layer of the model is built and resident, but the pruning
 loop runs over the first `--trace-layers` (default 2): the layers have the
@@ -91,6 +101,8 @@ class Counter(TorchDispatchMode):
         self.ops = 0
         self.assumptions = {}
         self.dead_masks = set()
+        self.on_enter = None
+        self.gpu = None
 
     # -- bookkeeping ---------------------------------------------------
     def track(self, t):
@@ -147,6 +159,8 @@ class Counter(TorchDispatchMode):
         return [{"op": op, "tensors": c, "bytes": b} for op, (c, b) in rows]
 
     def enter(self, phase):
+        if self.on_enter:
+            self.on_enter(phase)
         self.full_sweep()
         self.phase = phase
         self.phase_peaks.setdefault(phase, self.allocated)
@@ -162,7 +176,7 @@ class Counter(TorchDispatchMode):
         self.ops += 1
         self.op_name = func.__name__
         if self.real:
-            out = func(*args, **kwargs)
+            out = self.gpu.around(func, args, kwargs) if self.gpu else func(*args, **kwargs)
         elif func is aten._local_scalar_dense.default:
             self.assume(".item()", "answers 0")
             return 0
@@ -252,6 +266,97 @@ def flash_attention(counter):
     torch.nn.functional.scaled_dot_product_attention = sdpa
 
 
+class CudaReadings:
+    """What the CUDA caching allocator says during a real run, per phase of
+    the counter, and the device memory the process holds outside the
+    allocator. Around every op the allocator's peak is read and reset, so
+    each op's transient allocations beyond its outputs (sort buffers, solver
+    workspaces: what a trace of op outputs cannot see) are listed too."""
+
+    def __init__(self):
+        torch.cuda.init()
+        torch.empty(0, device="cuda")  # the context, before any tensor
+        self.context_at_start = self.outside_allocator()
+        self.phase = None
+        self.allocated = {}
+        self.reserved = {}
+        self.running = self.running_reserved = 0
+        self.workspaces = {}
+
+    @staticmethod
+    def outside_allocator():
+        free, total = torch.cuda.mem_get_info()
+        return total - free - torch.cuda.memory_reserved()
+
+    def built(self, model):
+        # Random initialisation's temporaries are not part of a run that
+        # loads weights: the statistics start from the resident model.
+        self.build_peak = torch.cuda.max_memory_allocated()
+        self.reset()
+
+    def reset(self):
+        torch.cuda.reset_peak_memory_stats()
+        self.running = torch.cuda.memory_allocated()
+        self.running_reserved = torch.cuda.memory_reserved()
+
+    def fold_peaks(self):
+        self.running = max(self.running, torch.cuda.max_memory_allocated())
+        self.running_reserved = max(self.running_reserved, torch.cuda.max_memory_reserved())
+
+    def around(self, func, args, kwargs):
+        """Runs one op, noting its transient bytes (peak during the op above
+        what is live before and after it)."""
+        self.fold_peaks()
+        before = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        out = func(*args, **kwargs)
+        peak, after = torch.cuda.max_memory_allocated(), torch.cuda.memory_allocated()
+        self.fold_peaks()
+        transient = peak - max(before, after)
+        if transient >= 1 << 20:
+            inputs = [(tuple(t.shape), str(t.dtype).replace("torch.", "")) for t in args
+                      if isinstance(t, torch.Tensor)]
+            key = (func.__name__, str(inputs))
+            if transient > self.workspaces.get(key, (0,))[0]:
+                numel = max((t.numel() for t in args if isinstance(t, torch.Tensor)), default=0)
+                self.workspaces[key] = (transient, numel)
+        return out
+
+    def close_phase(self):
+        if self.phase is not None:
+            self.fold_peaks()
+            self.allocated[self.phase] = max(self.allocated.get(self.phase, 0), self.running)
+            self.reserved[self.phase] = max(self.reserved.get(self.phase, 0), self.running_reserved)
+
+    def enter(self, phase):
+        self.close_phase()
+        self.reset()
+        self.phase = phase
+
+    def finish(self, counter):
+        self.close_phase()
+        counter.full_sweep()
+        peak_phase = max(self.allocated, key=self.allocated.get)
+        rows = sorted(self.workspaces.items(), key=lambda kv: -kv[1][0])
+        return {
+            "device_name": torch.cuda.get_device_name(),
+            "max_memory_allocated": max(self.allocated.values()),
+            "max_memory_reserved": max(self.reserved.values()),
+            "peak_phase": peak_phase,
+            "phase_max_allocated": self.allocated,
+            "phase_max_reserved": self.reserved,
+            # Allocated now that no tensor of the run is alive beyond the
+            # counter's own: the allocator's own blocks (cuBLAS workspaces).
+            "allocated_outside_tensors": torch.cuda.memory_allocated() - counter.allocated,
+            "outside_allocator_at_start": self.context_at_start,
+            "outside_allocator_at_end": self.outside_allocator(),
+            "build_peak": self.build_peak,
+            "op_workspaces": [{"op": k[0], "inputs": k[1], "bytes": b, "largest_input_numel": n}
+                              for k, (b, n) in rows[:24]],
+            "cuda": torch.version.cuda,
+        }
+
+
 def rss_bytes(field):
     with open("/proc/self/status") as f:
         for line in f:
@@ -293,15 +398,24 @@ def main():
                     help="GradProbe: the embeddings get gradients and are pruned too")
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"],
                     help="the device faked and counted (cpu: no 512-byte blocks)")
-    ap.add_argument("--tensors", default="fake", choices=["fake", "meta"],
+    ap.add_argument("--tensors", default="fake", choices=["fake", "meta", "real"],
                     help="fake: fake tensors on the faked device; meta: meta tensors counted "
-                    "as that device (the same shapes, about 6x faster: for SparseGPT's column loop)")
+                    "as that device (the same shapes, about 6x faster: for SparseGPT's column loop); "
+                    "real: random weights on the real device (a CUDA GPU), checked by its allocator")
+    ap.add_argument("--layers", type=int,
+                    help="build the model with this many layers (a shape whose whole model does "
+                    "not fit the GPU at hand; the traced layers are the same)")
     ap.add_argument("--real-model", help="a checkpoint directory: run on real weights on the CPU "
                     "with the same counter (checks the fake run; needs --device cpu)")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     if a.real_model and a.device != "cpu":
         sys.exit("--real-model runs on the CPU: add --device cpu")
+    real_gpu = a.tensors == "real" and a.device == "cuda"
+    if a.tensors == "real" and not (real_gpu or a.real_model):
+        sys.exit("--tensors real needs --device cuda (a GPU) or --real-model on the CPU")
+    if real_gpu and not torch.cuda.is_available():
+        sys.exit("--tensors real --device cuda: PyTorch sees no CUDA device")
     torch.set_num_threads(2)
     # Reference cycles (the authors' Catcher class closes over a calibration
     # buffer) are freed only when Python's cyclic collector happens to run:
@@ -311,12 +425,16 @@ def main():
     gc.disable()
     t0 = time.time()
     name, config = load_config(a.config)
+    if a.layers:
+        config.num_hidden_layers = a.layers
+        name = f"{name} ({a.layers} layers)"
+    gpu = CudaReadings() if real_gpu else None
     dtype = getattr(torch, a.dtype)
     rss_imports = rss_bytes("VmRSS:")
     meta = a.tensors == "meta" and not a.real_model
     counter = Counter(a.sparsity, device_type="meta" if meta else a.device,
-                      real=bool(a.real_model), blocks=a.device == "cuda")
-    fake = FakeTensorMode(allow_non_fake_inputs=True) if not (a.real_model or meta) \
+                      real=bool(a.real_model) or real_gpu, blocks=a.device == "cuda")
+    fake = FakeTensorMode(allow_non_fake_inputs=True) if not (a.real_model or meta or real_gpu) \
         else contextlib.nullcontext()
     with fake:
         if a.real_model:
@@ -328,8 +446,12 @@ def main():
         model.seqlen = a.seqlen
         model.hf_device_map = {}
         rss_loaded = rss_bytes("VmRSS:")
-        if a.device == "cuda":
+        if a.device == "cuda" and not real_gpu:
             flash_attention(counter)
+        if gpu:
+            gpu.built(model)
+            counter.on_enter = gpu.enter
+            counter.gpu = gpu
         with counter:
             for t in list(model.parameters()) + list(model.buffers()):
                 counter.track(t)
@@ -354,6 +476,8 @@ def main():
         "assumptions": [{"op": k[0], "how": k[1], "calls": v} for k, v in counter.assumptions.items()],
         "torch": torch.__version__,
     }
+    if gpu:
+        result["cuda"] = gpu.finish(counter)
     if a.real_model:
         # Where the process's memory went, beside the counter's figure.
         result["rss"] = {"after_imports": rss_imports, "after_load": rss_loaded,

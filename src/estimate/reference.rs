@@ -26,22 +26,45 @@ const PROCESS_CPU: u64 = 150_000_000;
 /// parameters (850 MB) — the zeros dict and the per-batch copies it
 /// replaces. Fitted on that one model.
 const GLIBC_RETAINED_GRAD_SETS: u64 = 2;
-/// The CUDA context with PyTorch's kernels, outside `memory_allocated`
-/// (not measured here: no GPU; PyTorch's CUDA 12 builds with lazy module
-/// loading are commonly reported at 300–600 MiB in `nvidia-smi` before the
-/// first tensor).
-pub const CUDA_CONTEXT: u64 = 500 << 20;
+/// The device memory a PyTorch process holds outside its caching allocator:
+/// the CUDA context with the kernels and library handles loaded by the end
+/// of a run. Measured on an H100 (driver 580.159.04, torch 2.11.0+cu130,
+/// `scripts/reference/cuda_check.py`, `mem_get_info` used − reserved):
+/// 527 MiB after the first tensor, 695 MiB at the end of Wanda and
+/// magnitude runs, 793 MiB after SparseGPT (cuSOLVER's kernels); the Wanda
+/// figure is taken.
+pub const CUDA_CONTEXT: u64 = 695 << 20;
 /// The component name the context goes by, in every estimate that has one
 /// (the GPU table subtracts each card's own: `Estimate::device_need`).
 pub const CUDA_CONTEXT_NAME: &str = "CUDA context";
 /// cuBLAS' workspace, which PyTorch allocates through its caching allocator
 /// (so `memory_allocated` counts it, a trace of tensor ops does not): the
 /// default `CUBLAS_WORKSPACE_CONFIG` ":4096:8:16:8" on Hopper is 8 × 4 MiB
-/// plus 8 × 16 KiB; older GPUs use less.
+/// plus 8 × 16 KiB. Measured on the H100: 32–33 MiB allocated outside any
+/// tensor at the end of every run (`allocated_outside_tensors`).
 pub const CUBLAS_WORKSPACE: u64 = 8 * (4 << 20) + 8 * (16 << 10);
+/// The name of the sort's buffers in an estimate: inside
+/// `memory_allocated`, invisible to a trace of op outputs.
+pub const SORT_BUFFERS_NAME: &str = "pruning transient (sort buffers)";
+/// Bytes per element `torch.sort(W_metric, dim=-1, stable=True)` allocates
+/// on CUDA beyond its outputs while it runs (an f32 key copy and two int64
+/// index buffers of the segmented radix sort): Wanda's prune-phase peak on
+/// the H100 exceeded the fake trace by 19.8–20.0 bytes per element of the
+/// largest linear on LLaMA-3.2-1B, LLaMA-2-7B, LLaMA-3.1-8B and a LLaMA-2-70B
+/// layer (`cuda_check.py`, cuBLAS' workspace subtracted).
+pub const CUDA_SORT_BYTES_PER_ELEMENT: u64 = 20;
+/// GradProbe on CUDA: the allocator's blocks outside any tensor at the end
+/// of its run, 93.3 MB (89 MiB) on the H100 for SmolLM2-135M, f32 —
+/// cuBLAS' workspace for the forward's thread and another for autograd's
+/// backward thread, whose handle is its own. One run measured
+/// (`cuda_check.py`, case smollm2-gradprobe).
+pub const GRADPROBE_CUDA_WORKSPACES: u64 = 93_340_160;
 /// What the caching allocator reserves above `memory_allocated` at the peak
 /// (2 MiB segment rounding, freed blocks kept cached), as a fraction of the
-/// allocated bytes. An assumption, not a measurement: no GPU here.
+/// allocated bytes. Measured on the H100 (`max_memory_reserved` /
+/// `max_memory_allocated`): 1.0–5.2% on the 1B–13B runs, 14.4% on a
+/// LLaMA-2-70B layer (its 4.4 GiB sort buffers fragment the cache); 5% is
+/// kept, above every run but that one.
 pub const ALLOCATOR_RESERVE: f64 = 0.05;
 
 /// Component names that are outside the allocator (`memory_allocated`):
@@ -148,8 +171,17 @@ fn prune_moments(a: &Arch, w: &Workload, before: Moment) -> Vec<Moment> {
             } else {
                 (big * 29, big * 17)
             };
+            // The row sort's own buffers (unstructured only), on CUDA.
+            let sort_buffers = match w.device {
+                Device::Cuda if !w.nm => big * CUDA_SORT_BYTES_PER_ELEMENT,
+                _ => 0,
+            };
             vec![
-                with(&[("statistics", stats), ("pruning transient", sorting)]),
+                with(&[
+                    ("statistics", stats),
+                    ("pruning transient", sorting),
+                    (SORT_BUFFERS_NAME, sort_buffers),
+                ]),
                 with(&[
                     ("statistics", stats),
                     ("pruning transient", left),
@@ -292,9 +324,11 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
     // the gradients are counted already.
     let activations = saved.saturating_sub(grads);
     let process = host(PROCESS_CPU);
+    let workspaces = if on_gpu { GRADPROBE_CUDA_WORKSPACES } else { 0 };
     let base = |p: Phase| {
         p.add(rt_name, rt)
             .add("runtime (tokenizer, text, interpreter)", process)
+            .add("cuBLAS workspaces (forward and backward threads)", workspaces)
             .add("weights", all)
             .add("saved values (original_state)", all)
     };
