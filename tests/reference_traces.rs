@@ -58,13 +58,7 @@ fn invisible_to_trace(est: &estimate::Estimate) -> u64 {
         .iter()
         .max_by_key(|p| p.allocated())
         .expect("an estimate has phases");
-    let sort: u64 = peak
-        .components
-        .iter()
-        .filter(|c| c.name == reference::SORT_BUFFERS_NAME)
-        .map(|c| c.bytes)
-        .sum();
-    reference::CUBLAS_WORKSPACE + sort
+    reference::CUBLAS_WORKSPACE + peak.named(reference::SORT_BUFFERS_NAME)
 }
 
 #[test]
@@ -234,12 +228,7 @@ fn reference_estimate_is_within_five_percent_of_real_cuda_runs() {
         let est = estimate::estimate(&arch, &workload(real)).unwrap();
         let measured = cuda["max_memory_allocated"].as_u64().unwrap();
         let err = est.peak_allocated() as f64 / measured as f64 - 1.0;
-        let reserve: u64 = est.phases[est.peak_phase()]
-            .components
-            .iter()
-            .filter(|c| c.name == "allocator reserve")
-            .map(|c| c.bytes)
-            .sum();
+        let reserve = est.phases[est.peak_phase()].named("allocator reserve");
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         println!(
             "| {} | {:.2} GiB ({}) | {:.2} GiB | {:.2} GiB | {:+.1}% | {:.2} GiB | {:.2} GiB |",

@@ -343,6 +343,15 @@ impl Phase {
 
     /// The bytes inside the allocator: the total less the process or CUDA
     /// context and the allocator's reserve (`reference::outside_allocator`).
+    /// Bytes of the components with this name.
+    pub fn named(&self, name: &str) -> u64 {
+        self.components
+            .iter()
+            .filter(|c| c.name == name)
+            .map(|c| c.bytes)
+            .sum()
+    }
+
     pub fn allocated(&self) -> u64 {
         self.components
             .iter()
@@ -403,13 +412,7 @@ impl Estimate {
         let Some(p) = self.phases.get(self.peak_phase()) else {
             return 0;
         };
-        let context: u64 = p
-            .components
-            .iter()
-            .filter(|c| c.name == reference::CUDA_CONTEXT_NAME)
-            .map(|c| c.bytes)
-            .sum();
-        p.total() - context
+        p.total() - p.named(reference::CUDA_CONTEXT_NAME)
     }
 }
 
