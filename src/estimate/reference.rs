@@ -328,7 +328,10 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
     let base = |p: Phase| {
         p.add(rt_name, rt)
             .add("runtime (tokenizer, text, interpreter)", process)
-            .add("cuBLAS workspaces (forward and backward threads)", workspaces)
+            .add(
+                "cuBLAS workspaces (forward and backward threads)",
+                workspaces,
+            )
             .add("weights", all)
             .add("saved values (original_state)", all)
     };
