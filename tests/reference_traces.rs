@@ -204,7 +204,7 @@ fn reference_estimate_is_within_five_percent_of_real_cuda_runs() {
     let mut misses = Vec::new();
     let mut rows = 0;
     println!(
-        "| case | max_memory_allocated (phase) | traced (fake) | estimated allocated | error | max_memory_reserved | estimated reserve |"
+        "| case | max_memory_allocated (phase) | traced (fake) | estimated allocated | error | max_memory_reserved | estimated allocated + reserve |"
     );
     println!("|---|---|---|---|---|---|---|");
     for line in CUDA_RUNS.lines().filter(|l| !l.trim().is_empty()) {
@@ -228,7 +228,7 @@ fn reference_estimate_is_within_five_percent_of_real_cuda_runs() {
         let est = estimate::estimate(&arch, &workload(real)).unwrap();
         let measured = cuda["max_memory_allocated"].as_u64().unwrap();
         let err = est.peak_allocated() as f64 / measured as f64 - 1.0;
-        let reserve = est.phases[est.peak_phase()].named("allocator reserve");
+        let reserve = est.phases[est.peak_phase()].named(reference::ALLOCATOR_RESERVE_NAME);
         let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
         println!(
             "| {} | {:.2} GiB ({}) | {:.2} GiB | {:.2} GiB | {:+.1}% | {:.2} GiB | {:.2} GiB |",

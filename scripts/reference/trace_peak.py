@@ -39,7 +39,7 @@ the counter counts the real storages, and the JSON adds what the CUDA
 caching allocator itself says (`cuda`): `torch.cuda.max_memory_allocated`
 and `max_memory_reserved` per phase and overall, and the device memory the
 process holds outside the allocator (the CUDA context) — the figures the
-fake run is checked against (`scripts/reference/cuda_check.sh`).
+fake run is checked against (`scripts/reference/cuda_check.py`).
 
 Layers: every layer of the model is built and resident, but the pruning
 loop runs over the first `--trace-layers` (default 2): the layers have the
@@ -101,8 +101,7 @@ class Counter(TorchDispatchMode):
         self.ops = 0
         self.assumptions = {}
         self.dead_masks = set()
-        self.on_enter = None
-        self.gpu = None
+        self.gpu = None  # CudaReadings on a real GPU
 
     # -- bookkeeping ---------------------------------------------------
     def track(self, t):
@@ -159,8 +158,8 @@ class Counter(TorchDispatchMode):
         return [{"op": op, "tensors": c, "bytes": b} for op, (c, b) in rows]
 
     def enter(self, phase):
-        if self.on_enter:
-            self.on_enter(phase)
+        if self.gpu:
+            self.gpu.enter(phase)
         self.full_sweep()
         self.phase = phase
         self.phase_peaks.setdefault(phase, self.allocated)
@@ -288,7 +287,7 @@ class CudaReadings:
         free, total = torch.cuda.mem_get_info()
         return total - free - torch.cuda.memory_reserved()
 
-    def built(self, model):
+    def built(self):
         # Random initialisation's temporaries are not part of a run that
         # loads weights: the statistics start from the resident model.
         self.build_peak = torch.cuda.max_memory_allocated()
@@ -449,8 +448,7 @@ def main():
         if a.device == "cuda" and not real_gpu:
             flash_attention(counter)
         if gpu:
-            gpu.built(model)
-            counter.on_enter = gpu.enter
+            gpu.built()
             counter.gpu = gpu
         with counter:
             for t in list(model.parameters()) + list(model.buffers()):

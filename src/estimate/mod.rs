@@ -341,8 +341,6 @@ impl Phase {
         self.components.iter().map(|c| c.bytes).sum()
     }
 
-    /// The bytes inside the allocator: the total less the process or CUDA
-    /// context and the allocator's reserve (`reference::outside_allocator`).
     /// Bytes of the components with this name.
     pub fn named(&self, name: &str) -> u64 {
         self.components
@@ -352,6 +350,8 @@ impl Phase {
             .sum()
     }
 
+    /// The bytes inside the allocator: the total less the process or CUDA
+    /// context and the allocator's reserve (`reference::outside_allocator`).
     pub fn allocated(&self) -> u64 {
         self.components
             .iter()

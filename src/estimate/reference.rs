@@ -66,11 +66,13 @@ pub const GRADPROBE_CUDA_WORKSPACES: u64 = 93_340_160;
 /// LLaMA-2-70B layer (its 4.4 GiB sort buffers fragment the cache); 5% is
 /// kept, above every run but that one.
 pub const ALLOCATOR_RESERVE: f64 = 0.05;
+/// The component name the allocator's reserve goes by.
+pub const ALLOCATOR_RESERVE_NAME: &str = "allocator reserve";
 
 /// Component names that are outside the allocator (`memory_allocated`):
 /// the process or context, and the allocator's reserve.
 pub fn outside_allocator(name: &str) -> bool {
-    name.starts_with("runtime") || name == CUDA_CONTEXT_NAME || name == "allocator reserve"
+    name.starts_with("runtime") || name == CUDA_CONTEXT_NAME || name == ALLOCATOR_RESERVE_NAME
 }
 
 /// The checkpoint's pages stay mapped (transformers loads safetensors by
@@ -97,7 +99,7 @@ fn surround(p: Phase, w: &Workload) -> Phase {
             p.add(CUDA_CONTEXT_NAME, CUDA_CONTEXT)
                 .add("cuBLAS workspace", CUBLAS_WORKSPACE)
                 .add(
-                    "allocator reserve",
+                    ALLOCATOR_RESERVE_NAME,
                     (allocated as f64 * ALLOCATOR_RESERVE) as u64,
                 )
         }
