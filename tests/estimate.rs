@@ -66,6 +66,53 @@ fn estimates_are_within_five_percent_of_measured_peaks() {
     );
 }
 
+/// `prunemem eval` is estimated as the engine's own evaluation (it had
+/// been given PyTorch's inference accounting: SmolLM2's 40 windows were
+/// predicted at 1.66 GiB, measured at 253 MiB): every phase measured, the
+/// peak within 5%, on a model whose logits chunk is the evaluation's peak.
+#[test]
+fn the_eval_command_is_estimated_within_five_percent() {
+    use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
+    let dir = tempfile::tempdir().unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, prunemem::model::tiny::corpus(30_000, 9)).unwrap();
+    let model = dir.path().join("model");
+    let spec = SyntheticSpec {
+        layers: 2,
+        hidden: 256,
+        intermediate: 704,
+        heads: 4,
+        kv_heads: 4,
+        vocab: 16384,
+        tied: true,
+        max_positions: 4096,
+        seed: 1,
+        ..Default::default()
+    };
+    write_checkpoint(&model, &spec).unwrap();
+    let log = dir.path().join("log");
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_prunemem"));
+    cmd.arg("eval")
+        .arg("--model")
+        .arg(&model)
+        .arg("--text")
+        .arg(&text);
+    cmd.args(["--seqlen", "512", "--windows", "8", "--batch-size", "2"]);
+    cmd.args(["--ui", "none", "--sample-hz", "50", "--log-memory"])
+        .arg(&log);
+    let (_, cmp) = grid::run_logged(cmd, "eval", &log).unwrap();
+    let names: Vec<_> = cmp.phases.iter().map(|p| p.phase.as_str()).collect();
+    assert_eq!(names, ["load", "eval"]);
+    assert!(cmp.phases.iter().all(|p| p.measured.is_some()), "{names:?}");
+    let err = cmp.peak.error_percent.expect("a measured peak");
+    eprintln!(
+        "eval: predicted {} measured {} {err:+.1}%",
+        cmp.peak.predicted,
+        cmp.peak.measured.unwrap_or(0)
+    );
+    assert!(err.abs() <= 5.0, "eval estimate off by {err:+.1}%");
+}
+
 #[test]
 fn against_prints_predicted_and_measured_per_phase() {
     let dir = tempfile::tempdir().unwrap();

@@ -474,6 +474,9 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
             );
             training::phases(arch, w)
         }
+        (Task::Inference, Engine::Prunemem) if w.device == Device::Cpu => {
+            prunemem::inference_phases(arch, w, &mut notes)
+        }
         (Task::Inference | Task::Train, _) => training::phases(arch, w),
         // On a GPU: cubecl's pool, from the engine's device buffers.
         (task, Engine::Prunemem) if w.device.is_gpu() && task != Task::GradProbe => {

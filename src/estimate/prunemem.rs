@@ -308,6 +308,35 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     cache_up_to_high_water(out)
 }
 
+/// `prunemem eval` on the CPU: the load (the text tokenised, a resident
+/// model decoded) and the evaluation, streamed or resident — the phases a
+/// pruning run's evaluation has, without calibration or pruning. With no
+/// window count given, one batch.
+pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
+    let mut w = w.clone();
+    if w.eval_windows == 0 {
+        w.eval_windows = w.batch_size.max(1);
+        notes.push(format!(
+            "no window count given (--eval-windows): one batch of {} windows",
+            w.eval_windows
+        ));
+    }
+    let sh = Shape {
+        c: w.dtype.size(),
+        runtime: RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
+        calibrated: false,
+        nsamples: 0,
+        calibration: 0,
+        batch: w.batch_size.max(1),
+        text: text_transient(w.text_bytes),
+    };
+    let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
+    cache_up_to_high_water(vec![
+        load_phase(a, &w, &sh),
+        eval_phase(a, &w, &sh, "eval", &stages, w.resident, 0),
+    ])
+}
+
 /// The allocator's mapping cache (`memory::mapping`) keeps freed large
 /// blocks resident while live + cached stays under the heap's high-water
 /// mark, and a layer reallocates the same shapes over and over: so a phase
@@ -393,7 +422,12 @@ fn eval_phase(
     let eval_batch = w.batch_size.min(w.eval_windows);
     let embed = a.embedding_params() * c;
     let head = if a.tied { 0 } else { embed };
-    let logits = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab) * 4;
+    // A chunk's f32 logits twice (the tensor and the host vector
+    // `window_nll` reads it into: 2 × 31.9 MiB measured on SmolLM2, `eval
+    // --seqlen 512`, 2026-11-25), and in a 16-bit dtype the chunk before its
+    // cast.
+    let chunk = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab);
+    let logits = chunk * 8 + if c == 4 { 0 } else { chunk * c };
     let (t_name, t) = [
         ("activations", forward(a, eval_batch * w.seqlen)),
         ("load transient", load_transient(a, w)),

@@ -202,10 +202,16 @@ mod tests {
         let (a, b) = (260 << 10, 264 << 10);
         let sum: u64 = mmap[a..b].iter().map(|&x| x as u64).sum();
         assert_eq!(sum, 7 * 4096);
-        assert!(resident_kb(mmap.as_ptr() as usize) >= 4, "the read page is mapped");
+        assert!(
+            resident_kb(mmap.as_ptr() as usize) >= 4,
+            "the read page is mapped"
+        );
         release_range(&mmap, a, b);
         let left = resident_kb(mmap.as_ptr() as usize);
         std::fs::remove_file(&path).unwrap();
-        assert_eq!(left, 0, "{left} kB of the file stay mapped after the release");
+        assert_eq!(
+            left, 0,
+            "{left} kB of the file stay mapped after the release"
+        );
     }
 }
