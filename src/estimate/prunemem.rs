@@ -54,6 +54,9 @@ const COMPUTE_WORKSPACE: u64 = THREAD_WORKSPACE + (2 << 20);
 /// its pruning threads add these pages too (15.1 MiB at the peak of
 /// magnitude-h1024-l6, 2026-11-23), see `docs/estimator.md`.
 const THREAD_WORKSPACE: u64 = 6 << 20;
+/// What every phase of a run holds before any model work: the process's
+/// non-heap footprint, its base heap and the observability it carries.
+const RUNTIME: u64 = RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY;
 /// Resident bytes per byte of text while it is read and tokenised: the
 /// file, the selected lines, the tokenizer's per-word encodings and the id
 /// vector (fitted on the grid's 1.2 MB text, see `docs/estimator.md`).
@@ -277,7 +280,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let n = if calibrated { w.nsamples } else { 0 };
     let sh = Shape {
         c,
-        runtime: RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
+        runtime: RUNTIME,
         calibrated,
         nsamples: n,
         calibration: n * w.seqlen * a.hidden * c,
@@ -323,7 +326,7 @@ pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<
     }
     let sh = Shape {
         c: w.dtype.size(),
-        runtime: RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY,
+        runtime: RUNTIME,
         calibrated: false,
         nsamples: 0,
         calibration: 0,
