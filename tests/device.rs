@@ -713,6 +713,44 @@ fn eval_windows(
     )
 }
 
+/// `prunemem eval --device wgpu` is estimated as the device engine's own
+/// evaluation (inference on wgpu had been refused by the estimator): every
+/// measured phase within 5%, the weights to the byte.
+#[test]
+fn a_device_eval_is_estimated_from_its_buffers() {
+    let (dir, model, text) = cli_fixture();
+    let logs = dir.path().join("eval-logs");
+    let (code, stdout, stderr) = eval_windows(
+        &model,
+        &text,
+        &["--device", "wgpu", "--log-memory", s(&logs)],
+        None,
+    );
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let phases: Vec<_> = cmp["phases"].as_array().unwrap().iter().collect();
+    assert_eq!(phases.len(), 2, "load and eval: {stdout}");
+    let eval = phases[1];
+    let measured = eval["measured"].as_u64().expect("the eval phase measured");
+    let error = eval["error_percent"].as_f64().unwrap();
+    println!(
+        "eval: predicted {}, measured {measured} ({error:+.2}%)",
+        eval["predicted"]
+    );
+    assert!(measured > 0 && error.abs() <= 5.0, "{eval}");
+    for c in eval["categories"].as_array().into_iter().flatten() {
+        println!(
+            "  {}: predicted {} measured {}",
+            c["category"], c["predicted"], c["measured"]
+        );
+        if c["category"] == "weights" {
+            assert_eq!(c["predicted"], c["measured"], "{eval}");
+        }
+    }
+}
+
 /// The perplexity of a run that must have succeeded.
 fn perplexity_of((code, stdout, stderr): (Option<i32>, String, String)) -> f64 {
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");

@@ -449,11 +449,9 @@ pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     if arch.params == 0 || arch.layers == 0 || arch.hidden == 0 {
         return bad("the architecture has no parameters".into());
     }
-    if w.device == Device::Wgpu
-        && (w.engine == Engine::Reference || matches!(w.task, Task::Inference | Task::Train))
-    {
+    if w.device == Device::Wgpu && (w.engine == Engine::Reference || w.task == Task::Train) {
         return bad(
-            "--device wgpu is prunemem's pruning engine only: the reference scripts, inference and training are estimated on cuda or cpu"
+            "--device wgpu is prunemem's engine only, training excepted: the reference scripts and training are estimated on cuda or cpu"
                 .into(),
         );
     }
@@ -476,6 +474,9 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
         }
         (Task::Inference, Engine::Prunemem) if w.device == Device::Cpu => {
             prunemem::inference_phases(arch, w, &mut notes)
+        }
+        (Task::Inference, Engine::Prunemem) => {
+            prunemem_device::inference_phases(arch, w, &mut notes)
         }
         (Task::Inference | Task::Train, _) => training::phases(arch, w),
         // On a GPU: cubecl's pool, from the engine's device buffers.

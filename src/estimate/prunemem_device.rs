@@ -103,6 +103,18 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64) -> (u64, u64) {
     }
 }
 
+/// What a CUDA estimate of the device pool leaves out, and what checked it.
+fn cuda_note(w: &Workload, notes: &mut Vec<String>) {
+    if w.device == Device::Cuda {
+        notes.push(
+            "device figures are cubecl's pool; the CUDA context lives outside it (nvidia-smi counts it, \
+             the GPU table subtracts it); checked on lavapipe and on one H100 (docs/gpu.md: Llama-3.2-1B +0.0%, \
+             SmolLM2-135M -16.1%)"
+                .into(),
+        );
+    }
+}
+
 /// The phases of a prunemem pruning run on a GPU device.
 pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec<Phase> {
     let s = Sizes::of(a, w);
@@ -114,13 +126,7 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
         true => ("weights (resident)", a.params * s.c),
         false => ("weights (one layer)", a.layer_params() * s.c),
     };
-    if w.device == Device::Cuda {
-        notes.push(
-            "device figures are cubecl's pool; the CUDA context lives outside it (nvidia-smi counts it, \
-             the GPU table subtracts it); no CUDA run has validated these figures, lavapipe runs have"
-                .into(),
-        );
-    }
+    cuda_note(w, notes);
     if w.owl {
         notes.push("OWL's outlier pass on a device is taken as one calibration forward".into());
     }
@@ -175,6 +181,36 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
         out.insert(0, eval_phase(a, w, &s, "dense eval", stages, false));
     }
     out
+}
+
+/// `prunemem eval` on a GPU device: the load (a resident model uploaded)
+/// and the evaluation, as a pruning run's evaluation. With no window count
+/// given, one batch.
+pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
+    let mut w = w.clone();
+    if w.eval_windows == 0 {
+        w.eval_windows = w.batch_size.max(1);
+        notes.push(format!(
+            "no window count given (--eval-windows): one batch of {} windows",
+            w.eval_windows
+        ));
+    }
+    cuda_note(&w, notes);
+    let s = Sizes::of(a, &w);
+    vec![
+        Phase::new("load", &[stages::START, stages::MODEL_LOADED]).add(
+            "weights (resident)",
+            if w.resident { a.params * s.c } else { 0 },
+        ),
+        eval_phase(
+            a,
+            &w,
+            &s,
+            "eval",
+            [stages::BEFORE_EVAL, stages::AFTER_EVAL],
+            w.resident,
+        ),
+    ]
 }
 
 /// The layer-by-layer pass: what stays for the run, one layer and its
