@@ -316,14 +316,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
 /// pruning run's evaluation has, without calibration or pruning. With no
 /// window count given, one batch.
 pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    let mut w = w.clone();
-    if w.eval_windows == 0 {
-        w.eval_windows = w.batch_size.max(1);
-        notes.push(format!(
-            "no window count given (--eval-windows): one batch of {} windows",
-            w.eval_windows
-        ));
-    }
+    let w = super::inference_workload(w, notes);
     let sh = Shape {
         c: w.dtype.size(),
         runtime: RUNTIME,

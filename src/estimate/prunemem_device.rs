@@ -187,14 +187,7 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
 /// and the evaluation, as a pruning run's evaluation. With no window count
 /// given, one batch.
 pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    let mut w = w.clone();
-    if w.eval_windows == 0 {
-        w.eval_windows = w.batch_size.max(1);
-        notes.push(format!(
-            "no window count given (--eval-windows): one batch of {} windows",
-            w.eval_windows
-        ));
-    }
+    let w = super::inference_workload(w, notes);
     cuda_note(&w, notes);
     let s = Sizes::of(a, &w);
     vec![
@@ -408,8 +401,20 @@ mod tests {
     }
 
     #[test]
-    fn wgpu_estimates_prunemem_pruning_only() {
+    fn wgpu_estimates_prunemem_pruning_and_evaluation_only() {
+        // An evaluation: the embedding table and its windows on the device.
         let (a, mut w) = llama7b(Task::Inference);
+        w.eval_windows = 8;
+        let e = estimate(&a, &w).unwrap();
+        let names: Vec<_> = e.phases.iter().map(|p| p.name.as_str()).collect();
+        assert_eq!(names, ["load", "eval"]);
+        let tables = if a.tied { 1 } else { 2 };
+        assert_eq!(
+            component(&e, "eval", "embeddings and head"),
+            tables * a.embedding_params() * 2
+        );
+        // Training and the reference scripts are not estimated on wgpu.
+        w.task = Task::Train;
         assert!(estimate(&a, &w).is_err());
         w.task = Task::Wanda;
         w.engine = crate::estimate::Engine::Reference;
