@@ -458,20 +458,6 @@ pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     Ok(())
 }
 
-/// An evaluation's workload as prunemem's engines run it: with no window
-/// count given, one batch (said in a note).
-fn inference_workload(w: &Workload, notes: &mut Vec<String>) -> Workload {
-    let mut w = w.clone();
-    if w.eval_windows == 0 {
-        w.eval_windows = w.batch_size.max(1);
-        notes.push(format!(
-            "no window count given (--eval-windows): one batch of {} windows",
-            w.eval_windows
-        ));
-    }
-    w
-}
-
 /// Estimates `w` on `arch`.
 pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
     validate(arch, w)?;

@@ -311,12 +311,26 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     cache_up_to_high_water(out)
 }
 
+/// An evaluation's workload as prunemem's engines run it: with no window
+/// count given, one batch (said in a note).
+pub(super) fn inference_workload(w: &Workload, notes: &mut Vec<String>) -> Workload {
+    let mut w = w.clone();
+    if w.eval_windows == 0 {
+        w.eval_windows = w.batch_size.max(1);
+        notes.push(format!(
+            "no window count given (--eval-windows): one batch of {} windows",
+            w.eval_windows
+        ));
+    }
+    w
+}
+
 /// `prunemem eval` on the CPU: the load (the text tokenised, a resident
 /// model decoded) and the evaluation, streamed or resident — the phases a
 /// pruning run's evaluation has, without calibration or pruning. With no
 /// window count given, one batch.
 pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    let w = super::inference_workload(w, notes);
+    let w = inference_workload(w, notes);
     let sh = Shape {
         c: w.dtype.size(),
         runtime: RUNTIME,

@@ -115,6 +115,14 @@ fn cuda_note(w: &Workload, notes: &mut Vec<String>) {
     }
 }
 
+/// The load: a resident model uploaded, nothing for a streamed one.
+fn load_phase(a: &Arch, w: &Workload, s: &Sizes) -> Phase {
+    Phase::new("load", &[stages::START, stages::MODEL_LOADED]).add(
+        "weights (resident)",
+        if w.resident { a.params * s.c } else { 0 },
+    )
+}
+
 /// The phases of a prunemem pruning run on a GPU device.
 pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec<Phase> {
     let s = Sizes::of(a, w);
@@ -130,12 +138,7 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
     if w.owl {
         notes.push("OWL's outlier pass on a device is taken as one calibration forward".into());
     }
-    let mut out = vec![
-        Phase::new("load", &[stages::START, stages::MODEL_LOADED]).add(
-            "weights (resident)",
-            if w.resident { a.params * s.c } else { 0 },
-        ),
-    ];
+    let mut out = vec![load_phase(a, w, &s)];
     let acts = s.hidden_states(n);
     if calibrated {
         out.push(
@@ -187,14 +190,11 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
 /// and the evaluation, as a pruning run's evaluation. With no window count
 /// given, one batch.
 pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    let w = super::inference_workload(w, notes);
+    let w = super::prunemem::inference_workload(w, notes);
     cuda_note(&w, notes);
     let s = Sizes::of(a, &w);
     vec![
-        Phase::new("load", &[stages::START, stages::MODEL_LOADED]).add(
-            "weights (resident)",
-            if w.resident { a.params * s.c } else { 0 },
-        ),
+        load_phase(a, &w, &s),
         eval_phase(
             a,
             &w,
