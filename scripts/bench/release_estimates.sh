@@ -10,9 +10,9 @@
 #   cargo build --release --features wgpu,mpi
 #   scripts/bench/release_estimates.sh reports/bench/release_estimates.jsonl
 #
-# CI does not run this (a clean release build alone takes ~15 minutes on a
-# 2-core machine, past CI's budget); CI checks the same estimator on the
-# debug build it tests (tests/estimate.rs, tests/estimate_train.rs).
+# CI (.ci/run) runs RUNS="wanda train-cut" on a release build with the
+# default features after the test suite (the debug build's estimates are
+# checked by tests/estimate.rs and tests/estimate_train.rs).
 # PRUNEMEM overrides the binary; RUNS picks runs (default: all five).
 set -euo pipefail
 # shellcheck source=scripts/bench/env.sh
