@@ -10,10 +10,12 @@
 #   cargo build --release --features wgpu,mpi
 #   scripts/bench/release_estimates.sh reports/bench/release_estimates.jsonl
 #
-# CI (.ci/run) runs RUNS="wanda train-cut" on a release build with the
-# default features after the test suite (the debug build's estimates are
-# checked by tests/estimate.rs and tests/estimate_train.rs).
-# PRUNEMEM overrides the binary; RUNS picks runs (default: all five).
+# CI (.ci/run) runs RUNS="wanda train-cut" EVAL_WINDOWS=8 on a release
+# build with `--features cuda` after the test suite (the debug build's
+# estimates are checked by tests/estimate.rs and tests/estimate_train.rs).
+# PRUNEMEM overrides the binary; RUNS picks runs (default: all five);
+# EVAL_WINDOWS the pruning runs' evaluation windows (default: 40, the
+# benchmark protocol's).
 set -euo pipefail
 # shellcheck source=scripts/bench/env.sh
 source "$(dirname "$0")/env.sh" reports/bench/release_estimates.jsonl "$@"
@@ -22,7 +24,7 @@ RUNS=${RUNS:-wanda sparsegpt eval gradprobe train-cut}
 LOGS=$(mktemp -d)
 trap 'rm -rf "$LOGS"' EXIT
 PROTOCOL=(--nsamples 32 --seqlen 512 --calib-text "$TEXT" --calib-lines second-half
-          --eval-text "$TEXT" --eval-lines first-half --eval-windows 40)
+          --eval-text "$TEXT" --eval-lines first-half --eval-windows "${EVAL_WINDOWS:-40}")
 
 args_of() {
   case $1 in

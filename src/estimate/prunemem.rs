@@ -31,12 +31,22 @@ use crate::prune::Method;
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
 const RUNTIME_NON_HEAP: u64 = (10 << 20) + DEVICE_BACKENDS_LINKED;
-/// What linking Burn's wgpu backend (the `wgpu` feature) adds to every
-/// run's resident set before any device is opened: the binary's larger
-/// relocated data and its libraries' pages. Measured on the grid's debug
-/// runs, 2026-11-24: every case's peak rose by 3.0-6.0 MB with the feature
-/// (magnitude-h1024-l6 from +1.2% to -3.1% of 104.1 MB).
-pub const DEVICE_BACKENDS_LINKED: u64 = if cfg!(feature = "wgpu") { 9 << 19 } else { 0 };
+/// What linking Burn's device backends adds to every run's resident set
+/// before any device is opened: the binary's larger relocated data and its
+/// libraries' pages. `wgpu`, measured on the grid's debug runs, 2026-11-24:
+/// every case's peak rose by 3.0-6.0 MB with the feature
+/// (magnitude-h1024-l6 from +1.2% to -3.1% of 104.1 MB). `cuda`: see
+/// [`CUDA_LINKED`].
+pub const DEVICE_BACKENDS_LINKED: u64 = WGPU_LINKED + CUDA_LINKED;
+const WGPU_LINKED: u64 = if cfg!(feature = "wgpu") { 9 << 19 } else { 0 };
+/// What linking Burn's CUDA backend (the `cuda` feature; cubecl-cuda loads
+/// the driver only when a device is opened) adds to a CPU run's resident
+/// set. Measured on release builds, one run after the other, 2026-11-25
+/// (`RUNS="wanda train-cut" scripts/bench/release_estimates.sh`, default
+/// features against `--features cuda`): the peaks rose by 1.5 MiB (Wanda,
+/// 257.9 to 259.4) and 2.6 MiB (training on SmolLM2's 2-layer cut, 698.3
+/// to 700.9); the other phases by 0.4-3.9 MiB.
+pub const CUDA_LINKED: u64 = if cfg!(feature = "cuda") { 2 << 20 } else { 0 };
 /// Resident bytes added by durable logging and heap attribution: the
 /// category table of `memory::tag` (576 KiB once its pages are touched) and
 /// the rest measured, not itemised — the grid's peaks rose by 1.2-3.1 MB

@@ -17,19 +17,22 @@
 //! temporaries for the largest trained tensor — on a real vocabulary (a
 //! 49 152 × 576 table beside 3.5 M-parameter layers) it is the step's peak.
 
-use super::{Arch, Optimizer, Phase, Workload, prunemem::TEXT_FACTOR};
+use super::prunemem::{CUDA_LINKED, TEXT_FACTOR};
+use super::{Arch, Optimizer, Phase, Workload};
 use crate::events::stages;
 
 /// Resident bytes that are not live heap during training (binary, thread
 /// stacks, allocator arenas) plus the heap before the model: 21.7-27.5 MB
 /// at the grid's peaks (mean 24.9 MB).
 const RUNTIME: u64 = (24 << 20) + DEVICE_BACKENDS_LINKED;
-/// What linking Burn's wgpu backend adds to a training run's resident set
-/// (more than to a prune's: autodiff's code pages too). Measured on the
-/// grid's debug runs, 2026-11-24: the peaks rose by 5.7-6.9 MB against the
-/// earlier build's (AdamW h256 from +0.9% to -0.9% of about 110 MB,
-/// checkpointing from -2.5% to -4.5%).
-const DEVICE_BACKENDS_LINKED: u64 = if cfg!(feature = "wgpu") { 13 << 19 } else { 0 };
+/// What linking Burn's device backends adds to a training run's resident
+/// set. `wgpu` adds more than to a prune's (autodiff's code pages too):
+/// measured on the grid's debug runs, 2026-11-24, the peaks rose by
+/// 5.7-6.9 MB against the earlier build's (AdamW h256 from +0.9% to -0.9%
+/// of about 110 MB, checkpointing from -2.5% to -4.5%). `cuda` as for a
+/// prune ([`CUDA_LINKED`]).
+const DEVICE_BACKENDS_LINKED: u64 = WGPU_LINKED + CUDA_LINKED;
+const WGPU_LINKED: u64 = if cfg!(feature = "wgpu") { 13 << 19 } else { 0 };
 /// A checkpointed run's forward goes through the plain CPU kernels
 /// (`model::cpu_ops`), whose worker threads' buffers are resident but not
 /// heap, as the pruning engine's compute workspace is. Measured on the
