@@ -64,8 +64,9 @@ pub const GRADPROBE_CUDA_WORKSPACES: u64 = 93_340_160;
 /// allocated bytes. Measured on the H100 (`max_memory_reserved` /
 /// `max_memory_allocated`): 1.0–5.2% on the 1B–13B runs, 14.4% on a
 /// LLaMA-2-70B layer (its 4.4 GiB sort buffers fragment the cache), 13.9%
-/// on GradProbe; 5% is kept, above every pruning run but the 70B layer. Where the row sort's buffers are
-/// larger than 5%, the reserve is their size instead (see [`with_reserve`]).
+/// on GradProbe; 5% is kept, above every pruning run but the 70B layer.
+/// Where the row sort's buffers are larger than 5%, the reserve is their
+/// size instead (see [`with_reserve`]).
 pub const ALLOCATOR_RESERVE: f64 = 0.05;
 /// The component name the allocator's reserve goes by.
 pub const ALLOCATOR_RESERVE_NAME: &str = "allocator reserve";
