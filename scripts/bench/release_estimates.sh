@@ -10,8 +10,8 @@
 #   cargo build --release --features wgpu,mpi
 #   scripts/bench/release_estimates.sh reports/bench/release_estimates.jsonl
 #
-# CI (.ci/run) runs RUNS="wanda train-cut" EVAL_WINDOWS=8 on a release
-# build with `--features cuda` after the test suite (the debug build's
+# CI (.ci/run) runs RUNS="wanda train-cut" EVAL_WINDOWS=8 on a
+# default-features release build after the test suite (the debug build's
 # estimates are checked by tests/estimate.rs and tests/estimate_train.rs).
 # PRUNEMEM overrides the binary; RUNS picks runs (default: all five);
 # EVAL_WINDOWS the pruning runs' evaluation windows (default: 40, the

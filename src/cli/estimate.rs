@@ -202,6 +202,15 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         w.sparsity = crate::model::compressed::declared_sparsity(dir).unwrap_or(w.sparsity);
         w.stored_bytes = crate::model::compressed::stored_width(dir).unwrap_or(w.stored_bytes);
     }
+    // The model's own tokenizer, beside its config.json.
+    w.tokenizer = args
+        .model
+        .as_deref()
+        .map(Path::new)
+        .and_then(|p| if p.is_dir() { Some(p) } else { p.parent() })
+        .map(|dir| dir.join("tokenizer.json"))
+        .filter(|t| t.is_file())
+        .and_then(|t| crate::model::tokenizer_size::TokenizerSize::read(&t).ok());
     Ok(w)
 }
 

@@ -92,6 +92,7 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     // them (`compare`).
     w.eval_windows = num("expected_eval_windows", 0);
     w.text_bytes = num("expected_text_bytes", 0);
+    w.tokenizer = get("tokenizer").and_then(|v| serde_json::from_value(v.clone()).ok());
     w.sparsity = get("sparsity").and_then(|v| v.as_f64()).unwrap_or(0.5);
     w.num_batches = num("num_batches", 1);
     w.include_embeddings = get("include_embeddings")

@@ -21,6 +21,7 @@ pub mod prunemem_train;
 pub mod ranks;
 pub mod reference;
 pub mod saved;
+mod tokenizer;
 pub mod training;
 
 use crate::memory::tag::Category;
@@ -212,6 +213,9 @@ pub struct Workload {
     pub include_embeddings: bool,
     /// Bytes of the largest text tokenised (calibration or evaluation).
     pub text_bytes: u64,
+    /// The model's tokenizer, counted from its `tokenizer.json` (`None`:
+    /// unknown, taken as a BPE of the architecture's vocabulary).
+    pub tokenizer: Option<crate::model::tokenizer_size::TokenizerSize>,
     /// Training: recompute each layer's activations in the backward.
     pub checkpointing: bool,
     /// Training: parameters that get gradients (`None`: all).
@@ -253,6 +257,7 @@ impl Workload {
             num_batches: 1,
             include_embeddings: false,
             text_bytes: 0,
+            tokenizer: None,
             checkpointing: false,
             trainable_params: None,
             first_trainable_layer: 0,
@@ -283,7 +288,7 @@ pub fn category_of(name: &str) -> Category {
     let has = |k: &str| name.contains(k);
     if has("runtime") || has("CUDA context") || has("workspace") || has("reserve") {
         Category::Runtime
-    } else if has("text and tokens") {
+    } else if has("text and tokens") || has("tokenizer") {
         Category::Tokenizer
     } else if has("optimizer") {
         Category::Optimizer
@@ -464,7 +469,7 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
     let mut notes = Vec::new();
     let phases = match (w.task, w.engine) {
         (Task::Train, Engine::Prunemem) if w.device == Device::Cpu => {
-            prunemem_train::phases(arch, w)
+            prunemem_train::phases(arch, w, &mut notes)
         }
         (Task::Train, Engine::Prunemem) => {
             notes.push(

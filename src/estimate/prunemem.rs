@@ -52,7 +52,10 @@ pub const CUDA_LINKED: u64 = if cfg!(feature = "cuda") { 2 << 20 } else { 0 };
 /// the rest measured, not itemised — the grid's peaks rose by 1.2-3.1 MB
 /// (mean 2.3 MB) with those changes, 2026-11-23.
 const OBSERVABILITY: u64 = 2 << 20;
-/// Live heap before model work: tokenizer, profiler, sinks, configuration.
+/// Live heap before model work: the tokenizer's word cache (a BPE's
+/// 10 000-word table, 0.8 MB; its vocabulary and merges are counted from
+/// the model's tokenizer, `super::tokenizer`), profiler, sinks,
+/// configuration.
 const HEAP_BASE: u64 = 5 << 19;
 /// Resident memory added once compute has run: per-thread matmul packing
 /// buffers and attention scratch (2 MiB of live heap on every grid run), and
@@ -186,15 +189,43 @@ struct Shape {
     calibration: u64,
     batch: u64,
     text: u64,
+    /// The tokenizer's tables and its token strings
+    /// (`super::tokenizer::resident`).
+    tokenizer: (u64, u64),
 }
 
 const RUNTIME_NAME: &str = "runtime (process, base heap)";
+pub(super) const TOKENIZER_TABLES: &str = "tokenizer (vocabulary and merge tables)";
+pub(super) const TOKENIZER_STRINGS: &str = "runtime: the tokenizer's token strings";
+
+impl Shape {
+    /// A run without calibration (an evaluation, GradProbe's passes) that
+    /// tokenises `text` bytes' worth of transient at once.
+    fn uncalibrated(a: &Arch, w: &Workload, text: u64, notes: &mut Vec<String>) -> Self {
+        Shape {
+            c: w.dtype.size(),
+            runtime: RUNTIME,
+            calibrated: false,
+            nsamples: 0,
+            calibration: 0,
+            batch: w.batch_size.max(1),
+            text,
+            tokenizer: super::tokenizer::resident(&super::tokenizer::of_run(a, w.tokenizer, notes)),
+        }
+    }
+
+    /// What every phase holds: the process and the tokenizer.
+    fn base(&self, p: Phase) -> Phase {
+        p.add(RUNTIME_NAME, self.runtime)
+            .add(TOKENIZER_TABLES, self.tokenizer.0)
+            .add(TOKENIZER_STRINGS, self.tokenizer.1)
+    }
+}
 
 /// From the model loaded (the text tokenised, a resident model decoded).
 fn load_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     let resident = if w.resident { a.params * sh.c } else { 0 };
-    Phase::new("load", &[stages::START, stages::MODEL_LOADED])
-        .add(RUNTIME_NAME, sh.runtime)
+    sh.base(Phase::new("load", &[stages::START, stages::MODEL_LOADED]))
         // After `--eval-dense`, compute has already run.
         .add(
             "compute workspace",
@@ -216,8 +247,7 @@ fn load_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
 /// (`model::dtype::Converted`, one copy), then the calibration buffers are
 /// filled beside it.
 fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
-    super::calibration_phase(w)
-        .add(RUNTIME_NAME, sh.runtime)
+    sh.base(super::calibration_phase(w))
         .add(
             "weights (resident)",
             if w.resident { a.params * sh.c } else { 0 },
@@ -268,19 +298,21 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
     } else {
         (0, THREAD_WORKSPACE)
     };
-    Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
-        .add(RUNTIME_NAME, sh.runtime)
-        .add(weights_name, weights)
-        .add("calibration buffers", sh.calibration)
-        .add("rotary tables", rotary)
-        .add("compute workspace", workspace)
-        .add(transient_name, transient)
+    sh.base(Phase::new(
+        "prune",
+        &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING],
+    ))
+    .add(weights_name, weights)
+    .add("calibration buffers", sh.calibration)
+    .add("rotary tables", rotary)
+    .add("compute workspace", workspace)
+    .add(transient_name, transient)
 }
 
 /// The phases of a prunemem pruning run on the CPU backend.
 pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     if w.task == super::Task::GradProbe {
-        return super::reference::gradprobe_prunemem(a, w, notes);
+        return gradprobe_phases(a, w, notes);
     }
     let Some(m) = method(w) else {
         return super::reference::phases(a, w, notes);
@@ -296,6 +328,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         calibration: n * w.seqlen * a.hidden * c,
         batch: w.batch_size.min(n.max(1)),
         text: text_transient(w.text_bytes),
+        tokenizer: super::tokenizer::resident(&super::tokenizer::of_run(a, w.tokenizer, notes)),
     };
     let mut out = vec![load_phase(a, w, &sh)];
     if w.owl {
@@ -321,6 +354,24 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     cache_up_to_high_water(out)
 }
 
+/// GradProbe's passes (`super::reference::gradprobe_prunemem`), each with
+/// the process, the compute workspace and the tokenizer, then the engine's
+/// evaluation of the pruned model, as a sequential method's. (Its write
+/// step copies what it does not prune straight from the mapping and holds
+/// less: 138.3 MiB measured on SmolLM2.)
+fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
+    let sh = Shape::uncalibrated(a, w, 0, notes);
+    let mut out: Vec<Phase> = super::reference::gradprobe_prunemem(a, w, notes)
+        .into_iter()
+        .map(|p| sh.base(p).add("compute workspace", COMPUTE_WORKSPACE))
+        .collect();
+    if w.eval_windows > 0 {
+        let stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
+        out.push(eval_phase(a, w, &sh, "eval", &stages, w.resident, 0));
+    }
+    out
+}
+
 /// An evaluation's workload as prunemem's engines run it: with no window
 /// count given, one batch (said in a note).
 pub(super) fn inference_workload(w: &Workload, notes: &mut Vec<String>) -> Workload {
@@ -341,15 +392,7 @@ pub(super) fn inference_workload(w: &Workload, notes: &mut Vec<String>) -> Workl
 /// window count given, one batch.
 pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let w = inference_workload(w, notes);
-    let sh = Shape {
-        c: w.dtype.size(),
-        runtime: RUNTIME,
-        calibrated: false,
-        nsamples: 0,
-        calibration: 0,
-        batch: w.batch_size.max(1),
-        text: text_transient(w.text_bytes),
-    };
+    let sh = Shape::uncalibrated(a, &w, text_transient(w.text_bytes), notes);
     let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
     cache_up_to_high_water(vec![
         load_phase(a, &w, &sh),
@@ -403,32 +446,35 @@ fn owl_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
-    Phase::new("owl pass", &[stages::MODEL_LOADED, stages::OWL_RATIOS])
-        .add(RUNTIME_NAME, sh.runtime)
-        .add(
-            if w.resident {
-                "weights (resident)"
-            } else {
-                "weights (one layer)"
-            },
-            if w.resident {
-                a.params * c
-            } else {
-                a.layer_params() * c
-            },
-        )
-        .add("calibration buffers", sh.calibration)
-        .add(
-            "rotary tables",
-            rope_tables(a, w, w.batch_size.min(w.nsamples.max(1)), w.nsamples),
-        )
-        .add("compute workspace", COMPUTE_WORKSPACE)
-        .add(t_name, t)
+    sh.base(Phase::new(
+        "owl pass",
+        &[stages::MODEL_LOADED, stages::OWL_RATIOS],
+    ))
+    .add(
+        if w.resident {
+            "weights (resident)"
+        } else {
+            "weights (one layer)"
+        },
+        if w.resident {
+            a.params * c
+        } else {
+            a.layer_params() * c
+        },
+    )
+    .add("calibration buffers", sh.calibration)
+    .add(
+        "rotary tables",
+        rope_tables(a, w, w.batch_size.min(w.nsamples.max(1)), w.nsamples),
+    )
+    .add("compute workspace", COMPUTE_WORKSPACE)
+    .add(t_name, t)
 }
 
 /// An evaluation phase: weights (resident, or the layer streamed with the
 /// embeddings and head), the hidden states of every window, rotary tables,
-/// and the largest of a layer's forward, a layer's load and a logits chunk.
+/// and the largest of a layer's forward, a layer's load and a logits chunk
+/// (streamed, the logits come without a layer).
 fn eval_phase(
     a: &Arch,
     w: &Workload,
@@ -448,21 +494,43 @@ fn eval_phase(
     // cast.
     let chunk = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab);
     let logits = chunk * 8 + if c == 4 { 0 } else { chunk * c };
+    // Streamed, a batch's residual input is one of the hidden states
+    // already counted (the batches go through a layer one after the other,
+    // each output replacing its input); resident, the windows' hidden
+    // states are not held apart.
+    let tokens = eval_batch * w.seqlen;
+    let residual = if resident { 0 } else { tokens * a.hidden * c };
     let (t_name, t) = [
-        ("activations", forward(a, eval_batch * w.seqlen)),
+        ("activations", forward(a, tokens) - residual),
         ("load transient", load_transient(a, w)),
-        ("logits chunk", logits),
         ("text and tokens", text),
     ]
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
-    let (weights_name, weights) = match resident {
+    // Streamed, the head's logits run after the last layer is freed
+    // (`model::perplexity::streamed_nll`): the phase peaks either at a
+    // layer (its weights and the largest of its transients) or at the head
+    // (a logits chunk, no layer). Resident, the weights are there for both.
+    let layer = match resident {
         true => ("weights (resident)", a.params * c),
         false => ("weights (one layer)", a.layer_params() * c),
     };
-    Phase::new(name, stages)
-        .add(RUNTIME_NAME, sh.runtime)
+    let ((weights_name, weights), (t_name, t)) = if resident {
+        (
+            layer,
+            if logits > t {
+                ("logits chunk", logits)
+            } else {
+                (t_name, t)
+            },
+        )
+    } else if logits > layer.1 + t {
+        (("weights (one layer)", 0), ("logits chunk", logits))
+    } else {
+        (layer, (t_name, t))
+    };
+    sh.base(Phase::new(name, stages))
         .add(weights_name, weights)
         .add(
             "embeddings and head",

@@ -17,7 +17,8 @@
 //! temporaries for the largest trained tensor — on a real vocabulary (a
 //! 49 152 × 576 table beside 3.5 M-parameter layers) it is the step's peak.
 
-use super::prunemem::{CUDA_LINKED, TEXT_FACTOR};
+use super::prunemem::{CUDA_LINKED, TEXT_FACTOR, TOKENIZER_STRINGS, TOKENIZER_TABLES};
+use super::tokenizer;
 use super::{Arch, Optimizer, Phase, Workload};
 use crate::events::stages;
 
@@ -280,10 +281,16 @@ fn optimizer_buffers(w: &Workload) -> u64 {
     }
 }
 
-pub fn phases(a: &Arch, w: &Workload) -> Vec<Phase> {
+pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let first_step = stages::step_end(1, "zero_grad");
     let later = stages::micro_batch(2, 1, "forward");
-    vec![
+    // The tokenizer is held by every moment of every phase.
+    let (tables, strings) = tokenizer::resident(&tokenizer::of_run(a, w.tokenizer, notes));
+    let with_tokenizer = |p: Phase| {
+        p.add(TOKENIZER_TABLES, tables)
+            .add(TOKENIZER_STRINGS, strings)
+    };
+    [
         Phase::new("load", &[stages::TRAIN_START, stages::TRAIN_MODEL_LOADED])
             .add("runtime (binary, threads, allocator)", RUNTIME)
             .add("text and tokens", w.text_bytes * TEXT_FACTOR)
@@ -297,4 +304,7 @@ pub fn phases(a: &Arch, w: &Workload) -> Vec<Phase> {
         ),
         step(a, w, "later steps", [&later, stages::TRAIN_END], false),
     ]
+    .into_iter()
+    .map(with_tokenizer)
+    .collect()
 }

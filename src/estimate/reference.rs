@@ -396,18 +396,20 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
 /// a time recomputed under autodiff for its backward, the loss and head done
 /// by hand in vocabulary blocks. Candidate positions are u32 (4 bytes each),
 /// original maxima f16 (2 bytes each); the original values are re-read from
-/// the read-only checkpoint, never saved. Two moments compete for the peak:
-/// the head of the modified pass (the f32 head, every candidate's position
-/// and original maximum) and the end of the modified pass (positions of the
-/// candidates and of the weights decided pruned). Fitted on SmolLM2-135M,
-/// seqlen 128, 2 batches, 10% (measured with and without embeddings).
+/// the read-only checkpoint, never saved. The modified pass holds the f32
+/// head, the boundaries, every candidate's position and original maximum,
+/// and the larger of a layer (f32) and the head's vocabulary blocks; its end
+/// holds the candidates' positions, the positions decided pruned and the
+/// maxima. The process, the compute workspace and the tokenizer are added
+/// by `prunemem::gradprobe_phases`. Measured on SmolLM2-135M, seqlen 128,
+/// 2 batches, 10%, release, 2026-11-26: the modified pass 230.3 predicted
+/// against 230.1 MiB, its end 132.0 against 120.4.
 pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     notes.push(
         "prunemem GradProbe: f32 on the host; candidate positions u32, original gradient maxima f16".into(),
     );
     let b = w.batch_size;
     let tokens = b * w.seqlen;
-    let rt = 24u64 << 20;
     let probed = if w.include_embeddings {
         a.layers * a.layer_linear_params() + a.embedding_params() * if a.tied { 1 } else { 2 }
     } else {
@@ -416,9 +418,21 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
     let tentative = (probed as f64 * w.sparsity) as u64;
     let head = a.embedding_params() * 4;
     let boundaries = (a.layers + 1) * w.num_batches.max(1) * tokens * a.hidden * 4;
-    // Head blocks: 4 Mi logits (host copy, tensor, dlogits) and the upstream
-    // gradient of the final norm.
-    let block_logits = (1u64 << 22).min(tokens * a.vocab) * 4 * 3 + tokens * a.hidden * 4 * 3;
+    // Head blocks (`prune::gradprobe::head`): at most 4 Mi logits and 2 Mi
+    // head weights a block; its logits three times (tensor, host copy,
+    // dlogits) and the hidden states' three buffers, and, with the
+    // embeddings probed, the block's weight gradient and its host copy.
+    let rows = (1u64 << 22)
+        .checked_div(tokens)
+        .unwrap_or(0)
+        .min((1u64 << 21) / a.hidden.max(1))
+        .clamp(1, a.vocab.max(1));
+    let weight_grad = if w.include_embeddings {
+        2 * rows * a.hidden * 4
+    } else {
+        0
+    };
+    let block = tokens * rows * 4 * 3 + tokens * a.hidden * 4 * 3 + weight_grad;
     // Embedding candidates' running max in f32 through the pass.
     let embed_max = if w.include_embeddings {
         (a.embedding_params() as f64 * w.sparsity) as u64 * 4
@@ -426,32 +440,29 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
         0
     };
     let layer = a.layer_params() * 4;
-    // One layer under autodiff: its saved activations, weight gradients and
-    // the host copies of its linears while they are prepared.
-    let layer_backward = tokens * (8 * a.hidden + 2 * a.kv_dim() + 5 * a.intermediate) * 4
-        + b * a.heads * w.seqlen * w.seqlen * 4 * 2
-        + 2 * layer;
+    let (t_name, t) = if block > layer {
+        ("logit blocks", block)
+    } else {
+        ("weights (one layer)", layer)
+    };
     vec![
         Phase::new(
-            "head of the modified pass",
+            "modified pass",
             &[stages::GP_WEIGHTS_REDUCED, stages::GP_MODIFIED_GRADIENTS],
         )
-        .add("runtime", rt)
         .add("head weight (f32)", head)
-        .add("logit blocks", block_logits)
+        .add(t_name, t)
         .add("boundary activations", boundaries)
         .add("candidate positions (u32)", tentative * 4)
-        .add("original maxima (f16)", tentative * 2)
-        .add("embedding maxima (f32)", embed_max),
+        .add("original gradient peaks (f16)", tentative * 2)
+        .add("embedding candidates' gradient peaks (f32)", embed_max),
         Phase::new(
             "end of the modified pass",
             &[stages::GP_MODIFIED_GRADIENTS, stages::GP_FINAL_MASKS],
         )
-        .add("runtime", rt)
-        .add("weights (one layer)", layer)
-        .add("layer backward", layer_backward)
         .add("candidate positions (u32)", tentative * 4)
         .add("pruned positions (u32)", tentative * 4)
-        .add("embedding maxima (f32)", embed_max),
+        .add("original gradient peaks (f16)", tentative * 2)
+        .add("embedding candidates' gradient peaks (f32)", embed_max),
     ]
 }

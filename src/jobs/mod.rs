@@ -132,7 +132,8 @@ pub fn open_model(
 /// its windows of `seqlen` tokens, roughly (English BPE averages about 4
 /// bytes a token), at most `eval_limit`. Both guesses go into the plan's
 /// settings (`expected_text_bytes`, `expected_eval_windows`) for the
-/// estimates made while the run goes.
+/// estimates made while the run goes, with what the tokenizer holds
+/// (`tokenizer`: its entries, merges and string bytes).
 pub fn preflight(
     plan: &mut RunPlan,
     calib: Option<&std::path::Path>,
@@ -140,6 +141,7 @@ pub fn preflight(
     eval_limit: Option<usize>,
     seqlen: usize,
     force: bool,
+    tokenizer: &crate::model::tokenizer::Tokenizer,
 ) -> Result<(), JobError> {
     let size = |p: Option<&std::path::Path>| {
         p.and_then(|p| std::fs::metadata(p).ok())
@@ -155,6 +157,9 @@ pub fn preflight(
     let s = &mut plan.settings;
     s.insert("expected_text_bytes".into(), extra.text_bytes.into());
     s.insert("expected_eval_windows".into(), extra.eval_windows.into());
+    if let Some(size) = tokenizer.size() {
+        s.insert("tokenizer".into(), serde_json::json!(size));
+    }
     if force {
         return Ok(());
     }

@@ -65,7 +65,15 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     let mut plan = plan(job, &ckpt, seqlen);
     let calib = job.calib.as_ref().map(|t| t.path.as_path());
     let eval = job.eval.as_ref().map(|t| t.path.as_path());
-    super::preflight(&mut plan, calib, eval, job.eval_windows, seqlen, job.force)?;
+    super::preflight(
+        &mut plan,
+        calib,
+        eval,
+        job.eval_windows,
+        seqlen,
+        job.force,
+        &tok,
+    )?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {

@@ -21,6 +21,7 @@ pub mod shard;
 pub mod synthetic;
 pub mod tiny;
 pub mod tokenizer;
+pub mod tokenizer_size;
 pub mod vocab;
 
 use std::path::Path;

@@ -113,28 +113,6 @@ impl PrunedWriter {
         })
     }
 
-    fn put(
-        &mut self,
-        ckpt: &super::Checkpoint,
-        name: &str,
-        bytes: &[u8],
-    ) -> Result<(), ModelError> {
-        let e = ckpt.entry(name)?;
-        if bytes.len() != e.end - e.start {
-            return Err(ModelError::Checkpoint(format!(
-                "{name}: writing {} bytes into a {}-byte slot",
-                bytes.len(),
-                e.end - e.start
-            )));
-        }
-        let f = &self.files[e.shard];
-        std::os::unix::fs::FileExt::write_all_at(f, bytes, e.start as u64)
-            .map_err(|err| ModelError::io(&self.tmp, err))?;
-        self.written.insert(name.to_string());
-        self.bytes_written += bytes.len() as u64;
-        Ok(())
-    }
-
     /// Writes new values (PyTorch orientation) for tensor `name`, in its
     /// stored dtype.
     pub fn write_f32(
@@ -175,10 +153,25 @@ impl PrunedWriter {
             .filter(|n| n.starts_with(prefix) && !self.written.contains(*n))
             .cloned()
             .collect();
+        // Written straight from the mapping 8 MiB at a time, each piece's
+        // pages released once written: nothing of a tensor is held on the
+        // heap (the whole tensor was, until 2026-11-26: SmolLM2's 108 MiB
+        // embedding at GradProbe's write step).
+        const CHUNK: usize = 8 << 20;
         for name in names {
             let e = ckpt.entry(&name)?;
-            let bytes = super::shard::copy_releasing(&ckpt.shards[e.shard].mmap, e.start, e.end);
-            self.put(ckpt, &name, &bytes)?;
+            let mmap = &ckpt.shards[e.shard].mmap;
+            let f = &self.files[e.shard];
+            let mut a = e.start;
+            while a < e.end {
+                let b = (a + CHUNK).min(e.end);
+                std::os::unix::fs::FileExt::write_all_at(f, &mmap[a..b], a as u64)
+                    .map_err(|err| ModelError::io(&self.tmp, err))?;
+                super::shard::release_range(mmap, a, b);
+                a = b;
+            }
+            self.written.insert(name);
+            self.bytes_written += (e.end - e.start) as u64;
         }
         Ok(())
     }

@@ -41,10 +41,13 @@ pub fn copy_releasing(mmap: &Mmap, start: usize, end: usize) -> Vec<u8> {
     out
 }
 
-/// How far around a faulting page Linux maps pages already in the page
-/// cache (`fault_around_bytes`, 64 KiB by default): reading a range maps
-/// up to this much of its neighbours too.
-const FAULT_AROUND: usize = 64 << 10;
+/// How far around a faulting page Linux may map pages already in the page
+/// cache: `fault_around_bytes` (64 KiB by default), or, since the page cache
+/// keeps files in large folios (ext4 on Linux 6.18 here), the whole folio
+/// the page lies in, up to a PMD (2 MiB on x86-64). One read of a 1 MiB
+/// file written in one call mapped all of it (1024 kB resident, 892 kB of
+/// it left by a 64 KiB window; `model::shard`'s unit test, 2026-11-25).
+const FAULT_AROUND: usize = 2 << 20;
 
 /// Drops `start..end` of a mapping from this process's resident set, with
 /// the fault-around window on either side. The pages stay in the OS page
@@ -53,7 +56,7 @@ const FAULT_AROUND: usize = 64 << 10;
 /// has read.
 ///
 /// The window matters: each read maps up to [`FAULT_AROUND`] of the
-/// neighbouring tensors' pages, and a neighbour read and released earlier
+/// neighbouring tensors' pages (64 KiB of fault-around on small folios), and a neighbour read and released earlier
 /// stays mapped — on SmolLM2 about 290 KiB per layer of each checkpoint
 /// read, 8.4 MiB of the source and as much of the pruned copy by the end of
 /// a run (measured with `scripts/bench/rss_breakdown.py`). Releasing a
@@ -195,11 +198,12 @@ mod tests {
     #[test]
     fn releasing_a_read_range_leaves_none_of_the_file_mapped() {
         // One page read in the middle of a file whose pages are all in the
-        // page cache: the fault maps its neighbours too (fault-around).
+        // page cache: the fault maps its neighbours too (fault-around, or
+        // the whole large folio the page lies in).
         let path = std::env::temp_dir().join(format!("prunemem-shard-{}", std::process::id()));
-        std::fs::write(&path, vec![7u8; 1 << 20]).unwrap();
+        std::fs::write(&path, vec![7u8; 8 << 20]).unwrap();
         let mmap = unsafe { Mmap::map(&std::fs::File::open(&path).unwrap()) }.unwrap();
-        let (a, b) = (260 << 10, 264 << 10);
+        let (a, b) = ((4 << 20) + (260 << 10), (4 << 20) + (264 << 10));
         let sum: u64 = mmap[a..b].iter().map(|&x| x as u64).sum();
         assert_eq!(sum, 7 * 4096);
         assert!(

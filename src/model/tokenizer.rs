@@ -14,12 +14,16 @@ use serde_json::{Value, json};
 
 use super::ModelError;
 use super::gguf::GgufFile;
+use super::tokenizer_size::TokenizerSize;
 use crate::memory::tag::{self, Category};
 
 /// Text to token ids, as `tokenizer(text)` does in transformers (special
 /// tokens added by the post-processor, e.g. a BOS for Llama 3).
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// What its model holds, counted from the file (`None`: built from
+    /// text, or a file the counter could not read).
+    size: Option<TokenizerSize>,
 }
 
 impl Tokenizer {
@@ -35,7 +39,8 @@ impl Tokenizer {
         let _tag = tag::tag(Category::Tokenizer);
         let inner = tokenizers::Tokenizer::from_file(path)
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
-        Ok(Self { inner })
+        let size = TokenizerSize::read(path).ok();
+        Ok(Self { inner, size })
     }
 
     /// Refuses a tokenizer that can produce ids the model has no embedding
@@ -55,7 +60,8 @@ impl Tokenizer {
         let inner: tokenizers::Tokenizer = text
             .parse()
             .map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
-        Ok(Self { inner })
+        let size = TokenizerSize::from_json(text).ok();
+        Ok(Self { inner, size })
     }
 
     /// Encodes `text` with the tokenizer's special-token template. Long
@@ -85,6 +91,11 @@ impl Tokenizer {
             }
         }
         Ok(ids)
+    }
+
+    /// Its vocabulary, merges and token strings, for the estimator.
+    pub fn size(&self) -> Option<TokenizerSize> {
+        self.size
     }
 
     pub fn vocab_size(&self) -> usize {
