@@ -210,7 +210,7 @@ impl Shape {
             calibration: 0,
             batch: w.batch_size.max(1),
             text,
-            tokenizer: super::tokenizer::resident(&super::tokenizer::of_run(a, w.tokenizer, notes)),
+            tokenizer: super::tokenizer::held_by_run(a, w, notes),
         }
     }
 
@@ -328,7 +328,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         calibration: n * w.seqlen * a.hidden * c,
         batch: w.batch_size.min(n.max(1)),
         text: text_transient(w.text_bytes),
-        tokenizer: super::tokenizer::resident(&super::tokenizer::of_run(a, w.tokenizer, notes)),
+        tokenizer: super::tokenizer::held_by_run(a, w, notes),
     };
     let mut out = vec![load_phase(a, w, &sh)];
     if w.owl {

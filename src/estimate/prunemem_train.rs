@@ -285,7 +285,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let first_step = stages::step_end(1, "zero_grad");
     let later = stages::micro_batch(2, 1, "forward");
     // The tokenizer is held by every moment of every phase.
-    let (tables, strings) = tokenizer::resident(&tokenizer::of_run(a, w.tokenizer, notes));
+    let (tables, strings) = tokenizer::held_by_run(a, w, notes);
     let with_tokenizer = |p: Phase| {
         p.add(TOKENIZER_TABLES, tables)
             .add(TOKENIZER_STRINGS, strings)

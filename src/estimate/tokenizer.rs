@@ -19,7 +19,7 @@
 //! text, then 16-byte steps. Unigram and WordPiece tokenizers are taken as
 //! BPE without merges.
 
-use super::Arch;
+use super::{Arch, Workload};
 use crate::model::tokenizer_size::TokenizerSize;
 
 /// Bytes a hash table of `entries` slots of `slot` bytes allocates
@@ -71,6 +71,11 @@ pub(super) fn of_run(
             string_bytes: 6 * a.vocab,
         }
     })
+}
+
+/// What the run's tokenizer holds for the whole run, `(tables, strings)`.
+pub(super) fn held_by_run(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> (u64, u64) {
+    resident(&of_run(a, w.tokenizer, notes))
 }
 
 #[cfg(test)]

@@ -37,7 +37,7 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
         crate::data::windows::resolve_seqlen(job.seqlen, ckpt.config.max_position_embeddings)?;
     plan.settings.insert("seqlen".into(), json!(seqlen));
     let text = Some(job.text.path.as_path());
-    super::preflight(&mut plan, None, text, job.windows, seqlen, job.force, &tok)?;
+    super::preflight(&mut plan, &tok, None, text, job.windows, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {

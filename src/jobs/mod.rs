@@ -136,12 +136,12 @@ pub fn open_model(
 /// (`tokenizer`: its entries, merges and string bytes).
 pub fn preflight(
     plan: &mut RunPlan,
+    tokenizer: &crate::model::tokenizer::Tokenizer,
     calib: Option<&std::path::Path>,
     eval: Option<&std::path::Path>,
     eval_limit: Option<usize>,
     seqlen: usize,
     force: bool,
-    tokenizer: &crate::model::tokenizer::Tokenizer,
 ) -> Result<(), JobError> {
     let size = |p: Option<&std::path::Path>| {
         p.and_then(|p| std::fs::metadata(p).ok())

@@ -65,15 +65,8 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     let mut plan = plan(job, &ckpt, seqlen);
     let calib = job.calib.as_ref().map(|t| t.path.as_path());
     let eval = job.eval.as_ref().map(|t| t.path.as_path());
-    super::preflight(
-        &mut plan,
-        calib,
-        eval,
-        job.eval_windows,
-        seqlen,
-        job.force,
-        &tok,
-    )?;
+    let limit = job.eval_windows;
+    super::preflight(&mut plan, &tok, calib, eval, limit, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
     let p = run.profiler.clone();
     if let Some(w) = capped {

@@ -144,7 +144,7 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     s.insert("trainable_params".into(), json!(trainable));
     s.insert("first_trainable_layer".into(), json!(first));
     let text_path = Some(job.text.path.as_path());
-    super::preflight(&mut plan, text_path, None, None, seqlen, job.force, &tok)?;
+    super::preflight(&mut plan, &tok, text_path, None, None, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
     if let Err(e) = run.exec.check_dtype(config.dtype.burn()) {
         return Err(run.fail(e.into()));
