@@ -25,6 +25,7 @@ use super::config::LlamaConfig;
 use super::dtype::{self, ComputeDtype};
 use super::llama::{DecoderLayer, Llama, LlamaAttention, LlamaMlp, LlamaModel, LlamaRmsNorm};
 use super::shard::read_index;
+use super::shard::{READ_CHUNK, for_each_chunk_releasing};
 pub use super::shard::{Shard, TensorEntry, copy_releasing, map_shard, release_range};
 
 /// An opened checkpoint.
@@ -214,24 +215,21 @@ impl Checkpoint {
     pub fn read_f32(&self, name: &str) -> Result<Vec<f32>, ModelError> {
         // Decoded 8 MiB at a time straight from the mapping, each piece
         // released once decoded: only the f32 result is ever held whole.
-        const CHUNK: usize = 8 << 20;
         let e = self.entry(name)?;
         let mmap = &self.shards[e.shard].mmap;
         let width = (e.dtype.bitsize() / 8).max(1);
         let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
         let _io = crate::timing::work(crate::timing::Work::Io);
         let mut out = Vec::with_capacity((e.end - e.start) / width);
-        let mut a = e.start;
-        while a < e.end {
-            let b = (a + CHUNK / width * width).min(e.end);
-            if let Some(i) = dtype::first_non_finite(&mmap[a..b], e.dtype) {
+        let chunk = READ_CHUNK / width * width;
+        for_each_chunk_releasing(mmap, e.start, e.end, chunk, |a, piece| {
+            if let Some(i) = dtype::first_non_finite(piece, e.dtype) {
                 let at = (a - e.start) / width + i;
                 return Err(ModelError::Checkpoint(non_finite(name, at)));
             }
-            out.extend(dtype::decode_f32(&mmap[a..b], e.dtype));
-            release_range(mmap, a, b);
-            a = b;
-        }
+            out.extend(dtype::decode_f32(piece, e.dtype));
+            Ok(())
+        })?;
         self.bytes_read
             .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
         Ok(out)

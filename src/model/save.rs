@@ -157,19 +157,18 @@ impl PrunedWriter {
         // pages released once written: nothing of a tensor is held on the
         // heap (the whole tensor was, until 2026-11-26: SmolLM2's 108 MiB
         // embedding at GradProbe's write step).
-        const CHUNK: usize = 8 << 20;
         for name in names {
             let e = ckpt.entry(&name)?;
             let mmap = &ckpt.shards[e.shard].mmap;
             let f = &self.files[e.shard];
-            let mut a = e.start;
-            while a < e.end {
-                let b = (a + CHUNK).min(e.end);
-                std::os::unix::fs::FileExt::write_all_at(f, &mmap[a..b], a as u64)
-                    .map_err(|err| ModelError::io(&self.tmp, err))?;
-                super::shard::release_range(mmap, a, b);
-                a = b;
-            }
+            super::shard::for_each_chunk_releasing(
+                mmap,
+                e.start,
+                e.end,
+                super::shard::READ_CHUNK,
+                |at, piece| std::os::unix::fs::FileExt::write_all_at(f, piece, at as u64),
+            )
+            .map_err(|err| ModelError::io(&self.tmp, err))?;
             self.written.insert(name);
             self.bytes_written += (e.end - e.start) as u64;
         }

@@ -26,18 +26,39 @@ pub struct Shard {
     pub header_len: usize,
 }
 
-/// Copies `start..end` of a mapping to the heap 8 MiB at a time, releasing
-/// each piece once copied: reading a 500 MiB embedding never holds it twice.
-pub fn copy_releasing(mmap: &Mmap, start: usize, end: usize) -> Vec<u8> {
-    const CHUNK: usize = 8 << 20;
-    let mut out = Vec::with_capacity(end - start);
+/// The piece of a mapping the chunked readers take at a time.
+pub const READ_CHUNK: usize = 8 << 20;
+
+/// Hands `start..end` of a mapping to `f` `chunk` bytes at a time (with
+/// each piece's offset), and drops each piece's pages from the resident set
+/// once `f` is done with it ([`release_range`]): a large tensor is never
+/// mapped whole. Stops at `f`'s first error.
+pub fn for_each_chunk_releasing<E>(
+    mmap: &Mmap,
+    start: usize,
+    end: usize,
+    chunk: usize,
+    mut f: impl FnMut(usize, &[u8]) -> Result<(), E>,
+) -> Result<(), E> {
     let mut a = start;
     while a < end {
-        let b = (a + CHUNK).min(end);
-        out.extend_from_slice(&mmap[a..b]);
+        let b = (a + chunk.max(1)).min(end);
+        f(a, &mmap[a..b])?;
         release_range(mmap, a, b);
         a = b;
     }
+    Ok(())
+}
+
+/// Copies `start..end` of a mapping to the heap 8 MiB at a time, releasing
+/// each piece once copied: reading a 500 MiB embedding never holds it twice.
+pub fn copy_releasing(mmap: &Mmap, start: usize, end: usize) -> Vec<u8> {
+    let mut out = Vec::with_capacity(end - start);
+    let copied = for_each_chunk_releasing(mmap, start, end, READ_CHUNK, |_, piece| {
+        out.extend_from_slice(piece);
+        Ok::<(), std::convert::Infallible>(())
+    });
+    let Ok(()) = copied;
     out
 }
 
@@ -56,7 +77,8 @@ const FAULT_AROUND: usize = 2 << 20;
 /// has read.
 ///
 /// The window matters: each read maps up to [`FAULT_AROUND`] of the
-/// neighbouring tensors' pages (64 KiB of fault-around on small folios), and a neighbour read and released earlier
+/// neighbouring tensors' pages (64 KiB of fault-around on small folios),
+/// and a neighbour read and released earlier
 /// stays mapped — on SmolLM2 about 290 KiB per layer of each checkpoint
 /// read, 8.4 MiB of the source and as much of the pruned copy by the end of
 /// a run (measured with `scripts/bench/rss_breakdown.py`). Releasing a
