@@ -93,14 +93,37 @@ pub(super) fn method(w: &Workload) -> Option<Method> {
 /// up projection (silu and the product run in place). Matmul outputs are
 /// zero-allocated and copied by burn-flex, but the zeroed pages are never
 /// touched, so they cost heap and not RSS.
+///
+/// Wanda's column norms (`prune::stats`) square a captured input a 4 MiB
+/// slab at a time, but never at this peak: the gate/up input is traced
+/// with `T·2h` live and the down input with `T·(h + i)`, so a slab on top
+/// stays under `T·(2h + 2i)`. (It had been added on top, 4 MiB over on
+/// every Wanda, RIA, OWL and DSnoT-Wanda case; measured 2026-11-26.)
 fn forward(a: &Arch, tokens: u64) -> u64 {
+    forward_values(a, tokens) + gemm_packed_lhs(tokens, a.hidden, a.intermediate)
+}
+
+/// The forward's f32 values alone, `T·(2h + 2i)`.
+fn forward_values(a: &Arch, tokens: u64) -> u64 {
     tokens * (2 * a.hidden + 2 * a.intermediate) * 4
 }
 
-/// Wanda's column norms square the captured inputs a slab at a time
-/// (`prune::stats`), one slab alive beside the forward's buffers.
-fn wanda_norm_slab(a: &Arch, tokens: u64) -> u64 {
-    (crate::prune::stats::SQUARE_CHUNK_ELEMS as u64).min(tokens * a.intermediate) * 4
+/// The `gemm` crate's packed copy of a product's left operand, `m × kc`
+/// f32 (`kc` = `k` split into blocks of at most 512), made when the
+/// output is wider than 2 048 columns; narrower products pack only the
+/// right operand (1 MiB, in [`COMPUTE_WORKSPACE`]). Measured for one
+/// product per process with the counting allocator on this project's
+/// machine (AMD EPYC, AVX-512, 1 MiB L2, 32 MiB L3), 2026-11-26:
+/// `2048 × 1024 · 1024 × n` packs 1.0 MiB up to n = 2 048 and 5.0 MiB from
+/// n = 2 176; `4096 × 576 · 576 × 3072` 5.5 MiB. The blocking comes from
+/// the CPU's cache sizes, so another CPU may pack differently. The up
+/// projection's product runs at the forward's peak.
+fn gemm_packed_lhs(m: u64, k: u64, n: u64) -> u64 {
+    if n <= 2048 || k == 0 {
+        return 0;
+    }
+    let kc = k.div_ceil(k.div_ceil(512));
+    m * kc * 4
 }
 
 /// The forward with SparseGPT's Hessian accumulation: three `h²`
@@ -108,7 +131,9 @@ fn wanda_norm_slab(a: &Arch, tokens: u64) -> u64 {
 /// `Xᵀ X` is formed from.
 fn forward_with_hessians(a: &Arch, tokens: u64) -> u64 {
     let (h, i) = (a.hidden, a.intermediate);
-    let during = forward(a, tokens) + tokens * i * 4 + 3 * h * h * 4;
+    // Fitted without the up projection's packed operand (sparsegpt-h1024-l2
+    // then 262.4 MiB against 262.1 measured; with it, +3.1%).
+    let during = forward_values(a, tokens) + tokens * i * 4 + 3 * h * h * 4;
     let at_mlp_input = tokens * (10 * h + 24 * i) * 4 / 10 + (i * i + 3 * h * h) * 4;
     during.max(at_mlp_input)
 }
@@ -275,7 +300,7 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
             match m {
                 Method::Magnitude | Method::GradProbe if !sh.calibrated => 0,
                 Method::SparseGpt => forward_with_hessians(a, tokens),
-                _ => forward(a, tokens) + wanda_norm_slab(a, tokens),
+                _ => forward(a, tokens),
             },
         ),
         match (m, w.dsnot) {
@@ -351,7 +376,13 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             eval_phase(a, w, &sh, "dense eval", &stages, false, sh.text),
         );
     }
-    cache_up_to_high_water(out)
+    // OWL's pass ends with a trim (`prune::owl`): what it freed is not
+    // cached into the phases after it.
+    let after_owl = out.iter().position(|p| p.name == "owl pass").map(|i| i + 1);
+    let rest = out.split_off(after_owl.unwrap_or(out.len()));
+    let mut out = cache_up_to_high_water(out);
+    out.extend(cache_up_to_high_water(rest));
+    out
 }
 
 /// GradProbe's passes (`super::reference::gradprobe_prunemem`), each with
@@ -436,10 +467,7 @@ fn owl_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     let tokens = w.batch_size.min(w.nsamples.max(1)) * w.seqlen;
     let metrics = (a.layer_params() + a.largest_linear()) * 4;
     let (t_name, t) = [
-        (
-            "activations",
-            forward(a, tokens) + wanda_norm_slab(a, tokens),
-        ),
+        ("activations", forward(a, tokens)),
         ("statistics (layer metrics)", metrics),
         ("load transient", load_transient(a, w)),
     ]

@@ -129,16 +129,20 @@ pub fn wanda_metric(w: &[f32], cols: usize, scaler_row: &[f32]) -> Vec<f32> {
     metric
 }
 
-/// Per-row stable ascending order of the metric (what `torch.sort(..., stable=True)` gives).
-fn sorted_rows(metric: &[f32], cols: usize) -> Vec<Vec<u32>> {
-    metric
-        .par_chunks(cols)
-        .map(|row| {
-            let mut idx: Vec<u32> = (0..cols as u32).collect();
+/// Per-row stable ascending order of the metric (what `torch.sort(..., stable=True)` gives),
+/// row after row in one buffer: per-row vectors were small blocks in the
+/// worker threads' malloc arenas, which kept them resident after the mask
+/// was built (2.5 MiB of a 4-layer grid run's peak, 2026-11-26).
+fn sorted_rows(metric: &[f32], cols: usize) -> Vec<u32> {
+    let mut order = vec![0u32; metric.len()];
+    order
+        .par_chunks_mut(cols)
+        .zip(metric.par_chunks(cols))
+        .for_each(|(idx, row)| {
+            idx.iter_mut().zip(0u32..).for_each(|(i, j)| *i = j);
             idx.sort_by(|a, b| row[*a as usize].total_cmp(&row[*b as usize]));
-            idx
-        })
-        .collect()
+        });
+    order
 }
 
 /// Wanda's mask. Returns the mask and, for the variant, the α it found.
@@ -157,7 +161,7 @@ pub fn wanda_mask(
         let k = ((cols as f64) * ratio) as usize;
         let mut mask = vec![false; metric.len()];
         mask.par_chunks_mut(cols)
-            .zip(&order)
+            .zip(order.par_chunks(cols))
             .for_each(|(mrow, idx)| {
                 for &j in idx.iter().take(k) {
                     mrow[j as usize] = true;
@@ -174,33 +178,36 @@ pub fn wanda_mask(
 fn wanda_variant(
     metric: &[f32],
     cols: usize,
-    order: &[Vec<u32>],
+    order: &[u32],
     ratio: f64,
 ) -> (Vec<bool>, Option<f64>) {
-    // Per row: sorted values, their float32 cumulative sums, and the row sum.
-    let rows: Vec<(Vec<f32>, Vec<f32>, f32)> = metric
-        .par_chunks(cols)
-        .zip(order.par_iter())
-        .map(|(row, idx)| {
-            let sorted: Vec<f32> = idx.iter().map(|j| row[*j as usize]).collect();
+    // Per row: sorted values, their float32 cumulative sums, and the row
+    // sum (flat, one buffer each, like `order`).
+    let mut sorted = vec![0f32; metric.len()];
+    let mut cum = vec![0f32; metric.len()];
+    sorted
+        .par_chunks_mut(cols)
+        .zip(cum.par_chunks_mut(cols))
+        .zip(metric.par_chunks(cols).zip(order.par_chunks(cols)))
+        .for_each(|((s, c), (row, idx))| {
             let mut acc = 0f32;
-            let cum: Vec<f32> = sorted
-                .iter()
-                .map(|v| {
-                    acc += v;
-                    acc
-                })
-                .collect();
-            let total = row.iter().sum::<f32>();
-            (sorted, cum, total)
-        })
+            for ((s, c), j) in s.iter_mut().zip(c.iter_mut()).zip(idx) {
+                *s = row[*j as usize];
+                acc += *s;
+                *c = acc;
+            }
+        });
+    let totals: Vec<f32> = metric
+        .par_chunks(cols)
+        .map(|r| r.iter().sum::<f32>())
         .collect();
     let given = |alpha: f64| -> (Vec<bool>, f64) {
         let mut mask = vec![false; metric.len()];
         mask.par_chunks_mut(cols)
             .zip(metric.par_chunks(cols))
-            .zip(&rows)
-            .for_each(|((mrow, row), (sorted, cum, total))| {
+            .zip(sorted.par_chunks(cols).zip(cum.par_chunks(cols)))
+            .zip(&totals)
+            .for_each(|(((mrow, row), (sorted, cum)), total)| {
                 // As torch: float32 sum times alpha in float32.
                 let limit = *total * alpha as f32;
                 let count = cum.iter().filter(|c| **c <= limit).count();
