@@ -220,6 +220,7 @@ struct Shape {
 }
 
 const RUNTIME_NAME: &str = "runtime (process, base heap)";
+const OWL_PASS: &str = "owl pass";
 pub(super) const TOKENIZER_TABLES: &str = "tokenizer (vocabulary and merge tables)";
 pub(super) const TOKENIZER_STRINGS: &str = "runtime: the tokenizer's token strings";
 
@@ -378,7 +379,7 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     }
     // OWL's pass ends with a trim (`prune::owl`): what it freed is not
     // cached into the phases after it.
-    let after_owl = out.iter().position(|p| p.name == "owl pass").map(|i| i + 1);
+    let after_owl = out.iter().position(|p| p.name == OWL_PASS).map(|i| i + 1);
     let rest = out.split_off(after_owl.unwrap_or(out.len()));
     let mut out = cache_up_to_high_water(out);
     out.extend(cache_up_to_high_water(rest));
@@ -475,7 +476,7 @@ fn owl_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
     sh.base(Phase::new(
-        "owl pass",
+        OWL_PASS,
         &[stages::MODEL_LOADED, stages::OWL_RATIOS],
     ))
     .add(

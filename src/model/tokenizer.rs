@@ -37,9 +37,12 @@ impl Tokenizer {
         // Its vocabulary and merges live as long as the run (6.1 MiB for
         // SmolLM2's 49 152 tokens): charged to the tokenizer, not untagged.
         let _tag = tag::tag(Category::Tokenizer);
-        let inner = tokenizers::Tokenizer::from_file(path)
-            .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
-        let size = TokenizerSize::read(path).ok();
+        let err =
+            |e: &dyn std::fmt::Display| ModelError::Tokenizer(format!("{}: {e}", path.display()));
+        // Read once: the tokenizer and the estimator's counter parse the same text.
+        let text = std::fs::read_to_string(path).map_err(|e| err(&e))?;
+        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| err(&e))?;
+        let size = TokenizerSize::from_json(&text).ok();
         Ok(Self { inner, size })
     }
 
