@@ -73,18 +73,21 @@ const HEAD_PER_HIDDEN: f64 = 6.45;
 const HEAD_BLOCK_FACTOR: f64 = 1.31;
 const HEAD_BLOCK_CONSTANT: u64 = 8_090_000;
 const HEAD_BLOCK_BYTES: u64 = 8 << 20;
-/// Temporaries of one Adam/AdamW update, in units of the tensor updated
-/// (the denominator; the step's other products reuse their operands'
-/// buffers). Measured on the SmolLM2 2-layer cut: 108 MiB above the
-/// moments at the update of its 49 152 × 576 table in later steps
-/// (2026-11-24).
+/// Temporaries of one Adam/AdamW update, in units of the tensor updated:
+/// the gradient's square, taken while the gradient is still needed (the
+/// step's other products reuse their operands' buffers, `train::optim`).
+/// Measured on the SmolLM2 2-layer cut: 108 MiB above the moments at the
+/// update of its 49 152 × 576 table in later steps (2026-11-24).
 const ADAM_UPDATE_TRANSIENT: u64 = 1;
 /// The first update creates the moments as it goes: at the largest
-/// tensor it holds every gradient beside that tensor's new moments and
-/// temporaries, this many times the tensor (fitted on the cut: 645 MiB of
-/// heap against 142 + 142 + 3 × 108 MiB); at its end, every moment and
+/// tensor it holds every gradient beside that tensor's two new moments
+/// (the square becomes the second moment; the update is computed in the
+/// gradient's buffer): adamw-v49k-b2-s64-acc2's first step, 141.6 MB of
+/// gradients and 226.5 MB of state, 2026-11-26. Before the optimizer
+/// reused the gradient's buffer it was 3 (fitted on the cut: 645 MiB of
+/// heap against 142 + 142 + 3 × 108 MiB). At its end, every moment and
 /// almost no gradient (SmolLM2-135M: 1.009 GiB of state, no gradient).
-const ADAM_FIRST_UPDATE_AT_LARGEST: u64 = 3;
+const ADAM_FIRST_UPDATE_AT_LARGEST: u64 = 2;
 /// A recomputed layer's backward holds this fraction of its graph again in
 /// gradient transients (checkpointing).
 const LAYER_BACKWARD: f64 = 0.3;
