@@ -8,7 +8,8 @@
 //! ```text
 //! cargo build --release && cargo run --release --example train_grid [-- FILTER]
 //! ```
-//! PRUNEMEM_BIN overrides the binary (default target/release/prunemem).
+//! PRUNEMEM_BIN overrides the binary (default target/release/prunemem);
+//! PRUNEMEM_GRID_DIR keeps the models and logs.
 
 use std::path::PathBuf;
 
@@ -27,7 +28,10 @@ fn main() {
         std::env::var("PRUNEMEM_BIN").unwrap_or_else(|_| "target/release/prunemem".into()),
     );
     let tmp = tempfile::tempdir().expect("a temporary folder");
-    let dir = tmp.path();
+    // PRUNEMEM_GRID_DIR keeps the models and logs for inspection.
+    let keep = std::env::var_os("PRUNEMEM_GRID_DIR").map(PathBuf::from);
+    let dir = keep.as_deref().unwrap_or(tmp.path());
+    std::fs::create_dir_all(dir).expect("creating the output folder");
     let text = dir.join("text.txt");
     std::fs::write(&text, prunemem::model::tiny::corpus(6_000, 9)).expect("writing text");
     for case in train_grid::cases()

@@ -41,14 +41,17 @@ const WGPU_LINKED: u64 = if cfg!(feature = "wgpu") { 13 << 19 } else { 0 };
 /// against 30.7-33.5 MB for the full-graph cases (predicted 32.0).
 const CHECKPOINTED_WORKSPACE: u64 = 7 << 19;
 /// f32 elements one decoder layer's graph saves per token: per unit of
-/// hidden width (two norms, q and its rotary products, the attention
-/// output), of intermediate width (gate, its sigmoid and SiLU, up, their
-/// product), of key/value width, and per attended position and head
-/// (scores, probabilities, mask). Fitted: see `docs/estimator.md`.
+/// hidden width (two norms, q and its rotary products, k and v after their
+/// heads are repeated to the query's, the attention output), of
+/// intermediate width (gate, its sigmoid and SiLU, up, their product), and
+/// per attended position and head (scores, their masked and softmaxed
+/// forms). Nothing is saved at key/value width: a term of 4 per key/value
+/// unit with `PER_SCORE` 2.5 until 2026-11-26, which over-counted the grid's
+/// 128-wide keys and under-counted its scores; refitted on the training
+/// grid's full-graph runs (`docs/estimator.md`, 2026-11-26).
 const PER_HIDDEN: f64 = 10.0;
 const PER_INTERMEDIATE: f64 = 5.0;
-const PER_KV: f64 = 4.0;
-const PER_SCORE: f64 = 2.5;
+const PER_SCORE: f64 = 3.0;
 /// f32 elements the head's graph saves per token beside the logits and
 /// their log-softmax: per vocabulary entry and per hidden unit (the final
 /// norm's). Fitted 2026-11-24 on two points after the logits became a leaf
@@ -100,7 +103,6 @@ fn bytes(elements_per_token: f64, tokens: u64) -> u64 {
 fn layer_graph(a: &Arch, tokens: u64, s: u64) -> u64 {
     let per_token = PER_HIDDEN * a.hidden as f64
         + PER_INTERMEDIATE * a.intermediate as f64
-        + PER_KV * a.kv_dim() as f64
         + PER_SCORE * (a.heads * s) as f64;
     bytes(per_token, tokens)
 }
