@@ -47,7 +47,7 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     if let Err(e) = run.exec.check_dtype(job.dtype.burn()) {
         return Err(run.fail(e.into()));
     }
-    let (windows, _) = text::evaluation(&tok, &job.text, seqlen, job.windows)?;
+    let (windows, text_bytes) = text::evaluation(&tok, &job.text, seqlen, job.windows)?;
     let exec = run.exec.clone();
     let result = exec.run_caught(Evaluate {
         job,
@@ -65,6 +65,8 @@ pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     run.result("seqlen", result.seqlen);
     run.result("eval_seconds", result.seconds);
     run.result("tokens_per_second", result.tokens_per_second);
+    // The text tokenised (the selected lines), for `estimate --against`.
+    run.result("text_bytes", text_bytes);
     let (summary, sink_errors) = run.finish(RunStatus::Ok);
     Ok(Outcome {
         perplexity: result,

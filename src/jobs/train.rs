@@ -156,18 +156,19 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     }
     p.stage(stages::TRAIN_START);
     let result = (|| -> Result<_, JobError> {
-        let (tokens, _) = text::tokenize(&tok, &job.text)?;
+        let (tokens, text_bytes) = text::tokenize(&tok, &job.text)?;
         let windows = train::windows(&tokens, seqlen);
         drop(tokens);
         p.stage(stages::TRAIN_DATA_PREPARED);
-        Ok(exec.run(Train {
+        let outcome = exec.run(Train {
             ckpt: &ckpt,
             windows: &windows,
             config: &config,
             p: &p,
-        })?)
+        })?;
+        Ok((outcome, text_bytes))
     })();
-    let outcome = match result {
+    let (outcome, text_bytes) = match result {
         Ok(o) => o,
         Err(e) => return Err(run.fail(e)),
     };
@@ -175,6 +176,8 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     let first = outcome.steps.first().map(|r| r.loss);
     let last = outcome.steps.last().map(|r| r.loss);
     run.result("steps", outcome.steps.len());
+    // The text tokenised (the selected lines), for `estimate --against`.
+    run.result("text_bytes", text_bytes);
     run.result("first_loss", json!(first));
     run.result("last_loss", json!(last));
     run.result(
