@@ -18,6 +18,7 @@
 //! layer as soon as its maxima are final.
 
 use crate::exec::Compute;
+use crate::memory::tag::{self, Category};
 use std::collections::{BTreeMap, HashMap};
 
 use burn::prelude::*;
@@ -169,7 +170,9 @@ impl State {
             Which::Modified => {
                 let positions = self.tentative.get(name).map_or(&[][..], |v| v);
                 let decided = match self.original.remove(name) {
-                    Some(o) => select::decide(positions, &o, &maxima, threshold),
+                    Some(o) => tag::tagged(Category::Masks, || {
+                        select::decide(positions, &o, &maxima, threshold)
+                    }),
                     None => Vec::new(),
                 };
                 self.decided.insert(name.to_string(), decided);
