@@ -63,10 +63,15 @@ const HEAP_BASE: u64 = 5 << 19;
 const COMPUTE_WORKSPACE: u64 = THREAD_WORKSPACE + (2 << 20);
 /// The compute threads' stacks and allocator arenas: RSS minus heap rises
 /// from about 10 to about 16 MiB once the worker threads have run and stays
-/// there. A run without calibration (magnitude) has no matmul scratch but
-/// its pruning threads add these pages too (15.1 MiB at the peak of
-/// magnitude-h1024-l6, 2026-11-23), see `docs/estimator.md`.
+/// there, see `docs/estimator.md`.
 const THREAD_WORKSPACE: u64 = 6 << 20;
+/// The same for a run without calibration (magnitude): no matmul, only
+/// the pruning threads' sorts. It was `THREAD_WORKSPACE` until the sorts
+/// stopped leaving a vector per row in those threads' arenas (7122d62);
+/// since, magnitude-h1024-l6's RSS minus heap rises by 2.9-3.4 MiB from
+/// its start to its peak (four debug runs, 2026-11-26), and the case read
+/// +1.4% to +2.4%.
+const PRUNING_THREADS_WORKSPACE: u64 = 13 << 18;
 /// What every phase of a run holds before any model work: the process's
 /// non-heap footprint, its base heap and the observability it carries.
 const RUNTIME: u64 = RUNTIME_NON_HEAP + HEAP_BASE + OBSERVABILITY;
@@ -322,7 +327,7 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
     let (rotary, workspace) = if sh.calibrated {
         (rope_tables(a, w, sh.batch, sh.nsamples), COMPUTE_WORKSPACE)
     } else {
-        (0, THREAD_WORKSPACE)
+        (0, PRUNING_THREADS_WORKSPACE)
     };
     sh.base(Phase::new(
         "prune",
