@@ -19,10 +19,7 @@ fn main() {
     let filter = std::env::args().nth(1).unwrap_or_default();
     let bin = std::env::var("PRUNEMEM_BIN").unwrap_or_else(|_| "target/release/prunemem".into());
     let tmp = tempfile::tempdir().expect("a temporary folder");
-    // PRUNEMEM_GRID_DIR keeps the models and logs for inspection.
-    let keep = std::env::var_os("PRUNEMEM_GRID_DIR").map(std::path::PathBuf::from);
-    let dir = keep.as_deref().unwrap_or(tmp.path());
-    std::fs::create_dir_all(dir).expect("creating the output folder");
+    let dir = &grid::output_dir(tmp.path());
     let text = dir.join("text.txt");
     std::fs::write(&text, prunemem::model::tiny::corpus(30_000, 9)).expect("writing text");
     let mut rows = Vec::new();

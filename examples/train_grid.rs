@@ -28,10 +28,7 @@ fn main() {
         std::env::var("PRUNEMEM_BIN").unwrap_or_else(|_| "target/release/prunemem".into()),
     );
     let tmp = tempfile::tempdir().expect("a temporary folder");
-    // PRUNEMEM_GRID_DIR keeps the models and logs for inspection.
-    let keep = std::env::var_os("PRUNEMEM_GRID_DIR").map(PathBuf::from);
-    let dir = keep.as_deref().unwrap_or(tmp.path());
-    std::fs::create_dir_all(dir).expect("creating the output folder");
+    let dir = &grid::output_dir(tmp.path());
     let text = dir.join("text.txt");
     std::fs::write(&text, prunemem::model::tiny::corpus(6_000, 9)).expect("writing text");
     for case in train_grid::cases()

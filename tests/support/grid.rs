@@ -240,3 +240,12 @@ pub fn run_logged(
     let cmp = against::compare(&events).map_err(|e| e.to_string())?;
     Ok((events, cmp))
 }
+
+/// Where a grid example writes its models and logs: `PRUNEMEM_GRID_DIR`
+/// when set (kept for inspection, created if missing), else `tmp`.
+pub fn output_dir(tmp: &Path) -> std::path::PathBuf {
+    let dir = std::env::var_os("PRUNEMEM_GRID_DIR")
+        .map_or_else(|| tmp.to_path_buf(), std::path::PathBuf::from);
+    std::fs::create_dir_all(&dir).expect("creating the output folder");
+    dir
+}
