@@ -400,12 +400,13 @@ fn gradprobe_reference(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<P
 /// head, the boundaries, every candidate's position and original maximum,
 /// and the larger of a layer (f32) and the head's vocabulary blocks; its end
 /// holds the candidates' positions and the positions decided pruned (each
-/// tensor's maxima are freed once it is decided). The process, the compute workspace and the tokenizer are added
-/// by `prunemem::gradprobe_phases`. Measured on SmolLM2-135M, seqlen 128,
-/// 2 batches, 10%, release, 2026-11-26: the modified pass 230.3 predicted
-/// against 230.1 MiB, its end 132.0 against 120.4; after the decided
-/// positions were made to their length and the consumed maxima left out
-/// of the end (2026-11-26, later): 111.7 against 112.9.
+/// tensor's maxima are freed once it is decided). The process, the compute
+/// workspace and the tokenizer are added by `prunemem::gradprobe_phases`.
+/// Measured on SmolLM2-135M, seqlen 128, 2 batches, 10%, release,
+/// 2026-11-26: the modified pass 230.3 predicted against 230.1 MiB, its
+/// end 132.0 against 120.4; after the decided positions were made to
+/// their length and the consumed maxima left out of the end (2026-11-26,
+/// later): 111.7 against 112.9.
 pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     notes.push(
         "prunemem GradProbe: f32 on the host; candidate positions u32, original gradient maxima f16".into(),
