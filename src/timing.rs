@@ -14,8 +14,8 @@
 //! them at its start and at its end ([`Totals::since`]).
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Instant;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
 
 /// A kind of work.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -64,7 +64,11 @@ const WORKS: [Work; 9] = [
     Work::Io,
     Work::Logits,
 ];
-const PHASES: [Phase; 6] = [
+/// How many phases there are.
+pub const PHASE_COUNT: usize = 6;
+
+/// Every phase, in index order.
+pub const PHASES: [Phase; PHASE_COUNT] = [
     Phase::Load,
     Phase::StatsPass,
     Phase::Prune,
@@ -103,7 +107,7 @@ impl Phase {
 }
 
 static WORK_NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
-static PHASE_NS: [AtomicU64; 6] = [const { AtomicU64::new(0) }; 6];
+static PHASE_NS: [AtomicU64; PHASE_COUNT] = [const { AtomicU64::new(0) }; 6];
 
 thread_local! {
     /// Open work spans on this thread; the last one is the running one.
@@ -154,18 +158,32 @@ pub fn timed<T>(w: Work, f: impl FnOnce() -> T) -> T {
     f()
 }
 
+/// The innermost open phase (`NO_PHASE`: none), process-wide: the
+/// computing thread opens phases, and what other threads count on its
+/// behalf (cubecl's launch log, a prefetching reader) lands in the same
+/// phase.
+static CURRENT: AtomicUsize = AtomicUsize::new(NO_PHASE);
+const NO_PHASE: usize = usize::MAX;
+
+/// The innermost phase open now, if any.
+pub fn current_phase() -> Option<Phase> {
+    PHASES.get(CURRENT.load(Ordering::Relaxed)).copied()
+}
+
 /// Counts the time until the guard drops as phase `p`.
 #[must_use = "the span lasts as long as the guard"]
-pub struct PhaseSpan(Phase, Instant);
+pub struct PhaseSpan(Phase, Instant, usize);
 
 pub fn phase(p: Phase) -> PhaseSpan {
-    PhaseSpan(p, Instant::now())
+    let previous = CURRENT.swap(p as usize, Ordering::Relaxed);
+    PhaseSpan(p, Instant::now(), previous)
 }
 
 impl Drop for PhaseSpan {
     fn drop(&mut self) {
         let ns = self.1.elapsed().as_nanos() as u64;
         PHASE_NS[self.0 as usize].fetch_add(ns, Ordering::Relaxed);
+        CURRENT.store(self.2, Ordering::Relaxed);
     }
 }
 
@@ -210,4 +228,15 @@ fn deltas(names: &[&'static str], now: &[u64], start: &[u64]) -> Seconds {
         .map(|(n, (a, b))| (*n, a.saturating_sub(*b) as f64 / 1e9))
         .filter(|(_, s)| *s > 0.0)
         .collect()
+}
+
+/// `secs` as a [`Duration`], never a panic: negative or NaN is zero, and
+/// anything past a century (`--every 1e300`, a replay at `--speed 1e-300`)
+/// is a century.
+pub fn duration(secs: f64) -> Duration {
+    const CENTURY: f64 = 100.0 * 365.25 * 86_400.0;
+    if secs.is_nan() || secs <= 0.0 {
+        return Duration::ZERO;
+    }
+    Duration::from_secs_f64(secs.min(CENTURY))
 }

@@ -184,7 +184,7 @@ fn gguf_import_matches_the_quantised_weights() {
         std::fs::create_dir_all(&sub).unwrap();
         let (gguf, hf) = support::write_gguf(&sub, ty);
         let out = sub.join("hf");
-        let report = convert_gguf(&gguf, &out, Dtype::F32).unwrap();
+        let report = convert_gguf(&gguf, &out, Dtype::F32, false).unwrap();
         assert_eq!(report.tensors, hf.len());
         let ckpt = Checkpoint::open(&out).unwrap();
         assert!(ckpt.config.tie_word_embeddings);
@@ -212,7 +212,7 @@ fn gguf_import_matches_the_quantised_weights() {
 fn gguf_tokenizer_encodes_like_the_hugging_face_file() {
     let dir = tempfile::tempdir().unwrap();
     let (gguf, _) = support::write_gguf(dir.path(), 0);
-    convert_gguf(&gguf, &dir.path().join("hf"), Dtype::F32).unwrap();
+    convert_gguf(&gguf, &dir.path().join("hf"), Dtype::F32, false).unwrap();
     let ours = Tokenizer::from_file(&dir.path().join("hf/tokenizer.json")).unwrap();
     let reference = Tokenizer::from_json(&support::reference_tokenizer_json()).unwrap();
     for text in [
@@ -236,7 +236,7 @@ fn gguf_tokenizer_encodes_like_the_hugging_face_file() {
 fn long_texts_encode_like_one_call() {
     let dir = tempfile::tempdir().unwrap();
     let (gguf, _) = support::write_gguf(dir.path(), 0);
-    convert_gguf(&gguf, &dir.path().join("hf"), Dtype::F32).unwrap();
+    convert_gguf(&gguf, &dir.path().join("hf"), Dtype::F32, false).unwrap();
     let text = std::fs::read_to_string(dir.path().join("hf/tokenizer.json")).unwrap();
     let tok = Tokenizer::from_json(&text).unwrap();
     let raw: tokenizers::Tokenizer = text.parse().unwrap();
@@ -257,7 +257,7 @@ fn long_texts_encode_like_one_call() {
 fn unsupported_gguf_quantisation_is_named() {
     let dir = tempfile::tempdir().unwrap();
     let (gguf, _) = support::write_gguf(dir.path(), 12);
-    let err = convert_gguf(&gguf, &dir.path().join("hf"), Dtype::F32).unwrap_err();
+    let err = convert_gguf(&gguf, &dir.path().join("hf"), Dtype::F32, false).unwrap_err();
     assert!(err.to_string().contains("Q4_K"), "{err}");
     assert!(!dir.path().join("hf").exists(), "nothing half-written");
 }

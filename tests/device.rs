@@ -95,6 +95,7 @@ impl OnDevice for PruneTiny {
             &config,
             &calib,
             None,
+            None,
             device,
             &profiler,
         )
@@ -367,12 +368,11 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
             if layer {
                 assert!(a > Some(0), "{}: {a:?}", snapshot.label);
             }
+            // The pool is handed back between phases (`exec::release_free`),
+            // so reserved may fall to what is in use, never below it.
+            assert!(r >= a, "{}: reserved {r:?} below {a:?}", snapshot.label);
             if on_device {
-                assert!(
-                    r > Some(0) && p > Some(0),
-                    "{}: {r:?} {p:?}",
-                    snapshot.label
-                );
+                assert!(p > Some(0), "{}: {p:?}", snapshot.label);
                 assert!(p >= a, "{}: peak {p:?} below {a:?}", snapshot.label);
             }
         }
@@ -559,14 +559,33 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
         "{stderr}"
     );
 
-    // A cap just under the run's estimated pool peak: the error carries the
-    // estimator's largest sizes that fit, and the advised --seqlen runs.
-    let Some(Event::RunStarted { plan }) = events.first() else {
+    // A cap just under the run's estimated pool: the error carries the
+    // estimator's largest sizes that fit, and the advised --seqlen runs. The
+    // cap is on reserved bytes; on the 64-wide fixture the pool's per-buffer
+    // padding dominates them, so this half runs on the wide one, whose
+    // reserved bytes the estimator predicts (`pool`).
+    let (dir, model, text) = wide_fixture();
+    let logs = dir.path().join("logs-plan");
+    let (code, _, stderr) = run_prunemem(&wanda_on_wgpu(
+        &model,
+        &text,
+        &["--device-memory", "64KiB", "--log-memory", s(&logs)],
+    ));
+    assert_eq!(code, Some(3), "{stderr}");
+    let Some(Event::RunStarted { plan }) = self::events(&logs).into_iter().next() else {
         panic!("no plan")
     };
-    let (arch, w) = prunemem::estimate::against::workload_of(plan).unwrap();
-    let peak = prunemem::estimate::estimate(&arch, &w).unwrap().peak();
-    let cap = format!("{}B", peak * 9 / 10);
+    let (arch, mut w) = prunemem::estimate::against::workload_of(&plan).unwrap();
+    // The cap: what the estimator gives the pool at half the run's 32
+    // tokens, so some --seqlen between 16 and 31 fits and 32 does not.
+    w.seqlen = 16;
+    let e = prunemem::estimate::estimate(&arch, &w).unwrap();
+    let reserved = e
+        .device_pool
+        .as_ref()
+        .map_or(0, |p| p.reserved)
+        .max(e.peak());
+    let cap = format!("{}B", reserved * 102 / 100);
     let logs = dir.path().join("logs-advice");
     let argv = wanda_on_wgpu(
         &model,
@@ -593,6 +612,130 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
         Some(0),
         "the advised --seqlen {advised} fits {cap}: {stdout}\n{stderr}"
     );
+}
+
+/// A model wide enough that the pool's per-buffer padding is small beside
+/// its tensors (the 64-wide fixture's many tiny buffers are not).
+fn wide_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        hidden: 256,
+        intermediate: 704,
+        vocab: 2048,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    (dir, model, text)
+}
+
+/// The device path keeps the weights where they are (issue 42): pruning a
+/// layer with magnitude, Wanda or RIA reads back counts and flags only,
+/// an evaluation window reads back one loss, no scratch checkpoint is
+/// written, the pool reserves no more than 1.25× its bytes in use plus the
+/// largest buffer (at every stage and over the run), and kernel launches
+/// are counted by phase.
+#[test]
+fn a_device_prune_moves_no_weights_across_the_bus() {
+    let (dir, model, text) = wide_fixture();
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    for (method, cap) in [("wanda", None), ("magnitude", None), ("ria", Some("1GiB"))] {
+        let logs = dir.path().join(format!("logs-{method}"));
+        let mut extra = vec![
+            "--eval-text",
+            s(&text),
+            "--eval-windows",
+            "3",
+            "--log-memory",
+            s(&logs),
+            "--json",
+        ];
+        if let Some(cap) = cap {
+            extra.extend(["--device-memory", cap]);
+        }
+        let mut argv = wanda_on_wgpu(&model, &text, &extra);
+        let at = argv.iter().position(|a| *a == "wanda").unwrap();
+        argv[at] = method;
+        let (code, stdout, stderr) = run_prunemem(&argv);
+        assert_eq!(code, Some(0), "{method}: {stdout}\n{stderr}");
+        let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        println!("{method}: transfers {}", json["transfers"]);
+        let t = &json["transfers"];
+        let layers = config.num_layers as u64;
+        let per_layer = t["prune"]["device_to_host_bytes"].as_u64().unwrap_or(0) / layers;
+        assert!(
+            per_layer <= 64 << 10,
+            "{method}: {per_layer} bytes back per layer: {t}"
+        );
+        // Statistics stay on the device for these methods.
+        assert_eq!(
+            t["stats_pass"]["device_to_host_bytes"]
+                .as_u64()
+                .unwrap_or(0),
+            0,
+            "{t}"
+        );
+        let per_window = t["eval"]["device_to_host_bytes"].as_u64().unwrap() / 3;
+        assert!(
+            per_window <= 4 << 10,
+            "{method}: {per_window} bytes back per window: {t}"
+        );
+        assert!(
+            t["prune"]["kernels"].as_u64() > Some(0),
+            "kernels not counted: {t}"
+        );
+        // No scratch checkpoint: the layers waited in memory.
+        let kept = json["pruned_layers_kept"].as_str().unwrap();
+        assert_eq!(
+            kept,
+            if cap.is_some() { "device" } else { "host" },
+            "{method}"
+        );
+        let events = events(&logs);
+        assert!(
+            events.iter().all(|e| !matches!(e, Event::Message { text, .. } if text.contains("streams the pruned layers"))),
+            "a scratch checkpoint was written"
+        );
+        // The pool's reserve follows its use: at every stage, and over the run.
+        let largest = [
+            config.vocab_size * config.hidden_size * 2,
+            config.intermediate_size * config.hidden_size * 8,
+            prunemem::model::perplexity::device_chunk_rows(config.vocab_size).min(31)
+                * config.vocab_size
+                * 4,
+        ]
+        .into_iter()
+        .max()
+        .unwrap() as u64;
+        let mut top_used = 0;
+        for e in &events {
+            let Event::Stage { snapshot } = e else {
+                continue;
+            };
+            let (Some(used), Some(reserved)) =
+                (snapshot.device_allocated, snapshot.device_reserved)
+            else {
+                continue;
+            };
+            top_used = top_used.max(snapshot.device_peak.unwrap_or(used));
+            assert!(
+                reserved as f64 <= 1.25 * used as f64 + largest as f64,
+                "{method} {}: reserved {reserved} for {used} in use (largest buffer {largest})",
+                snapshot.label
+            );
+        }
+        let reserved_peak = json["device_reserved_peak"].as_u64().unwrap();
+        println!(
+            "{method}: in use peak {top_used}, reserved peak {reserved_peak} (in {}), largest buffer {largest}",
+            json["device_reserved_peak_phase"]
+        );
+        assert!(
+            reserved_peak as f64 <= 1.25 * top_used as f64 + largest as f64,
+            "{method}: reserved peak {reserved_peak} for an in-use peak of {top_used}"
+        );
+    }
 }
 
 /// Two AdamW steps on tiny-llama (full graph, then checkpointed): the
@@ -923,4 +1066,82 @@ fn prunemem_report(logs: &Path, out: &Path) -> String {
     let (code, stdout, stderr) = run_prunemem(&["report", s(logs), "--out", s(out)]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     std::fs::read_to_string(out.join("report.md")).unwrap()
+}
+
+/// SparseGPT's sweep as the device runs it (`exec::kernels`' one launch
+/// per block on wgpu) against the host's `fasterprune`, over three blocks,
+/// unstructured and 2:4, with ties: the same weights to rounding, the same
+/// zeros.
+struct SweepAgainstHost;
+
+impl OnDevice for SweepAgainstHost {
+    type Output = Vec<(String, usize, usize, f32)>;
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        use burn::prelude::{Tensor, TensorData};
+        use prunemem::prune::sparsegpt::{SparseGptOptions, fasterprune};
+        let (rows, cols, n) = (96usize, 300usize, 400usize);
+        let mut rng = prunemem::model::synthetic::Normal::new(5);
+        let w: Vec<f32> = rng
+            .vec(rows * cols, 1.0)
+            .iter()
+            .map(|v| (v * 8.0).round() / 8.0)
+            .collect();
+        let base = rng.vec(n * cols, 1.0);
+        let x: Vec<f32> = (0..n * cols)
+            .map(|t| base[t] + 0.8 * base[(t / cols) * cols])
+            .collect();
+        let mut h = vec![0f32; cols * cols];
+        for s in 0..n {
+            for i in 0..cols {
+                for j in 0..cols {
+                    h[i * cols + j] += 2.0 / n as f32 * x[s * cols + i] * x[s * cols + j];
+                }
+            }
+        }
+        let mut out = Vec::new();
+        for pattern in [Pattern::Unstructured, Pattern::NM { n: 2, m: 4 }] {
+            let options = SparseGptOptions {
+                sparsity: 0.5,
+                pattern,
+                percdamp: 0.01,
+                blocksize: 128,
+            };
+            let host = fasterprune(&w, rows, cols, h.clone(), options).unwrap();
+            let mut t = vec![0f32; rows * cols];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = w[r * cols + c];
+                }
+            }
+            let wt = Tensor::<B, 2>::from_data(TensorData::new(t, [cols, rows]), device);
+            let hinv =
+                prunemem::prune::sparsegpt_device::Factored::of(h.clone(), cols, 0.01).unwrap();
+            let dev = prunemem::prune::sparsegpt_device::prune(wt, &hinv, options);
+            let got: Vec<f32> = dev.weight.transpose().into_data().iter::<f32>().collect();
+            let differ = host
+                .weight
+                .iter()
+                .zip(&got)
+                .filter(|(a, b)| (**a == 0.0) != (**b == 0.0))
+                .count();
+            let worst = host
+                .weight
+                .iter()
+                .zip(&got)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0f32, f32::max);
+            out.push((format!("{pattern:?}"), differ, dev.zeros as usize, worst));
+        }
+        out
+    }
+}
+
+#[test]
+fn the_sparsegpt_sweep_kernel_gives_the_hosts_weights() {
+    for (pattern, differ, zeros, worst) in wgpu().run(SweepAgainstHost) {
+        println!("{pattern}: {differ} positions differ, {zeros} zeros, weights within {worst}");
+        assert_eq!(differ, 0, "{pattern}");
+        assert!(worst < 1e-4, "{pattern}: {worst}");
+        assert!(zeros >= 96 * 300 / 2, "{pattern}: {zeros}");
+    }
 }

@@ -377,7 +377,7 @@ fn written_model_restores_every_other_weight_bit_for_bit() {
     .unwrap();
     let step = probe.step(&Masks::new()).unwrap();
     let targets = probe.targets().to_vec();
-    let mut writer = PrunedWriter::create(&ckpt, &dir.path().join("out")).unwrap();
+    let mut writer = PrunedWriter::create(&ckpt, &dir.path().join("out"), false).unwrap();
     let (layers, others) = write_pruned(&ckpt, &targets, &step.pruned, &mut writer).unwrap();
     let out = Checkpoint::open(&writer.finish(&ckpt).unwrap()).unwrap();
     assert_eq!(layers.len(), 2);

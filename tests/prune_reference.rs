@@ -146,6 +146,7 @@ fn prune_full(
         &config,
         calibration,
         None,
+        None,
         &device,
         &profiler,
     )

@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
 # prunemem's engine on a CUDA GPU beside the authors' PyTorch code on the same
-# GPU, one run at a time, and `estimate --against` each prunemem run. For a
-# machine with a GPU and PyTorch but no network (and no Rust): the prunemem
-# binary is built elsewhere (`cargo build --release --features cuda`,
-# stripped), and the checkpoints are made here with random weights of the
-# real shapes (memory and time do not depend on the values; perplexities of
-# random weights mean nothing and are not compared).
+# GPU, one run at a time, each with nvidia-smi sampled every 200 ms, and
+# `estimate --against` each prunemem run. For a machine with a GPU and
+# PyTorch but no network (and no Rust): the prunemem binary is built
+# elsewhere (`cargo build --release --features cuda`, stripped), and the
+# checkpoints are made here with random weights of the real shapes (memory
+# and time do not depend on the values; perplexities of random weights mean
+# nothing and are not compared).
 #
 #   BIN=path/to/prunemem KIT=dir WANDA_REPO=path scripts/bench/cuda.sh OUTDIR
 #
 # KIT holds tokenizer.json, tokenizer_config.json (SmolLM2's) and
-# wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json);
-# each runs METHODS (default Wanda and SparseGPT) with NSAMPLES × SEQLEN
-# (default the benchmark protocol's 32 × 512) and EVAL_WINDOWS windows, in
-# f16, by TOOLS (default "prunemem reference").
+# wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
+# runs RUNS (default "wanda:prunemem wanda:reference", then any other
+# METHOD:TOOL pairs; TOOL prunemem-warm is prunemem again, its kernels
+# compiled by the run before and loaded from the cache) with NSAMPLES × SEQLEN (default the benchmark protocol's
+# 32 × 512) and EVAL_WINDOWS windows, in f16. Every step has its own time
+# limit (STEP_TIMEOUT seconds, default 150), and after every step the whole
+# OUTDIR is packed into ARCHIVE (when set) and the table printed
+# (scripts/bench/cuda_table.py), so a session cut short keeps what ran.
 set -uo pipefail
+self=$(realpath "$0")
 cd "$(dirname "$0")/../.."
-out=${1:?usage: cuda.sh OUTDIR}
+# `cuda.sh --do FUNCTION ARGS...`: one step, re-entered under `timeout`
+# (which runs programs, not shell functions); its settings come exported.
+doing=
+if [ "${1:-}" = --do ]; then
+  doing=1
+  out=$BENCH_OUT
+  read -r -a common <<<"$BENCH_COMMON"
+else
+  out=${1:?usage: cuda.sh OUTDIR}
+fi
 mkdir -p "$out"
 BIN=${BIN:?BIN: a prunemem built with --features cuda}
 KIT=${KIT:?KIT: tokenizer files and wiki.test.raw}
 : "${WANDA_REPO:?WANDA_REPO: a checkout of locuslab/wanda}"
-SHAPES=${SHAPES:-smollm2-135m}
+SHAPES=${SHAPES:-llama-3.2-1b}
 NSAMPLES=${NSAMPLES:-32}
 SEQLEN=${SEQLEN:-512}
 EVAL_WINDOWS=${EVAL_WINDOWS:-40}
-METHODS=${METHODS:-wanda sparsegpt}
-TOOLS=${TOOLS:-prunemem reference}
+RUNS=${RUNS:-"wanda:prunemem wanda:reference"}
+STEP_TIMEOUT=${STEP_TIMEOUT:-150}
 TEXT=$KIT/wiki.test.raw
 # cudarc loads libnvrtc and libcuda by name: add where the CUDA toolkit or
 # PyTorch's wheels keep them.
@@ -40,11 +55,27 @@ timed() {
   if [ -x /usr/bin/time ]; then /usr/bin/time -f "%e s wall, %M KiB peak RSS" -o "$to" "$@"
   else local t0=$SECONDS; "$@"; local rc=$?; echo "$((SECONDS - t0)) s wall" >"$to"; return $rc; fi
 }
-nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/gpu.txt"
+# One step: nvidia-smi sampled beside it into NAME.util.csv, a time limit,
+# then the archive and the table.
+step() {
+  local name=$1; shift
+  nvidia-smi --query-gpu=timestamp,utilization.gpu,memory.used --format=csv,noheader,nounits \
+      -lms 200 >"$out/$name.util.csv" 2>/dev/null &
+  local smi=$!
+  date +%s.%N >"$out/$name.start"
+  timeout -k 10 "$STEP_TIMEOUT" "$self" --do "$@"
+  local rc=$?
+  date +%s.%N >"$out/$name.end"
+  kill "$smi" 2>/dev/null; wait "$smi" 2>/dev/null
+  echo "step $name: rc $rc"
+  python3 scripts/bench/cuda_table.py "$out" >"$out/table.txt" 2>&1; cat "$out/table.txt"
+  [ -n "${ARCHIVE:-}" ] && tar czf "$ARCHIVE" --exclude=models -C "$out" .
+  return $rc
+}
+[ -n "$doing" ] || nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/gpu.txt"
 
-for shape in $SHAPES; do
-  model=$out/models/$shape
-  python3 - "$shape" "$model" "$KIT" <<'EOF'
+make_model() {
+  python3 - "$1" "$2" "$KIT" <<'EOF'
 import json, os, shutil, sys, torch
 sys.path.insert(0, "scripts/reference")
 from trace_peak import load_config
@@ -59,24 +90,52 @@ for f in ("tokenizer.json", "tokenizer_config.json"):
     shutil.copy(os.path.join(kit, f), dest)
 print(f"made {dest}: {sum(p.numel() for p in model.parameters())} parameters")
 EOF
-  common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
-          --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
-  for method in $METHODS; do
-    run=$shape-$method
-    if [[ " $TOOLS " == *" prunemem "* ]]; then
-      timed "$out/$run.time" "$BIN" prune --model "$model" --method "$method" --device cuda "${common[@]}" \
-          --ui none --json --log-memory "$out/$run" >"$out/$run.json" 2>"$out/$run.err"
-      echo "prunemem $run: rc $? $(cat "$out/$run.time" | tail -1)"
-      tail -c 600 "$out/$run.err"
-      "$BIN" estimate --against "$out/$run" >"$out/$run.estimate.txt" 2>&1
-      tail -n 25 "$out/$run.estimate.txt"
-    fi
-    [[ " $TOOLS " == *" reference "* ]] || continue
-    timed "$out/ref-$run.time" python3 scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" --model "$model" \
-        --method "$method" --device cuda --dtype float16 "${common[@]}" --threads 8 \
-        >"$out/ref-$run.json" 2>"$out/ref-$run.err"
-    echo "reference $run: rc $? $(tail -1 "$out/ref-$run.time")"
-    tail -c 300 "$out/ref-$run.err"
-    tail -n 1 "$out/ref-$run.json"
+}
+
+prunemem_run() {
+  local model=$1 method=$2 run=$3
+  timed "$out/$run.time" "$BIN" prune --model "$model" --method "$method" --device cuda "${common[@]}" \
+      --ui none --json --log-memory "$out/$run" >"$out/$run.json" 2>"$out/$run.err"
+  local rc=$?
+  echo "prunemem $run: rc $rc $(tail -1 "$out/$run.time")"
+  tail -c 600 "$out/$run.err"
+  "$BIN" estimate --against "$out/$run" >"$out/$run.estimate.txt" 2>&1
+  tail -n 25 "$out/$run.estimate.txt"
+  return $rc
+}
+
+reference_run() {
+  local model=$1 method=$2 run=$3
+  timed "$out/$run.time" python3 scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" \
+      --model "$model" --method "$method" --device cuda --dtype float16 "${common[@]}" --threads 8 \
+      >"$out/$run.json" 2>"$out/$run.err"
+  local rc=$?
+  echo "reference $run: rc $rc $(tail -1 "$out/$run.time")"
+  tail -c 300 "$out/$run.err"
+  tail -n 1 "$out/$run.json"
+  return $rc
+}
+
+if [ -n "$doing" ]; then
+  shift
+  "$@"
+  exit $?
+fi
+common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
+        --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
+export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO
+for shape in $SHAPES; do
+  model=$out/models/$shape
+  step "make-$shape" make_model "$shape" "$model" || continue
+  for r in $RUNS; do
+    method=${r%%:*}; tool=${r#*:}
+    case $tool in
+      prunemem) step "$shape-$method" prunemem_run "$model" "$method" "$shape-$method" ;;
+      # The same again: cubecl's compiled kernels are now in the cache.
+      prunemem-warm) step "$shape-$method-warm" prunemem_run "$model" "$method" "$shape-$method-warm" ;;
+      reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
+      *) echo "unknown tool $tool in RUNS" >&2 ;;
+    esac
   done
+  rm -rf "$model"
 done

@@ -219,6 +219,8 @@ pub struct Comparison {
     pub estimate: Estimate,
     pub phases: Vec<PhaseCheck>,
     pub peak: PhaseCheck,
+    /// A device run: the pool's reserved peak, predicted against measured.
+    pub reserved: Option<PhaseCheck>,
 }
 
 fn check(phase: &str, predicted: u64, measured: Option<u64>) -> PhaseCheck {
@@ -270,6 +272,8 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         if let Some(n) = s.results.get("text_bytes").and_then(|v| v.as_u64()) {
             workload.text_bytes = n;
         }
+        workload.kept_on_device =
+            s.results.get("pruned_layers_kept").and_then(|v| v.as_str()) == Some("device");
     }
     let est = estimate(&arch, &workload)?;
     // A device run is compared on the device: cubecl's pool, and its
@@ -300,9 +304,18 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         false => s.rss_peak,
     });
     let peak = check("peak", est.peak(), measured_peak);
+    let reserved = est.device_pool.as_ref().map(|pool| {
+        let measured = run.summary.as_ref().and_then(|s| {
+            s.results
+                .get("device_reserved_peak")
+                .and_then(|v| v.as_u64())
+        });
+        check("reserved peak", pool.reserved, measured)
+    });
     Ok(Comparison {
         estimate: est,
         phases,
         peak,
+        reserved,
     })
 }

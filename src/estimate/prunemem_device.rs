@@ -103,6 +103,80 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64) -> (u64, u64) {
     }
 }
 
+/// SparseGPT's sweep on the device (`prune::sparsegpt_device`) at its
+/// widest: for each linear input in turn, the Hessians not yet finished
+/// (the others came back to the host), the input's `Hinv`, the f32 working
+/// copy of its widest linear beside the lazy update's product of the same
+/// size, the block's rows of `Hinv` (128 × inputs) and its errors (128 ×
+/// outputs).
+fn sweep_moment(a: &Arch) -> u64 {
+    let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
+    // (inputs, widest output) of q/k/v, o, gate/up, down, in sweep order.
+    let inputs = [(h, q), (q, h), (h, i), (i, h)];
+    (0..inputs.len())
+        .map(|k| {
+            let remaining: u64 = inputs[k + 1..].iter().map(|(n, _)| n * n * 4).sum();
+            let (n, o) = inputs[k];
+            remaining + n * n * 4 + 2 * n * o * 4 + 128 * (n + o) * 4
+        })
+        .max()
+        .unwrap_or(0)
+}
+
+/// cubecl's CUDA context and the driver's own allocations, which nvidia-smi
+/// counts beside the pool: nvidia-smi's rise over a run less the pool's
+/// reserved peak was 543, 568 and 640 MiB in three runs on one H100
+/// (2026-11-26: the 7.55 GiB − 7.02 GiB, then 1B-shape Wanda runs
+/// of `scripts/bench/cuda.sh`).
+pub const CUDA_CONTEXT: u64 = 600 << 20;
+
+/// What cubecl's pool reserves for a prunemem run, and what nvidia-smi
+/// would show for it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DevicePool {
+    /// The pool's highest reserved bytes: a phase's bytes in use plus the
+    /// buffers freed inside it and kept for reuse (`exec::cube`).
+    pub reserved: u64,
+    /// The phase it is reached in.
+    pub phase: String,
+    /// The CUDA context and driver allocations beside the pool (CUDA only).
+    pub context: Option<u64>,
+    /// `reserved + context`: nvidia-smi's `memory.used` for the process.
+    pub nvidia_smi: Option<u64>,
+}
+
+/// The pool's reserve over `phases` (their bytes in use): the engine gives
+/// free buffers back at every layer, linear and phase boundary, and every
+/// logits chunk has one shape, so what stays reserved beyond the bytes in
+/// use is what an operation frees just before the pool's reading: the
+/// device selection's comparison flags (`prune::on_device`: one flag per
+/// weight of the largest linear, 4 bytes on wgpu, 1 on CUDA).
+pub fn pool(a: &Arch, w: &Workload, phases: &[Phase]) -> DevicePool {
+    let flag = if w.device == Device::Cuda { 1 } else { 4 };
+    let selects = matches!(
+        super::prunemem::method(w),
+        Some(Method::Magnitude | Method::Wanda | Method::Ria)
+    ) && !w.dsnot;
+    let (reserved, phase) = phases
+        .iter()
+        .map(|p| {
+            let extra = match (p.name.as_str(), selects) {
+                ("prune", true) => a.largest_linear() * flag,
+                _ => 0,
+            };
+            (p.total() + extra, p.name.clone())
+        })
+        .max_by_key(|(b, _)| *b)
+        .unwrap_or((0, String::new()));
+    let context = (w.device == Device::Cuda).then_some(CUDA_CONTEXT);
+    DevicePool {
+        reserved,
+        phase,
+        context,
+        nvidia_smi: context.map(|c| c + reserved),
+    }
+}
+
 /// What a CUDA estimate of the device pool leaves out, and what checked it.
 fn cuda_note(w: &Workload, notes: &mut Vec<String>) {
     if w.device == Device::Cuda {
@@ -130,9 +204,14 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
     let n = if calibrated { w.nsamples } else { 0 };
     let batch = w.batch_size.min(n.max(1));
     let tokens = batch * w.seqlen;
-    let weights = match w.resident {
-        true => ("weights (resident)", a.params * s.c),
-        false => ("weights (one layer)", a.layer_params() * s.c),
+    let weights = match (w.resident, w.kept_on_device) {
+        (true, _) => ("weights (resident)", a.params * s.c),
+        // At the last layer: every layer before it kept, and it.
+        (false, true) => (
+            "weights (pruned layers kept, and one layer)",
+            a.layers * a.layer_params() * s.c,
+        ),
+        (false, false) => ("weights (one layer)", a.layer_params() * s.c),
     };
     cuda_note(w, notes);
     if w.owl {
@@ -242,10 +321,26 @@ fn prune_phase(
     } else {
         0
     };
+    // The mask is chosen on the device (`prune::on_device`) for magnitude,
+    // Wanda and RIA: at its widest, the largest linear's f32 metric beside
+    // the i32 counts of its first bisection step (N:M: the metric alone);
+    // otherwise the host's pruned weight goes up beside the one it
+    // replaces.
+    let moment = match (m, w.dsnot) {
+        (Method::Magnitude | Method::Wanda | Method::Ria, false) => (
+            "selection: f32 metric and counts (mask)",
+            a.largest_linear() * if w.nm { 4 } else { 8 },
+        ),
+        (Method::SparseGpt, false) if calibrated => (
+            "SparseGPT sweep: f32 weight and Hinv (statistics)",
+            sweep_moment(a).saturating_sub(stats),
+        ),
+        _ => ("pruned weight (upload)", a.largest_linear() * s.c),
+    };
     let (t_name, t) = [
         ("activations", forward),
         ("statistics update", update),
-        ("pruned weight (upload)", a.largest_linear() * s.c),
+        moment,
     ]
     .into_iter()
     .max_by_key(|(_, b)| *b)
@@ -286,15 +381,22 @@ fn eval_phase(
     let eval_batch = w.batch_size.min(w.eval_windows);
     let embed = a.embedding_params() * s.c;
     let head = if a.tied { 0 } else { embed };
-    let rows = (crate::model::perplexity::chunk_rows(a.vocab as usize) as u64).min(w.seqlen - 1);
+    let rows =
+        (crate::model::perplexity::device_chunk_rows(a.vocab as usize) as u64).min(w.seqlen - 1);
     let f32_copy = if s.c == 4 { 0 } else { rows * a.vocab * 4 };
     // The head runs after the last layer: the normed batch and its chunk.
     let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c + f32_copy;
     // Each batch's hidden states are moved through the layers, held by
     // nothing else: the residual stream is added in place.
     let forward = s.forward(eval_batch * w.seqlen) - s.hidden_states(eval_batch);
-    // Streamed, the layer is gone by the time the head runs.
-    let layer = if resident { 0 } else { a.layer_params() * s.c };
+    // Streamed, the layer is gone by the time the head runs; kept on the
+    // device, every layer stays and none is uploaded.
+    let kept = w.kept_on_device && !resident && name == "eval";
+    let layer = if resident || kept {
+        0
+    } else {
+        a.layer_params() * s.c
+    };
     let (layer, t_name, t) = if layer + forward >= logits {
         (layer, "activations", forward)
     } else {
@@ -306,6 +408,14 @@ fn eval_phase(
     };
     Phase::new(name, &stages)
         .add(weights_name, weights)
+        .add(
+            "weights (pruned layers kept)",
+            if kept {
+                a.layers * a.layer_params() * s.c
+            } else {
+                0
+            },
+        )
         .add("weights (one layer)", layer)
         .add(
             "hidden states",

@@ -122,6 +122,10 @@ pub struct RunFold {
     /// them (readings inside passes too); `None` readings on the CPU.
     pub device: Reading,
     pub gpu: Reading,
+    /// NVML's GPU utilisation: the latest reading, and the sum and count of
+    /// every reading (the mean over the run so far).
+    pub gpu_util: Option<f32>,
+    pub gpu_util_sum: (f64, u64),
     /// The machine's memory, when a reading said.
     pub host_total: Option<u64>,
     /// Highest RSS among background samples, and when.
@@ -303,6 +307,11 @@ impl RunFold {
             self.device.update(s.device_allocated, s.device_peak);
         }
         self.gpu.update(s.gpu_used, None);
+        if let Some(u) = s.gpu_util_percent {
+            self.gpu_util = Some(u);
+            self.gpu_util_sum.0 += u as f64;
+            self.gpu_util_sum.1 += 1;
+        }
         if s.gpu_total.is_some() {
             self.gpu.total = s.gpu_total;
         }

@@ -43,32 +43,118 @@ fn cube_max_buffer<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<u64> 
     Some(R::client(device).properties().memory.max_page_size)
 }
 
+/// A cube tensor's f32 bits as an i32 tensor of the same shape: the
+/// buffer is shared, only the dtype it is read as changes (the Int element
+/// of Burn's wgpu and CUDA backends is i32).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_float_bits {
+    ($t:expr) => {{
+        use burn::tensor::{DType, FloatDType};
+        let t = $t;
+        let t = match t.dtype() {
+            DType::F32 => t,
+            _ => t.cast(FloatDType::F32),
+        };
+        let mut prim = t.into_primitive().tensor();
+        prim.dtype = DType::I32;
+        burn::tensor::Tensor::from_primitive(prim)
+    }};
+}
+
+/// [`super::Compute::obs_sweep`] on a cube backend: the kernel of
+/// `exec::kernels` on the tensors' own buffers, when every one is
+/// contiguous f32.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_obs_sweep {
+    ($w:expr, $row0:expr, $hinv1:expr, $prune:expr, $nm:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (w, row0, hinv1, prune, nm) = ($w, $row0, $hinv1, $prune, $nm);
+        let [rows, out] = w.dims();
+        let [count, _] = hinv1.dims();
+        let device = w.device();
+        let mask = match prune {
+            Some(p) => p.clone().float(),
+            None => Tensor::zeros([1, 1], &device),
+        };
+        let err = Tensor::<Self, 2>::empty([count, out], &device);
+        let f32s = [&w, hinv1, &mask, &err]
+            .iter()
+            .all(|t| t.dtype() == DType::F32);
+        let wp = w.into_primitive().tensor();
+        let hp = hinv1.clone().into_primitive().tensor();
+        let mp = mask.into_primitive().tensor();
+        let ep = err.into_primitive().tensor();
+        let contiguous = [&wp, &hp, &mp, &ep].iter().all(|t| t.is_contiguous());
+        if !f32s || !contiguous || row0 + count > rows {
+            return Err(Tensor::from_primitive(TensorPrimitive::Float(wp)));
+        }
+        let mask_len = mp.meta.num_elements();
+        crate::exec::kernels::launch_obs_sweep(
+            &wp.client,
+            (wp.handle.clone(), rows * out),
+            (hp.handle.clone(), count * count),
+            (mp.handle.clone(), mask_len),
+            (ep.handle.clone(), count * out),
+            row0,
+            out,
+            count,
+            nm,
+        );
+        Ok((
+            Tensor::from_primitive(TensorPrimitive::Float(wp)),
+            Tensor::from_primitive(TensorPrimitive::Float(ep)),
+        ))
+    }};
+}
+
+/// The `Compute` of a cubecl backend: wgpu and CUDA share one body (the
+/// device kernels of `exec::kernels`, the in-place bit view, the watched
+/// linear), differing only in their runtime.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_compute {
+    ($backend:ty, $runtime:ty) => {
+        impl super::Compute for $backend {
+            fn obs_sweep(
+                w: burn::tensor::Tensor<Self, 2>,
+                row0: usize,
+                hinv1: &burn::tensor::Tensor<Self, 2>,
+                prune: Option<&burn::tensor::Tensor<Self, 2, burn::tensor::Bool>>,
+                nm: Option<(usize, usize)>,
+            ) -> Result<
+                (burn::tensor::Tensor<Self, 2>, burn::tensor::Tensor<Self, 2>),
+                burn::tensor::Tensor<Self, 2>,
+            > {
+                cube_obs_sweep!(w, row0, hinv1, prune, nm)
+            }
+
+            fn is_device() -> bool {
+                true
+            }
+
+            fn float_bits<const D: usize>(
+                t: burn::tensor::Tensor<Self, D>,
+            ) -> burn::tensor::Tensor<Self, D, burn::tensor::Int> {
+                cube_float_bits!(t)
+            }
+
+            fn max_buffer(device: &Self::Device) -> Option<u64> {
+                cube_max_buffer::<$runtime>(device)
+            }
+
+            fn linear(
+                linear: &burn::nn::Linear<Self>,
+                x: burn::tensor::Tensor<Self, 3>,
+            ) -> burn::tensor::Tensor<Self, 3> {
+                watched_linear(linear, x)
+            }
+        }
+    };
+}
+
 #[cfg(feature = "wgpu")]
-impl super::Compute for Wgpu {
-    fn max_buffer(device: &Self::Device) -> Option<u64> {
-        cube_max_buffer::<burn::backend::wgpu::WgpuRuntime>(device)
-    }
-
-    fn linear(
-        linear: &burn::nn::Linear<Self>,
-        x: burn::tensor::Tensor<Self, 3>,
-    ) -> burn::tensor::Tensor<Self, 3> {
-        watched_linear(linear, x)
-    }
-}
+cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime);
 #[cfg(feature = "cuda")]
-impl super::Compute for Cuda {
-    fn max_buffer(device: &Self::Device) -> Option<u64> {
-        cube_max_buffer::<burn::cubecl::cuda::CudaRuntime>(device)
-    }
-
-    fn linear(
-        linear: &burn::nn::Linear<Self>,
-        x: burn::tensor::Tensor<Self, 3>,
-    ) -> burn::tensor::Tensor<Self, 3> {
-        watched_linear(linear, x)
-    }
-}
+cube_compute!(Cuda, burn::cubecl::cuda::CudaRuntime);
 
 /// A device that was opened, with what its backend needs.
 #[derive(Clone)]
@@ -228,6 +314,7 @@ mod wgpu {
             WgpuSelect::Discrete(i) => WgpuDevice::DiscreteGpu(i),
             WgpuSelect::Software => WgpuDevice::Cpu,
         };
+        crate::exec::cube::configure();
         let cache = OPENED.get_or_init(Default::default);
         let mut cache = cache.lock().unwrap_or_else(|p| p.into_inner());
         let entry = cache.entry(spec.to_string()).or_insert_with(|| {
@@ -287,6 +374,7 @@ mod cuda {
             });
         }
         let device = CudaDevice::new(index);
+        crate::exec::cube::configure();
         caught_on_this_thread(|| {
             use burn::cubecl::Runtime;
             let _ = burn::cubecl::cuda::CudaRuntime::client(&device);

@@ -12,6 +12,29 @@ use burn::prelude::*;
 
 /// A Burn backend prunemem computes on.
 pub trait Compute: Backend {
+    /// True on a device with its own memory (wgpu, CUDA): the pruning math
+    /// and the evaluation's losses stay there (the pruning engine's on-device
+    /// selection).
+    fn is_device() -> bool {
+        false
+    }
+
+    /// The f32 bit patterns of `t` as integers (non-negative floats order
+    /// as their bits do: what a device-side selection bisects over). The
+    /// default goes through the host; device backends reinterpret the
+    /// buffer in place.
+    fn float_bits<const D: usize>(t: Tensor<Self, D>) -> Tensor<Self, D, Int> {
+        let dims = t.dims();
+        let device = t.device();
+        let values: Vec<f32> = t
+            .into_data()
+            .convert_dtype(burn::tensor::DType::F32)
+            .into_vec()
+            .unwrap_or_default();
+        let bits: Vec<i32> = values.iter().map(|v| v.to_bits() as i32).collect();
+        Tensor::from_data(TensorData::new(bits, dims), &device)
+    }
+
     /// True when `t` takes the fused CPU kernels (RMSNorm, rotary, SwiGLU).
     fn fused<const D: usize>(_t: &Tensor<Self, D>) -> bool {
         false
@@ -40,6 +63,24 @@ pub trait Compute: Backend {
         None
     }
 
+    /// SparseGPT's sweep of rows `row0 .. row0 + count` of `w` (`[in,
+    /// out]`, f32) with the block's `hinv1` (`[count, count]`, f32) in one
+    /// kernel launch (`exec::kernels`): the swept `w` and the block's
+    /// errors (`[count, out]`). `prune` is the block's unstructured mask;
+    /// `nm` picks N:M in the kernel instead. `Err(w)` where the backend has
+    /// no such kernel (the caller sweeps with Burn's ops).
+    #[allow(clippy::type_complexity)]
+    fn obs_sweep(
+        w: Tensor<Self, 2>,
+        row0: usize,
+        hinv1: &Tensor<Self, 2>,
+        prune: Option<&Tensor<Self, 2, burn::tensor::Bool>>,
+        nm: Option<(usize, usize)>,
+    ) -> Result<(Tensor<Self, 2>, Tensor<Self, 2>), Tensor<Self, 2>> {
+        let _ = (row0, hinv1, prune, nm);
+        Err(w)
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)
@@ -49,6 +90,10 @@ pub trait Compute: Backend {
 /// Autodiff keeps Burn's ops (and their backward) on every backend, and
 /// its inner backend's threading.
 impl<B: Compute> Compute for burn::backend::Autodiff<B> {
+    fn is_device() -> bool {
+        B::is_device()
+    }
+
     fn split_across_threads() -> bool {
         B::split_across_threads()
     }

@@ -11,11 +11,17 @@
 
 pub mod backends;
 mod compute;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+pub mod cube;
 pub mod dist;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod kernels;
 pub mod launch;
 #[cfg(feature = "mpi")]
 mod mpi;
+pub mod reduce;
 mod spec;
+pub mod transfer;
 pub mod watch;
 
 use thiserror::Error;
@@ -115,6 +121,14 @@ impl ExecError {
     }
 }
 
+/// Gives every free buffer of the calling thread's device pool back to the
+/// driver (cubecl's explicit cleanup; nothing on the CPU backend). The
+/// engine calls it where a layer or a phase ends, so that what is reserved
+/// follows what is in use (`exec::cube`).
+pub fn release_free<B: burn::tensor::backend::Backend>(device: &B::Device) {
+    B::memory_cleanup(device);
+}
+
 /// A job's device-specific part, run on whichever backend the context
 /// holds. `run` is instantiated once per compiled backend.
 pub trait OnDevice {
@@ -153,6 +167,12 @@ impl Exec {
 
     pub fn spec(&self) -> &DeviceSpec {
         &self.spec
+    }
+
+    /// Device bytes the run may hold (`--device-memory`, or a CUDA card's
+    /// memory); `None`: unknown.
+    pub fn memory_cap(&self) -> Option<u64> {
+        self.memory_cap
     }
 
     /// The adapter or driver's name for the device (`llvmpipe (LLVM 15…)`).

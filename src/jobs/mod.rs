@@ -108,6 +108,16 @@ fn resident_model<B: crate::exec::Compute>(
     if !resident {
         return Ok((None, crate::memory::held::Held::none(category)));
     }
+    // Burn's resident model keeps the embedding as one tensor: past the
+    // device's largest buffer (lavapipe: 128 MiB) the runtime would fail
+    // deep in its server thread. Said here, in one line, before uploading.
+    let table = ckpt.config.vocab_table_params() * dtype.size();
+    if crate::model::vocab::max_buffer::<B>(device).is_some_and(|limit| table > limit) {
+        return Err(ModelError::Checkpoint(format!(
+            "--resident: one tensor of {} passes the device's largest buffer; a smaller --dtype (f16), streaming (no --resident) or a device with larger buffers is needed",
+            crate::units::format_bytes(table)
+        )));
+    }
     let model = ckpt.load_model::<B>(dtype, device)?;
     let bytes = ckpt.config.param_count() * dtype.size();
     Ok((Some(model), crate::memory::held::Held::new(category, bytes)))

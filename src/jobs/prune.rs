@@ -14,6 +14,7 @@ use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::exec::OnDevice;
 use crate::model::Checkpoint;
+use crate::model::kept::{Kept, Place};
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 use crate::model::save::PrunedWriter;
 use crate::model::tokenizer::Tokenizer;
@@ -49,12 +50,16 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;
     // Rank 0 alone writes the pruned model (every rank derives the same).
     let mut writer = match &job.save {
-        Some(dir) if crate::exec::dist::is_writer() => Some(PrunedWriter::create(&ckpt, dir)?),
+        Some(dir) if crate::exec::dist::is_writer() => {
+            Some(PrunedWriter::create(&ckpt, dir, job.overwrite)?)
+        }
         _ => None,
     };
     // Logs default to SAVE/logs (written inside the partial folder, which is
     // renamed into place at the end).
     let asked_logs = options.log_dir.clone();
+    // Logs inside SAVE.partial are guarded by the save's own lock.
+    options.lock_logs = asked_logs.is_some();
     options.log_dir = asked_logs
         .clone()
         .or_else(|| writer.as_ref().map(|w| w.partial_dir().join("logs")));
@@ -241,7 +246,7 @@ struct Pruning<'a, 'w> {
 impl OnDevice for Pruning<'_, '_> {
     type Output = Result<Pruned, JobError>;
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
-        match self.job.method {
+        let pruned = match self.job.method {
             Method::GradProbe => super::gradprobe::prune_and_eval::<B>(
                 self.job,
                 self.opened,
@@ -250,7 +255,11 @@ impl OnDevice for Pruning<'_, '_> {
                 device,
             ),
             _ => prune_and_eval::<B>(self.job, self.opened, self.writer, self.run, device),
-        }
+        };
+        // The kept layers and the evaluation's buffers are gone: their
+        // memory goes back to the driver (`exec::cube`).
+        crate::exec::release_free::<B>(device);
+        pruned
     }
 }
 
@@ -358,12 +367,29 @@ fn prune_and_eval<B: Compute>(
         let sparsities = owl_sparsities(job, owl, ckpt, &source, &config, &calib, run, device)?;
         config.layer_sparsity = Some(sparsities);
     }
-    // Streaming evaluation reads the pruned weights back from disk: from the
-    // save folder, or from a scratch copy when nothing is saved.
-    let mut scratch = match eval_wins.is_some() && model.is_none() && writer.is_none() {
-        true => Some(scratch_writer(ckpt, &p)?),
-        false => None,
+    // The evaluation after a streamed device prune reads the pruned layers
+    // from where they were kept (device or host memory); on the CPU, or
+    // when they fit neither, from the save folder or a scratch copy.
+    let place = keep_place::<B>(job, opened, eval_wins.is_some() && model.is_none(), run);
+    let mut kept = match place {
+        Some(p @ (Place::Device | Place::Host)) => Some(Kept::<B>::new(p)),
+        _ => None,
     };
+    if let Some(at) = place {
+        run.result("pruned_layers_kept", at.name());
+        p.message(
+            Level::Info,
+            format!(
+                "the pruned layers wait for the evaluation on the {}",
+                at.name()
+            ),
+        );
+    }
+    let mut scratch =
+        match eval_wins.is_some() && model.is_none() && writer.is_none() && kept.is_none() {
+            true => Some(scratch_writer(ckpt, &p)?),
+            false => None,
+        };
     let source = match model.as_mut() {
         Some(m) => Source::Resident(m),
         None => Source::Streamed,
@@ -373,7 +399,8 @@ fn prune_and_eval<B: Compute>(
         (None, Some((_, w))) => Some(w),
         _ => None,
     };
-    let prune = engine::prune::<B>(ckpt, source, &config, &calib, target, device, &p)?;
+    let keep = kept.as_mut();
+    let prune = engine::prune::<B>(ckpt, source, &config, &calib, target, keep, device, &p)?;
     layer_results(run, &prune);
     run.result("text_bytes", text_bytes);
     let seconds: Vec<f64> = prune.layers.iter().map(|l| l.seconds).collect();
@@ -391,17 +418,21 @@ fn prune_and_eval<B: Compute>(
             perplexity: None,
         });
     };
-    // Streaming: the pruned layers are on disk; complete that folder.
-    let pruned = match (&model, writer, &mut scratch) {
-        (Some(_), _, _) => None,
-        (None, Some(w), _) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
-        (None, None, Some((_, w))) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
-        (None, None, None) => return Err(internal("pruned weights were not kept for evaluation")),
+    // Streaming: the pruned layers are kept, or on disk (complete that
+    // folder).
+    let pruned = match (&model, &kept, writer, &mut scratch) {
+        (Some(_), _, _, _) | (None, Some(_), _, _) => None,
+        (None, None, Some(w), _) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
+        (None, None, None, Some((_, w))) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
+        (None, None, None, None) => {
+            return Err(internal("pruned weights were not kept for evaluation"));
+        }
     };
-    let weights = match (&model, &pruned) {
-        (Some(m), _) => Weights::Resident(m, &ckpt.config),
-        (None, Some(c)) => Weights::Streamed(c),
-        (None, None) => return Err(internal("nothing to evaluate")),
+    let weights = match (&model, &kept, &pruned) {
+        (Some(m), _, _) => Weights::Resident(m, &ckpt.config),
+        (None, Some(k), _) => Weights::Kept(ckpt, k),
+        (None, None, Some(c)) => Weights::Streamed(c),
+        (None, None, None) => return Err(internal("nothing to evaluate")),
     };
     let result = evaluate(job, weights, windows, run, device)?;
     Ok(Pruned {
@@ -460,8 +491,10 @@ fn evaluate<B: Compute>(
     let p = run.profiler.clone();
     // What pruning freed goes back to the system before the evaluation.
     crate::memory::alloc::trim();
+    crate::exec::release_free::<B>(device);
     p.stage(stages::BEFORE_EVAL);
     let result = scoped_perplexity(job, weights, windows, &p, stages::EVAL_SCOPE, device)?;
+    crate::exec::release_free::<B>(device);
     p.stage(stages::AFTER_EVAL);
     eval_results(run, &result);
     Ok(result)
@@ -527,6 +560,27 @@ fn dense_eval<B: Compute>(
     Ok(())
 }
 
+/// Where a streamed device prune keeps its pruned layers for the
+/// evaluation (`None`: nothing to keep — a CPU run, a resident model, or no
+/// evaluation): the device when the run's predicted device peak plus every
+/// layer fits its memory (`--device-memory`, or a CUDA card's), host memory
+/// when they fit what is available, else disk.
+fn keep_place<B: Compute>(
+    job: &PruneJob,
+    opened: &Opened,
+    evaluates: bool,
+    run: &Run,
+) -> Option<Place> {
+    if !B::is_device() || !evaluates {
+        return None;
+    }
+    let c = &opened.ckpt.config;
+    let layers = crate::model::kept::all_layers_bytes(c, job.dtype);
+    let peak = run.predicted_peak().unwrap_or(0);
+    let host = crate::memory::process::available_memory();
+    Some(Place::choose(layers, peak, run.exec.memory_cap(), host))
+}
+
 fn internal(what: &str) -> JobError {
     crate::prune::PruneError::Invalid(format!("internal: {what}")).into()
 }
@@ -538,7 +592,7 @@ fn scratch_writer(
     p: &Profiler,
 ) -> Result<(crate::scratch::Guard, PrunedWriter), JobError> {
     let dir = crate::scratch::dir("pruned").map_err(|e| JobError::io(&std::env::temp_dir(), e))?;
-    let w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
+    let w = PrunedWriter::create(ckpt, &dir.path().join("model"), false)?;
     p.message(
         Level::Info,
         format!(
@@ -562,6 +616,14 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "device": o.device, "dtype": job.dtype.name(),
         // On a device: cubecl's pool (bytes in use); on the CPU: the heap.
         "device_peak": s.device_peak,
+        // On a device: the pool's reserved peak (what nvidia-smi shows, less
+        // the context), where the pruned layers waited for the evaluation,
+        // and bytes and kernels by phase.
+        "device_reserved_peak": s.results.get("device_reserved_peak"),
+        "device_reserved_peak_phase": s.results.get("device_reserved_peak_phase"),
+        "pruned_layers_kept": s.results.get("pruned_layers_kept"),
+        "transfers": s.results.get("transfers"),
+        "gpu_util": s.results.get("gpu_util"),
         "perplexity": o.perplexity.as_ref().map(|p| p.perplexity),
         "eval_windows": o.perplexity.as_ref().map(|p| p.windows),
         "eval_seconds": o.perplexity.as_ref().map(|p| p.seconds),

@@ -24,7 +24,7 @@ pub struct DeviceReading {
 /// allocation: a run can pass the cap by at most what one pass allocates.
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]
 #[error(
-    "out of device memory on {device} at {at}: {} in use passes --device-memory {}",
+    "out of device memory on {device} at {at}: the pool holds {} (reserved), past --device-memory {}",
     crate::units::format_bytes(*in_use),
     crate::units::format_bytes(*cap)
 )]
@@ -32,6 +32,8 @@ pub struct DeviceOom {
     pub device: String,
     /// The stage or pass (`layer 3 statistics pass`).
     pub at: String,
+    /// What the pool held: the larger of its bytes in use and reserved
+    /// (reserved is what the driver refuses).
     pub in_use: u64,
     pub cap: u64,
 }

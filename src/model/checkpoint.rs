@@ -83,6 +83,17 @@ impl Checkpoint {
         let mut shards = Vec::new();
         let mut tensors = BTreeMap::new();
         for (i, file) in files.iter().enumerate() {
+            // An index's shard names stay in the model's folder.
+            let inside = std::path::Path::new(file)
+                .components()
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !inside {
+                return Err(ModelError::Checkpoint(format!(
+                    "{}: the shard index names '{}', outside the model's folder",
+                    crate::input::shown(&index),
+                    crate::input::escape(file)
+                )));
+            }
             let path = dir.join(file);
             if !path.is_file() {
                 return Err(ModelError::Checkpoint(format!(
@@ -285,24 +296,7 @@ impl Checkpoint {
         let shape = e.shape.clone();
         let tensor = name.to_string();
         let data_fn = Rc::new(move || -> Result<TensorData, TensorSnapshotError> {
-            // Decoded 8 MiB at a time from the mapping into the typed result,
-            // each piece checked and released: the tensor is held once.
-            const CHUNK: usize = 8 << 20;
-            let width = (e.dtype.bitsize() / 8).max(1);
-            let mut out = dtype::Converted::with_capacity(target, (e.end - e.start) / width);
-            let mut a = e.start;
-            while a < e.end {
-                let b = (a + CHUNK / width * width).min(e.end);
-                if let Some(i) = dtype::first_non_finite(&mmap[a..b], e.dtype) {
-                    let at = (a - e.start) / width + i;
-                    return Err(TensorSnapshotError::DataError(non_finite(&tensor, at)));
-                }
-                out.extend(&mmap[a..b], e.dtype);
-                release_range(&mmap, a, b);
-                a = b;
-            }
-            counter.fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
-            Ok(out.into_data(e.shape.clone()))
+            convert(&mmap, &e, target, &tensor, &counter).map_err(TensorSnapshotError::DataError)
         });
         Ok(TensorSnapshot::from_closure(
             data_fn,
@@ -426,6 +420,53 @@ impl Checkpoint {
             },
             lm_head: self.load_lm_head(dtype, device)?,
         })
+    }
+}
+
+/// A tensor of the mapping converted to `target`, 8 MiB at a time, each
+/// piece checked and released: the tensor is held once, typed.
+fn convert(
+    mmap: &memmap2::Mmap,
+    e: &TensorEntry,
+    target: ComputeDtype,
+    tensor: &str,
+    counter: &AtomicU64,
+) -> Result<TensorData, String> {
+    const CHUNK: usize = 8 << 20;
+    let width = (e.dtype.bitsize() / 8).max(1);
+    let mut out = dtype::Converted::with_capacity(target, (e.end - e.start) / width);
+    let mut a = e.start;
+    while a < e.end {
+        let b = (a + CHUNK / width * width).min(e.end);
+        if let Some(i) = dtype::first_non_finite(&mmap[a..b], e.dtype) {
+            let at = (a - e.start) / width + i;
+            return Err(non_finite(tensor, at));
+        }
+        out.extend(&mmap[a..b], e.dtype);
+        release_range(mmap, a, b);
+        a = b;
+    }
+    counter.fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
+    Ok(out.into_data(e.shape.clone()))
+}
+
+impl Checkpoint {
+    /// Tensor `name` converted to `target`, in its stored (PyTorch)
+    /// orientation; any thread may read (a device run's layer reader).
+    /// Converted on every core (`dtype::convert_parallel`).
+    pub fn read_converted(
+        &self,
+        name: &str,
+        target: ComputeDtype,
+    ) -> Result<TensorData, ModelError> {
+        let e = self.entry(name)?;
+        let mmap = &self.shards[e.shard].mmap;
+        let data = dtype::convert_parallel(&mmap[e.start..e.end], e.dtype, target, e.shape.clone())
+            .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))?;
+        release_range(mmap, e.start, e.end);
+        self.bytes_read
+            .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
+        Ok(data)
     }
 }
 

@@ -123,6 +123,66 @@ pub fn encode_f32(values: &[f32], d: Dtype) -> Vec<u8> {
     }
 }
 
+/// Elements per piece of [`convert_parallel`] (1 Mi).
+const PIECE: usize = 1 << 20;
+
+/// One little-endian stored element as f32.
+fn decode_one(c: &[u8], d: Dtype) -> f32 {
+    match d {
+        Dtype::F16 => f16::from_le_bytes([c[0], c[1]]).to_f32(),
+        Dtype::BF16 => f32::from_bits((u16::from_le_bytes([c[0], c[1]]) as u32) << 16),
+        _ => f32::from_le_bytes([c[0], c[1], c[2], c[3]]),
+    }
+}
+
+fn par_convert<T: Copy + Default + Send>(
+    bytes: &[u8],
+    stored: Dtype,
+    to: fn(f32) -> T,
+) -> Result<Vec<T>, usize> {
+    use rayon::prelude::*;
+    let width = stored_size(stored).max(1);
+    let mut out = vec![T::default(); bytes.len() / width];
+    let bad = out
+        .par_chunks_mut(PIECE)
+        .zip(bytes.par_chunks(PIECE * width))
+        .enumerate()
+        .filter_map(|(k, (dst, src))| {
+            let mut first = None;
+            for (i, (d, c)) in dst.iter_mut().zip(src.chunks_exact(width)).enumerate() {
+                let v = decode_one(c, stored);
+                if !v.is_finite() && first.is_none() {
+                    first = Some(k * PIECE + i);
+                }
+                *d = to(v);
+            }
+            first
+        })
+        .min();
+    match bad {
+        Some(i) => Err(i),
+        None => Ok(out),
+    }
+}
+
+/// Stored little-endian elements converted to `target` on every core
+/// (rayon), checked for NaN and infinity (`Err(i)`: element `i` is not
+/// finite). A device run's layer reader uses it, so that reading the next
+/// layer keeps up with the device computing this one; the serial
+/// [`Converted`] path holds less at once and serves the CPU backend.
+pub fn convert_parallel(
+    bytes: &[u8],
+    stored: Dtype,
+    target: ComputeDtype,
+    shape: Vec<usize>,
+) -> Result<TensorData, usize> {
+    Ok(match target {
+        ComputeDtype::F32 => TensorData::new(par_convert(bytes, stored, |v| v)?, shape),
+        ComputeDtype::F16 => TensorData::new(par_convert(bytes, stored, f16::from_f32)?, shape),
+        ComputeDtype::Bf16 => TensorData::new(par_convert(bytes, stored, bf16::from_f32)?, shape),
+    })
+}
+
 /// Tensor values being built in the compute dtype, piece by piece, so a
 /// tensor read from a mapping is held once: typed and aligned from the
 /// start (a byte vector handed to Burn is copied into aligned storage,

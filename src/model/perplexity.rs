@@ -8,7 +8,7 @@
 //! the checkpoint, so only one layer is ever resident. Logits are computed in
 //! row chunks so a large vocabulary never materialises `[batch, seq, vocab]`.
 
-use crate::exec::Compute;
+use crate::exec::{Compute, reduce};
 use std::time::Instant;
 
 use crate::timing::{self, Work};
@@ -17,6 +17,7 @@ use burn::tensor::{DType, FloatDType};
 
 use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
+use crate::model::kept::{Kept, LayerRef};
 use crate::model::llama::Head;
 use crate::model::vocab::{Embed, LmHead};
 use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rope};
@@ -26,6 +27,9 @@ use crate::profiler::Profiler;
 pub enum Weights<'a, B: Compute> {
     Resident(&'a Llama<B>, &'a LlamaConfig),
     Streamed(&'a Checkpoint),
+    /// The decoder layers a device prune kept (`model::kept`); the
+    /// embedding, final norm and head from the checkpoint.
+    Kept(&'a Checkpoint, &'a Kept<B>),
 }
 
 /// How to evaluate.
@@ -58,6 +62,15 @@ pub fn chunk_rows(vocab: usize) -> usize {
     ((1usize << 23) / vocab.max(1)).max(1)
 }
 
+/// Rows of logits per chunk on a device: 32 Mi f32 elements (128 MiB, the
+/// smallest largest-buffer among the devices prunemem meets: lavapipe's).
+/// Four times the host's chunk: on an H100 a 1B-shape window's 511 rows
+/// over 128 256 tokens went through the head in 8 chunks of 65 rows; in 2
+/// of 261 the products are wider and the launches fewer.
+pub fn device_chunk_rows(vocab: usize) -> usize {
+    ((1usize << 25) / vocab.max(1)).max(1)
+}
+
 /// Sum of next-token negative log-likelihoods per window, given final
 /// normed hidden states `h` `[b, s, d]` and the windows' tokens.
 pub fn window_nll<B: Compute>(
@@ -66,6 +79,9 @@ pub fn window_nll<B: Compute>(
     head: &Head<'_, B>,
     vocab: usize,
 ) -> Vec<f64> {
+    if B::is_device() {
+        return device_window_nll(h, windows, head, vocab);
+    }
     let [b, s, d] = h.dims();
     let chunk = chunk_rows(vocab);
     let mut out = Vec::with_capacity(b);
@@ -86,13 +102,84 @@ pub fn window_nll<B: Compute>(
                 f32s
             };
             let _span = timing::work(Work::Logits);
-            let mut values: Vec<f32> = logits.into_data().into_vec().unwrap_or_default();
+            let data = logits.into_data();
+            if B::is_device() {
+                crate::exec::transfer::read_back(data.bytes.len() as u64);
+            }
+            let mut values: Vec<f32> = data.into_vec().unwrap_or_default();
             total += rows_nll(&mut values, vocab, &tokens[row + 1..end + 1]);
             row = end;
         }
         out.push(total);
     }
     out
+}
+
+/// [`window_nll`] on a device: log-softmax, the target's logit and the
+/// sum stay on the device, chunk by chunk of the same rows as the host
+/// path; one f32 per window comes back, once per batch. The f32 logits
+/// are shifted and exponentiated in their own buffer (Burn reuses a
+/// tensor it alone holds), so a chunk's high-water mark is the host
+/// path's: the chunk in its dtype beside its f32 copy.
+fn device_window_nll<B: Compute>(
+    h: Tensor<B, 3>,
+    windows: &[Vec<u32>],
+    head: &Head<'_, B>,
+    vocab: usize,
+) -> Vec<f64> {
+    let [b, s, d] = h.dims();
+    let device = h.device();
+    // Every chunk has the same rows: the last one starts early and skips
+    // the rows already counted, so cubecl's pool, which reuses a freed
+    // buffer only for a tensor of its exact size, reuses one chunk's
+    // buffers for all of them instead of keeping a second set.
+    let chunk = device_chunk_rows(vocab).min(s - 1);
+    let mut totals = Vec::with_capacity(b);
+    for (j, tokens) in windows.iter().enumerate().take(b) {
+        let hj = h.clone().slice([j..j + 1, 0..s, 0..d]).reshape([s, d]);
+        let targets: Vec<i64> = tokens[1..s].iter().map(|t| *t as i64).collect();
+        crate::exec::transfer::uploaded(targets.len() as u64 * 4);
+        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [s - 1]), &device);
+        let mut total: Option<Tensor<B, 1>> = None;
+        let mut counted = 0;
+        while counted < s - 1 {
+            let row = counted.min(s - 1 - chunk);
+            let end = row + chunk;
+            let skip = counted - row;
+            let _tag = tag::tag(Category::Logits);
+            let logits = head.logits(hj.clone().slice([row..end, 0..d]));
+            let logits = if logits.dtype() == DType::F32 {
+                logits
+            } else {
+                let f32s = logits.cast(FloatDType::F32);
+                // The chunk in both dtypes: the evaluation's high-water mark.
+                crate::exec::watch::after_op();
+                f32s
+            };
+            let _span = timing::work(Work::Logits);
+            let picked = logits
+                .clone()
+                .gather(1, targets.clone().slice([row..end]).reshape([end - row, 1]));
+            // Over the vocabulary in pieces: cubecl's reductions stop short
+            // on axes past 65 532 (`exec::reduce`).
+            let max = reduce::max_dim(logits.clone(), 1);
+            let lse = reduce::sum_dim((logits - max.clone()).exp(), 1).log() + max;
+            let rows = (lse - picked).slice([skip..chunk, 0..1]);
+            let nll = reduce::sum_all(rows).reshape([1]);
+            total = Some(match total {
+                Some(t) => t + nll,
+                None => nll,
+            });
+            counted = end;
+        }
+        totals.extend(total);
+    }
+    if totals.is_empty() {
+        return Vec::new();
+    }
+    let data = Tensor::cat(totals, 0).into_data();
+    crate::exec::transfer::read_back(data.bytes.len() as u64);
+    data.iter::<f32>().map(f64::from).collect()
 }
 
 /// Perplexity of `windows` (all of one length).
@@ -146,8 +233,22 @@ pub fn perplexity<B: Compute>(
             }
         }
         Weights::Streamed(ckpt) => {
-            nll = streamed_nll::<B>(ckpt, &batches, seqlen, options, device, profiler)?;
+            nll = streamed_nll::<B>(ckpt, None, &batches, seqlen, options, device, profiler)?;
         }
+        Weights::Kept(ckpt, kept) => {
+            let kept = Some(kept);
+            nll = streamed_nll::<B>(ckpt, kept, &batches, seqlen, options, device, profiler)?;
+        }
+    }
+    // A perplexity of NaN is not an answer: finite weights can still
+    // overflow the forward pass (f16's range ends at 65 504).
+    if let Some(k) = nll.iter().position(|n| !n.is_finite()) {
+        return Err(ModelError::Checkpoint(format!(
+            "evaluation window {} gave a loss of {}: the forward pass overflowed in {} (try --dtype f32, or check the weights)",
+            k + 1,
+            nll[k],
+            options.dtype
+        )));
     }
     let mut sums = [
         nll.iter().map(|n| n / (seqlen - 1) as f64).sum::<f64>(),
@@ -213,9 +314,11 @@ fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
 
 /// The streamed evaluation: every batch embedded, each layer read once and
 /// run over every batch, then the head batch by batch. Returns each
-/// window's summed negative log-likelihood.
+/// window's summed negative log-likelihood. The layers come from `kept`
+/// when given (a device prune's), else from the checkpoint.
 fn streamed_nll<B: Compute>(
     ckpt: &Checkpoint,
+    kept: Option<&Kept<B>>,
     batches: &[&[Vec<u32>]],
     seqlen: usize,
     options: &EvalOptions,
@@ -238,6 +341,8 @@ fn streamed_nll<B: Compute>(
             .collect()
     });
     drop(activations);
+    // The embedding's intermediates go back before the layers allocate.
+    crate::exec::release_free::<B>(device);
     let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
     let mut xs_held = Held::new(Category::Activations, sizes.iter().sum());
     let head_linear = LmHead::<B>::load(ckpt, dtype, device)?;
@@ -247,8 +352,27 @@ fn streamed_nll<B: Compute>(
     );
     for i in 0..c.num_layers {
         crate::memory::alloc::trim();
-        let layer = ckpt.load_layer::<B>(i, dtype, device)?;
-        let _layer_held = Held::new(Category::Weights, c.layer_param_count() * dtype.size());
+        let layer_bytes = c.layer_param_count() * dtype.size();
+        let (layer, _layer_held) = match kept {
+            Some(k) => {
+                let layer = k.layer(i, c, device)?;
+                // A layer kept on the device is already in the store's
+                // ledger; one brought up from the host is this pass's.
+                let held = match &layer {
+                    LayerRef::Borrowed(_) => Held::none(Category::Weights),
+                    LayerRef::Owned(_) => Held::new(Category::Weights, layer_bytes),
+                };
+                (layer, held)
+            }
+            None => {
+                let layer = ckpt.load_layer::<B>(i, dtype, device)?;
+                if B::is_device() {
+                    crate::exec::transfer::uploaded(layer_bytes);
+                }
+                let held = Held::new(Category::Weights, layer_bytes);
+                (LayerRef::Owned(layer), held)
+            }
+        };
         let _tag = tag::tag(Category::Activations);
         xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
         if let Some(p) = profiler {
@@ -264,6 +388,7 @@ fn streamed_nll<B: Compute>(
     // The last layer's freed buffers go back before the head's
     // logits, as every layer's do before the next.
     crate::memory::alloc::trim();
+    crate::exec::release_free::<B>(device);
     let norm = ckpt.load_norm::<B>(dtype, device)?;
     let head = Head::of(head_linear.as_ref(), &embed);
     // The head over every batch is its own sequence: on a large

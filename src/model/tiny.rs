@@ -14,7 +14,6 @@ use crate::exec::{Cpu, CpuAutodiff};
 use burn::module::AutodiffModule;
 use burn::optim::{AdamWConfig, GradientsParams, Optimizer};
 use burn::prelude::*;
-use burn::tensor::activation::log_softmax;
 
 use super::perplexity::token_tensor;
 use crate::model::llama::LAYER_LINEARS;
@@ -68,7 +67,12 @@ pub fn corpus(sentences: usize, seed: u64) -> String {
 /// Mean next-token cross-entropy of logits `[n, vocab]` for `targets` `[n]`.
 pub fn lm_loss<B: Backend>(logits: Tensor<B, 2>, targets: Tensor<B, 1, Int>) -> Tensor<B, 1> {
     let n = targets.dims()[0];
-    let picked = log_softmax(logits, 1).gather(1, targets.reshape([n, 1]));
+    // log_softmax with its reductions over the vocabulary in pieces
+    // (`exec::reduce`: cubecl's stop short past 65 532).
+    let max = crate::exec::reduce::max_dim(logits.clone(), 1).detach();
+    let shifted = logits - max;
+    let lse = crate::exec::reduce::sum_dim(shifted.clone().exp(), 1).log();
+    let picked = (shifted - lse).gather(1, targets.reshape([n, 1]));
     picked.neg().mean()
 }
 

@@ -10,7 +10,7 @@ mod sampler;
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use crate::events::{Emitter, Event, Level, ScopeReport};
 use crate::memory::{self, DeviceProbe, HostHeapProbe, MemorySnapshot, gpu, process};
@@ -43,6 +43,12 @@ struct Peaks {
     /// The highest device reading since the last stage and what the pool
     /// was made of then (`memory::held`).
     device_window: Option<(u64, memory::held::Parts)>,
+    /// The highest bytes the device pool reserved (what the driver sees),
+    /// and the phase of the run it was reached in (`timing::Phase`).
+    device_reserved: Option<u64>,
+    device_reserved_phase: Option<&'static str>,
+    /// NVML's GPU utilisation readings: sum of percents and count.
+    gpu_util: (f64, u64),
     scopes: Vec<OpenScope>,
 }
 
@@ -51,6 +57,10 @@ impl Peaks {
     /// composition.
     fn observe_device(&mut self, reading: &memory::DeviceReading) {
         self.device.observe(reading.allocated);
+        if reading.reserved > self.device_reserved {
+            self.device_reserved = reading.reserved;
+            self.device_reserved_phase = crate::timing::current_phase().map(|p| p.name());
+        }
         if let (Some(a), Some(parts)) = (reading.allocated, reading.parts)
             && self.device_window.is_none_or(|(w, _)| a >= w)
         {
@@ -114,6 +124,9 @@ impl Profiler {
                 rss: PeakStack::new(Box::<RssPeak>::default()),
                 device: PeakStack::new(device_peak),
                 device_window: None,
+                device_reserved: None,
+                device_reserved_phase: None,
+                gpu_util: (0.0, 0),
                 scopes: Vec::new(),
             }),
             next_scope: AtomicUsize::new(0),
@@ -198,11 +211,15 @@ impl Profiler {
         // The highest reading so far, in-op readings ([`Profiler::watch_device`])
         // included: a pass that went past the cap and came back under it
         // still went past it.
-        match (device.cap(), self.inner.observe_device()) {
-            (Some(cap), Some(in_use)) if in_use > cap => Err(memory::DeviceOom {
+        // The cap is on what the pool reserves: that is what the driver
+        // refuses, and what nvidia-smi shows.
+        let in_use = self.inner.observe_device();
+        let reserved = self.device_reserved_peak();
+        match (device.cap(), in_use.max(reserved)) {
+            (Some(cap), Some(held)) if held > cap => Err(memory::DeviceOom {
                 device: device.name(),
                 at: at(),
-                in_use,
+                in_use: held,
                 cap,
             }),
             _ => Ok(()),
@@ -260,6 +277,31 @@ impl Profiler {
         }
     }
 
+    /// The highest bytes the device pool reserved so far (`None` on the CPU
+    /// backend, whose heap has no such figure).
+    pub fn device_reserved_peak(&self) -> Option<u64> {
+        if self.inner.device.is_host_heap() {
+            return None;
+        }
+        self.inner.peaks.lock().ok().and_then(|p| p.device_reserved)
+    }
+
+    /// The phase the device pool's reserved peak was reached in.
+    pub fn device_reserved_peak_phase(&self) -> Option<&'static str> {
+        self.inner
+            .peaks
+            .lock()
+            .ok()
+            .and_then(|p| p.device_reserved_phase)
+    }
+
+    /// The mean of NVML's GPU utilisation over the readings so far, and
+    /// how many there were; `None` without NVML.
+    pub fn gpu_util_mean(&self) -> Option<(f64, u64)> {
+        let (sum, n) = self.inner.peaks.lock().ok()?.gpu_util;
+        (n > 0).then(|| (sum / n as f64, n))
+    }
+
     /// Whole-run peaks so far: heap, RSS, device.
     pub fn run_peaks(&self) -> (Option<u64>, Option<u64>, Option<u64>) {
         self.inner.run_peaks()
@@ -273,7 +315,7 @@ impl Profiler {
         if let Ok(mut slot) = self.inner.sampler.lock()
             && slot.is_none()
         {
-            let period = Duration::from_secs_f64(1.0 / hz.max(0.01));
+            let period = crate::timing::duration(1.0 / hz.max(0.01));
             *slot = Some(sampler::Sampler::start(self.inner.clone(), period));
         }
     }
@@ -360,6 +402,10 @@ impl Inner {
             Ok(mut p) => {
                 p.rss.observe(proc_reading.rss);
                 p.observe_device(&device);
+                if let Some(u) = gpu.as_ref().and_then(|g| g.utilization_percent) {
+                    p.gpu_util.0 += u as f64;
+                    p.gpu_util.1 += 1;
+                }
                 (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak())
             }
             Err(_) => (None, None, None),

@@ -65,3 +65,18 @@ pub struct LinearReport {
     #[serde(skip_serializing_if = "Option::is_none")]
     pub reallocation: Option<ReallocationReport>,
 }
+
+impl LinearReport {
+    /// `zeros` of `params` pruned in `name`, nothing else reported.
+    pub fn counts(name: &str, zeros: u64, params: u64) -> Self {
+        Self {
+            name: name.to_string(),
+            zeros,
+            params,
+            alpha: None,
+            error: None,
+            dsnot: None,
+            reallocation: None,
+        }
+    }
+}

@@ -26,8 +26,10 @@ use super::{LayerMethod, PruneError};
 use crate::events::stages;
 use crate::memory::held::Held;
 use crate::memory::tag::{self, Category};
+use crate::model::kept::Kept;
 use crate::model::llama::DecoderLayer;
 use crate::model::perplexity::token_tensor;
+use crate::model::prefetch;
 use crate::model::save::PrunedWriter;
 use crate::model::vocab::Embed;
 use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
@@ -190,13 +192,16 @@ fn embed_each<B: Compute>(
 }
 
 /// Prunes every decoder layer of `ckpt` (or of the resident model), writing
-/// pruned layers to `writer` when given.
+/// pruned layers to `writer` when given and, streamed, keeping them in
+/// `kept` when given (for the evaluation that follows).
+#[allow(clippy::too_many_arguments)]
 pub fn prune<B: Compute>(
     ckpt: &Checkpoint,
     mut source: Source<'_, B>,
     config: &PruneConfig,
     calibration: &[Vec<u32>],
     mut writer: Option<&mut PrunedWriter>,
+    mut kept: Option<&mut Kept<B>>,
     device: &B::Device,
     profiler: &Profiler,
 ) -> Result<PruneOutcome, PruneError> {
@@ -218,6 +223,8 @@ pub fn prune<B: Compute>(
             device,
             &mut |t| inps.push(t),
         )?;
+        // The embedding table is gone: its buffer goes back.
+        crate::exec::release_free::<B>(device);
     }
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
     let act_bytes = (nsamples * config.seqlen * c.hidden_size) as u64 * config.dtype.size();
@@ -245,9 +252,29 @@ pub fn prune<B: Compute>(
         streamed: matches!(source, Source::Streamed),
     };
     let mut layers = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
-        layers.push(pass.layer(i, &mut source, &mut inps, writer.as_deref_mut())?);
-    }
+    // On a device, a reader thread reads and converts the next layer while
+    // the device computes this one (`model::prefetch`).
+    let prefetch = pass.streamed && B::is_device();
+    let dtype = config.dtype;
+    std::thread::scope(|scope| -> Result<(), PruneError> {
+        let read = |i: usize| scope.spawn(move || prefetch::read_layer(ckpt, i, dtype));
+        let mut next = prefetch.then(|| read(0));
+        for i in 0..c.num_layers {
+            let ready = match next.take() {
+                Some(h) => Some(h.join().map_err(|_| {
+                    PruneError::Invalid(format!("reading model.layers.{i} failed"))
+                })??),
+                None => None,
+            };
+            if prefetch && i + 1 < c.num_layers {
+                next = Some(read(i + 1));
+            }
+            let keep = kept.as_deref_mut();
+            let w = writer.as_deref_mut();
+            layers.push(pass.layer(i, &mut source, &mut inps, w, keep, ready)?);
+        }
+        Ok(())
+    })?;
     drop(inps);
     profiler.stage(stages::AFTER_PRUNING);
     Ok(PruneOutcome {
@@ -279,23 +306,32 @@ impl<B: Compute> LayerPass<'_, B> {
         source: &mut Source<'_, B>,
         inps: &mut Activations<B>,
         mut writer: Option<&mut PrunedWriter>,
+        kept: Option<&mut Kept<B>>,
+        ready: Option<prefetch::HostLayer>,
     ) -> Result<LayerReport, PruneError> {
         let (ckpt, config, device, profiler) = (self.ckpt, self.config, self.device, self.profiler);
         let c = &ckpt.config;
         let layer_start = Instant::now();
         let traffic = crate::exec::dist::reducer().traffic();
         crate::memory::alloc::trim();
+        crate::exec::release_free::<B>(device);
         let _scope = profiler.scope(&stages::layer(i));
-        let mut owned;
+        let mut owned = None;
         let mut _held = None;
         let layer: &mut DecoderLayer<B> = match source {
             Source::Resident(m) => &mut m.model.layers[i],
             Source::Streamed => {
                 let _phase = timing::phase(timing::Phase::Load);
-                owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
+                let layer = match ready {
+                    Some(host) => prefetch::upload_layer::<B>(ckpt, host, device)?,
+                    None => ckpt.load_layer::<B>(i, config.dtype, device)?,
+                };
                 let bytes = c.layer_param_count() * config.dtype.size();
+                if B::is_device() {
+                    crate::exec::transfer::uploaded(bytes);
+                }
                 _held = Some(Held::new(Category::Weights, bytes));
-                &mut owned
+                owned.insert(layer)
             }
         };
         let mut stats = self.kind.map(LayerStats::<B>::new);
@@ -323,6 +359,9 @@ impl<B: Compute> LayerPass<'_, B> {
             }
         }
         profiler.components(&stages::layer_stats(i), comp);
+        // What the pass freed goes back before the stage reads the pool
+        // (`exec::cube`): reserved follows what is in use.
+        crate::exec::release_free::<B>(device);
         profiler.stage(&stages::layer_stats(i));
         let target = LayerTarget {
             ckpt,
@@ -335,6 +374,7 @@ impl<B: Compute> LayerPass<'_, B> {
             prune_linears(layer, &target, stats, self.nsamples, writer.as_deref_mut())?
         };
         crate::memory::alloc::trim();
+        crate::exec::release_free::<B>(device);
         profiler.stage(&stages::layer_pruned(i));
         profiler.device_tick(|| format!("model.layers.{i} pruned"))?;
         if self.kind.is_some() && i + 1 < c.num_layers {
@@ -351,6 +391,15 @@ impl<B: Compute> LayerPass<'_, B> {
             let _io = timing::work(Work::Io);
             w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
         }
+        if let (Some(kept), Some(layer)) = (kept, owned) {
+            // The kept layer's bytes move from this layer's guard to the
+            // store's.
+            drop(_held.take());
+            kept.push(layer)?;
+        }
+        // What this layer's passes freed goes back to the driver before
+        // the next layer allocates (`exec::cube`).
+        crate::exec::release_free::<B>(device);
         profiler.progress("pruning", i, c.num_layers, &format!("model.layers.{i}"));
         let (bytes, seconds) = crate::exec::dist::reducer().traffic();
         Ok(LayerReport {

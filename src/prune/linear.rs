@@ -9,6 +9,7 @@ use burn::prelude::*;
 use super::config::{LinearReport, PruneConfig};
 use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
+use super::on_device;
 use super::reallocation::reallocated_nm_mask;
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::stats::{LayerStats, Stat};
@@ -38,7 +39,6 @@ pub(super) fn prune_linears<B: Compute>(
 ) -> Result<Vec<LinearReport>, PruneError> {
     let mut linears = Vec::with_capacity(7);
     for input in LinearInput::ALL {
-        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
         let layer_config;
         let config = match &t.config.layer_sparsity {
             None => t.config,
@@ -51,6 +51,49 @@ pub(super) fn prune_linears<B: Compute>(
                 &layer_config
             }
         };
+        let inputs = input
+            .linears()
+            .first()
+            .and_then(|n| layer.linear(n))
+            .map_or(0, |l| l.weight.dims()[0]);
+        if B::is_device() && on_device::handles(config, inputs) {
+            let norms = stats.as_mut().and_then(|s| s.finish_norms(input, nsamples));
+            for name in input.linears() {
+                let full = format!("model.layers.{}.{name}.weight", t.index);
+                let w = writer.as_deref_mut();
+                let report =
+                    prune_on_device(layer, name, &full, norms.as_ref(), config, w, t.ckpt)?;
+                linears.push(report);
+                // Each linear's selection has its own shapes: what it freed
+                // goes back before the next one allocates (`exec::cube`).
+                crate::exec::release_free::<B>(t.device);
+            }
+            continue;
+        }
+        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
+        if B::is_device() && config.method == LayerMethod::SparseGpt && config.dsnot.is_none() {
+            // One factorisation per input: q/k/v and gate/up share theirs.
+            let first = format!("model.layers.{}.{}.weight", t.index, input.linears()[0]);
+            let h = stat.and_then(|s| s.hessian).ok_or_else(|| {
+                PruneError::Invalid(format!("{first}: no statistics were collected"))
+            })?;
+            let hinv = {
+                let _stats = tag::tag(Category::Statistics);
+                let _sweep = timing::work(Work::Sweep);
+                let cols = (h.len() as f64).sqrt() as usize;
+                super::sparsegpt_device::Factored::of(h, cols, config.percdamp)
+                    .map_err(|e| not_positive_definite(&first, e))?
+            };
+            for name in input.linears() {
+                let full = format!("model.layers.{}.{name}.weight", t.index);
+                let w = writer.as_deref_mut();
+                linears.push(sparsegpt_on_device(
+                    layer, name, &full, &hinv, config, w, t.ckpt,
+                )?);
+                crate::exec::release_free::<B>(t.device);
+            }
+            continue;
+        }
         for name in input.linears() {
             let full = format!("model.layers.{}.{name}.weight", t.index);
             let w = writer.as_deref_mut();
@@ -77,10 +120,11 @@ pub fn weight_out_in<B: Compute>(layer: &DecoderLayer<B>, name: &str) -> (Vec<f3
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
-    let data = w
-        .transpose()
-        .into_data()
-        .convert_dtype(burn::tensor::DType::F32);
+    let data = w.transpose().into_data();
+    if B::is_device() {
+        crate::exec::transfer::read_back(data.bytes.len() as u64);
+    }
+    let data = data.convert_dtype(burn::tensor::DType::F32);
     (data.into_vec().unwrap_or_default(), out, inp)
 }
 
@@ -95,6 +139,9 @@ pub fn set_weight<B: Compute>(
     device: &B::Device,
 ) {
     if let Some(lin) = layer.linear_mut(name) {
+        if B::is_device() {
+            crate::exec::transfer::uploaded((out * inp) as u64 * dtype.size());
+        }
         let t =
             Tensor::<B, 2>::from_data(TensorData::new(values, [out, inp]), (device, dtype.burn()));
         // The pruned copy is up beside the weight it replaces.
@@ -199,6 +246,104 @@ fn prune_linear<B: Compute>(
         dsnot: refined,
         reallocation: realloc,
     })
+}
+
+/// One linear pruned where its weight is (`on_device`): metric, selection
+/// and mask as device ops; one count read back, and with `--save` the
+/// pruned weight in the compute dtype for the writer.
+fn prune_on_device<B: Compute>(
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    full_name: &str,
+    norms: Option<&Tensor<B, 1>>,
+    config: &PruneConfig,
+    writer: Option<&mut PrunedWriter>,
+    ckpt: &Checkpoint,
+) -> Result<LinearReport, PruneError> {
+    let Some(lin) = layer.linear_mut(name) else {
+        return Err(PruneError::Invalid(format!("{full_name}: no such linear")));
+    };
+    let needs_norms = matches!(config.method, LayerMethod::Wanda | LayerMethod::Ria);
+    if needs_norms && norms.is_none() {
+        return Err(PruneError::Invalid(format!(
+            "{full_name}: no statistics were collected"
+        )));
+    }
+    let w = lin.weight.val();
+    let [inp, out] = w.dims();
+    let (pruned, zeros) = {
+        let _tag = tag::tag(Category::Masks);
+        let _span = timing::work(Work::Selection);
+        let metric = on_device::metric(&w, norms, config.method, config.ria_a);
+        // The f32 metric beside the weight it was computed from.
+        crate::exec::watch::after_op();
+        let mask = on_device::mask(metric, config);
+        on_device::apply(w, mask)
+    };
+    // The pruned weight beside the one it replaces.
+    crate::exec::watch::after_op();
+    if let Some(writer) = writer {
+        write_from_device(writer, ckpt, full_name, &pruned)?;
+    }
+    lin.weight = Param::from_tensor(pruned);
+    Ok(LinearReport::counts(full_name, zeros, (out * inp) as u64))
+}
+
+/// SparseGPT's sweep where the weight is (`sparsegpt_device`), with its
+/// input's `Hinv` factored on the host.
+fn sparsegpt_on_device<B: Compute>(
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    full_name: &str,
+    hinv: &super::sparsegpt_device::Factored,
+    config: &PruneConfig,
+    writer: Option<&mut PrunedWriter>,
+    ckpt: &Checkpoint,
+) -> Result<LinearReport, PruneError> {
+    let Some(lin) = layer.linear_mut(name) else {
+        return Err(PruneError::Invalid(format!("{full_name}: no such linear")));
+    };
+    let w = lin.weight.val();
+    let [inp, out] = w.dims();
+    let options = SparseGptOptions {
+        sparsity: config.sparsity,
+        pattern: config.pattern,
+        percdamp: config.percdamp,
+        blocksize: config.blocksize,
+    };
+    let r = {
+        let _stats = tag::tag(Category::Statistics);
+        let _sweep = timing::work(Work::Sweep);
+        super::sparsegpt_device::prune(w, hinv, options)
+    };
+    // The pruned weight beside the one it replaces.
+    crate::exec::watch::after_op();
+    if let Some(writer) = writer {
+        write_from_device(writer, ckpt, full_name, &r.weight)?;
+    }
+    lin.weight = Param::from_tensor(r.weight);
+    Ok(LinearReport {
+        error: Some(r.error),
+        ..LinearReport::counts(full_name, r.zeros, (out * inp) as u64)
+    })
+}
+
+/// `--save` on a device: the pruned weight (`[in, out]`) comes back once,
+/// in the compute dtype, and is written in the checkpoint's.
+fn write_from_device<B: Compute>(
+    writer: &mut PrunedWriter,
+    ckpt: &Checkpoint,
+    full_name: &str,
+    weight: &Tensor<B, 2>,
+) -> Result<(), PruneError> {
+    let _io = timing::work(Work::Io);
+    let data = weight.clone().transpose().into_data();
+    crate::exec::transfer::read_back(data.bytes.len() as u64);
+    let values: Vec<f32> = data
+        .convert_dtype(burn::tensor::DType::F32)
+        .into_vec()
+        .unwrap_or_default();
+    Ok(writer.write_f32(ckpt, full_name, &values)?)
 }
 
 fn not_positive_definite(name: &str, e: super::linalg::NotPositiveDefinite) -> PruneError {

@@ -10,9 +10,11 @@ pub mod gradprobe;
 pub mod linalg;
 pub mod linear;
 pub mod methods;
+pub mod on_device;
 pub mod owl;
 pub mod reallocation;
 pub mod sparsegpt;
+pub mod sparsegpt_device;
 pub mod stats;
 
 use std::fmt;

@@ -16,7 +16,7 @@
 //! division by N happens once at the end (the reference folds it into a
 //! running mean, which is the same quantity up to rounding).
 
-use crate::exec::Compute;
+use crate::exec::{Compute, reduce};
 use std::collections::HashMap;
 
 use burn::prelude::*;
@@ -100,7 +100,7 @@ fn column_square_sums<B: Compute>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     let mut r0 = 0;
     while r0 < rows {
         let r1 = (r0 + step).min(rows);
-        let part = x.clone().slice([r0..r1, 0..d]).square().sum_dim(0);
+        let part = reduce::sum_dim(x.clone().slice([r0..r1, 0..d]).square(), 0);
         sum = Some(match sum {
             Some(s) => s + part,
             None => part,
@@ -130,7 +130,11 @@ fn f32_bytes<B: Compute>(t: &Option<Tensor<B, 1>>) -> u64 {
 fn host<B: Compute, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
     let reducer = crate::exec::dist::reducer();
     if reducer.world().1 == 1 {
-        return t?.mul_scalar(scale).into_data().into_vec().ok();
+        let data = t?.mul_scalar(scale).into_data();
+        if B::is_device() {
+            crate::exec::transfer::read_back(data.bytes.len() as u64);
+        }
+        return data.into_vec().ok();
     }
     let t = t?;
     let t = if t.dtype() == DType::F32 {
@@ -138,7 +142,11 @@ fn host<B: Compute, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Opti
     } else {
         t.cast(FloatDType::F32)
     };
-    let mut v: Vec<f32> = t.into_data().into_vec().ok()?;
+    let data = t.into_data();
+    if B::is_device() {
+        crate::exec::transfer::read_back(data.bytes.len() as u64);
+    }
+    let mut v: Vec<f32> = data.into_vec().ok()?;
     reducer.sum_f32(&mut v);
     let scale = scale as f32;
     v.iter_mut().for_each(|x| *x *= scale);
@@ -168,9 +176,10 @@ impl<B: Compute> LayerStats<B> {
             // One window at a time: the centred copy is one window's size.
             for w in 0..b {
                 let xw = x3.clone().slice([w..w + 1, 0..s, 0..d]).reshape([s, d]);
-                let sum = xw.clone().sum_dim(0);
+                let sum = reduce::sum_dim(xw.clone(), 0);
                 let centred = xw - sum.clone().div_scalar(s as f64);
-                add(&mut acc.var, centred.square().mean_dim(0).reshape([d]));
+                let var = reduce::sum_dim(centred.square(), 0).div_scalar(s as f64);
+                add(&mut acc.var, var.reshape([d]));
                 add(&mut acc.sum, sum.reshape([d]));
             }
         }
@@ -212,6 +221,23 @@ impl<B: Compute> LayerStats<B> {
             .values()
             .map(|a| f32_bytes(&a.sum) + f32_bytes(&a.var))
             .sum()
+    }
+
+    /// `scaler_row` of `input` over `nsamples` windows, left on the device
+    /// (f32, `[in]`): what the device path's metrics read. In a distributed
+    /// run the sums meet on the host first (the reduction), then go back up.
+    pub fn finish_norms(&mut self, input: LinearInput, nsamples: usize) -> Option<Tensor<B, 1>> {
+        let n = nsamples.max(1) as f64;
+        let a = self.acc.remove(&input)?;
+        self.held.set(self.bytes());
+        let norms = a.norms?;
+        if crate::exec::dist::world().1 == 1 {
+            return Some(norms.mul_scalar(1.0 / n));
+        }
+        let device = norms.device();
+        let host = host(Some(norms), 1.0 / n)?;
+        crate::exec::transfer::uploaded(host.len() as u64 * 4);
+        Some(Tensor::from_floats(host.as_slice(), &device))
     }
 
     /// The statistics of `input` over `nsamples` windows, on the host.

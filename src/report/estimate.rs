@@ -107,6 +107,22 @@ fn phases(est: &Estimate, device: Device) -> String {
             format_bytes(est.peak_allocated())
         );
     }
+    if let Some(pool) = &est.device_pool {
+        s += &format!(
+            "\nThe device pool reserves at most {} (in {}: bytes in use and the buffers freed just before a reading)",
+            format_bytes(pool.reserved),
+            pool.phase
+        );
+        match pool.nvidia_smi {
+            Some(smi) => {
+                s += &format!(
+                    "; nvidia-smi would show about {} with the CUDA context\n",
+                    format_bytes(smi)
+                )
+            }
+            None => s += "\n",
+        }
+    }
     s
 }
 

@@ -114,6 +114,63 @@ pub fn time(s: &mut String, run: &RunData) {
     }
 }
 
+/// "The device": a device run's pool reserve against its bytes in use, the
+/// mean GPU utilisation NVML reported, where the pruned layers waited, and
+/// what crossed the bus and how many kernels ran, by phase — the answer to
+/// "why is my GPU idle?" in bytes and launches (`exec::transfer`).
+pub fn device(s: &mut String, run: &RunData) {
+    let Some(summary) = &run.summary else { return };
+    let r = &summary.results;
+    let Some(transfers) = r.get("transfers").and_then(|v| v.as_object()) else {
+        return;
+    };
+    let _ = writeln!(s, "\n## The device: bus traffic, kernels, utilisation\n");
+    if let (Some(res), Some(used)) = (
+        r.get("device_reserved_peak").and_then(|v| v.as_u64()),
+        summary.device_peak,
+    ) {
+        let _ = writeln!(
+            s,
+            "The pool reserved at most {} (what nvidia-smi shows, less the CUDA context) for at most {} in use ({:.2}×).\n",
+            format_bytes(res),
+            format_bytes(used),
+            res as f64 / used.max(1) as f64
+        );
+    }
+    if let Some(u) = r.get("gpu_util") {
+        let _ = writeln!(
+            s,
+            "NVML's GPU utilisation averaged {:.1}% over {} samples.\n",
+            u["mean_percent"].as_f64().unwrap_or(0.0),
+            u["samples"].as_u64().unwrap_or(0)
+        );
+    }
+    if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
+        let _ = writeln!(
+            s,
+            "The pruned layers waited for the evaluation on the {k}.\n"
+        );
+    }
+    let _ = writeln!(
+        s,
+        "| phase | host → device | device → host | kernels |\n|---|---|---|---|"
+    );
+    for (phase, p) in transfers {
+        let bytes = |k: &str| format_bytes(p[k].as_u64().unwrap_or(0));
+        let kernels = p["kernels"]
+            .as_u64()
+            .map_or("n/a".into(), |k| k.to_string());
+        let _ = writeln!(
+            s,
+            "| {} | {} | {} | {kernels} |",
+            phase.replace('_', " "),
+            bytes("host_to_device_bytes"),
+            bytes("device_to_host_bytes")
+        );
+    }
+    let _ = writeln!(s);
+}
+
 /// "Ranks": a distributed run's ranks side by side (`events::ranks`):
 /// each rank's peaks and time in reductions, then per layer the slowest
 /// rank, how much faster the fastest was, and the longest wait.

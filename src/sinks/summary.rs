@@ -84,6 +84,46 @@ impl StageTable {
             "Peak GPU used",
             format_opt_bytes(self.fold.gpu.peak)
         );
+        out += &self.device_lines();
+        out
+    }
+
+    /// A device run's pool reserve, GPU utilisation and bus traffic by
+    /// phase, from the run's results (nothing on the CPU).
+    fn device_lines(&self) -> String {
+        let Some(summary) = &self.fold.summary else {
+            return String::new();
+        };
+        let r = &summary.results;
+        let mut out = String::new();
+        if let Some(b) = r.get("device_reserved_peak").and_then(|v| v.as_u64()) {
+            out += &format!("{:<16} {}\n", "Peak reserved", format_bytes(b));
+        }
+        if let Some(u) = r.get("gpu_util") {
+            let mean = u["mean_percent"].as_f64().unwrap_or(0.0);
+            let n = u["samples"].as_u64().unwrap_or(0);
+            out += &format!(
+                "{:<16} {mean:.1}% mean over {n} samples\n",
+                "GPU utilisation"
+            );
+        }
+        if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
+            out += &format!("{:<16} on the {k}\n", "Pruned layers");
+        }
+        if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
+            out += "Bus traffic      phase: host→device / device→host / kernels\n";
+            for (phase, p) in t {
+                let bytes = |k: &str| format_bytes(p[k].as_u64().unwrap_or(0));
+                let kernels = p["kernels"]
+                    .as_u64()
+                    .map_or("n/a".to_string(), |k| k.to_string());
+                out += &format!(
+                    "  {phase:<14} {} / {} / {kernels}\n",
+                    bytes("host_to_device_bytes"),
+                    bytes("device_to_host_bytes")
+                );
+            }
+        }
         out
     }
 

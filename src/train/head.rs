@@ -68,8 +68,9 @@ fn log_sum_exp<B: Compute>(logits: &Tensor<B, 2>) -> Tensor<B, 2> {
         .step_by(rows)
         .map(|r0| {
             let block = logits.clone().slice([r0..(r0 + rows).min(n), 0..vocab]);
-            let max = block.clone().max_dim(1);
-            (block - max.clone()).exp().sum_dim(1).log() + max
+            // Over the vocabulary in pieces (`exec::reduce`).
+            let max = crate::exec::reduce::max_dim(block.clone(), 1);
+            crate::exec::reduce::sum_dim((block - max.clone()).exp(), 1).log() + max
         })
         .collect();
     Tensor::cat(blocks, 0)

@@ -33,6 +33,7 @@ fn estimate() -> Estimate {
         ],
         saved_weights: None,
         notes: Vec::new(),
+        device_pool: None,
     }
 }
 

@@ -56,11 +56,8 @@ pub struct Norms {
 
 pub(super) fn fold_norms<B: Compute>(acc: &mut Vec<f32>, x: &Tensor<B, 3>) {
     let c = x.dims()[2];
-    let n: Vec<f32> = x
-        .clone()
-        .square()
-        .sum_dim(0)
-        .sum_dim(1)
+    let squares = x.clone().square();
+    let n: Vec<f32> = crate::exec::reduce::sum_dim(crate::exec::reduce::sum_dim(squares, 0), 1)
         .sqrt()
         .reshape([c])
         .into_data()

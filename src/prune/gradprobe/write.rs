@@ -90,7 +90,7 @@ pub fn scratch_model(
 ) -> Result<Scratch, PruneError> {
     let io = |e: std::io::Error| crate::model::ModelError::io(&std::env::temp_dir(), e);
     let dir = crate::scratch::dir("gradprobe").map_err(io)?;
-    let mut w = PrunedWriter::create(ckpt, &dir.path().join("model"))?;
+    let mut w = PrunedWriter::create(ckpt, &dir.path().join("model"), false)?;
     let (layers, others) = write_pruned(ckpt, targets, masks, &mut w)?;
     // Renamed into place: a writer dropped unfinished removes its shards.
     let path = w.finish(ckpt)?;

@@ -186,13 +186,17 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
             gauge_line("reserved", &run.reserved, host_full, width, Color::Magenta),
         ],
     };
-    lines.push(gauge_line(
-        "GPU used",
-        &run.gpu,
-        gpu_full,
-        width,
-        Color::Yellow,
-    ));
+    let mut gpu = gauge_line("GPU used", &run.gpu, gpu_full, width, Color::Yellow);
+    // How busy the card is (NVML), now and over the run: "why is my GPU
+    // idle?" next to how full it is.
+    if let Some(u) = run.gpu_util {
+        let (sum, n) = run.gpu_util_sum;
+        gpu.spans.push(Span::raw(format!(
+            "  util {u:.0}% (mean {:.0}%)",
+            sum / n.max(1) as f64
+        )));
+    }
+    lines.push(gpu);
     lines.extend(category_lines(state, width));
     lines.push(forecast_line(state));
     let title = " memory (│ = peak) ";

@@ -236,6 +236,7 @@ fn the_forecast_line_says_whether_the_run_fits_its_budget() {
         ],
         saved_weights: None,
         notes: Vec::new(),
+        device_pool: None,
     });
     s.budget = Some(1 << 30);
     let fits = screen(&s, 160, 40);

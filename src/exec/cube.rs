@@ -1,0 +1,156 @@
+//! cubecl's process-wide settings, chosen before the first device opens:
+//! how its memory pool reserves, and its launch log routed into
+//! [`super::transfer`]'s kernel counter.
+//!
+//! **The pool.** cubecl's default pools slice pages of a quarter of the
+//! card down to 1/64 of it: on an 80 GB H100 one tensor above 312 MB takes
+//! a 5 GB page and one above 39 MB a 1.25 GB page, so a run with 0.86 GiB
+//! in use reserved 7.02 GiB (issue 42's figures) — and reserved is what
+//! `nvidia-smi` shows and what the driver refuses. prunemem enforces
+//! cubecl's *persistent* pool instead: every buffer is allocated at its own
+//! size (aligned) and a freed one is reused only by a tensor of the same
+//! size — the engine's tensors repeat their shapes batch after batch and
+//! layer after layer — and the engine releases what is free at every
+//! layer and phase boundary ([`super::release_free`]). Reserved then stays within
+//! the bytes in use plus the freed buffers of the current layer.
+//!
+//! **Compiled kernels** are kept between runs ([`kernel_cache`]): cubecl
+//! compiles each kernel the first time a process launches it (NVRTC on
+//! CUDA), which took 12 s of the first layer of a 1B-shape prune on an
+//! H100; later runs load them from the cache.
+//!
+//! **Kernel launches.** cubecl's profiling level `Minimal` logs each
+//! launch's name without synchronising; forwarded to the `log` crate at
+//! trace level, a small logger counts them ([`super::transfer::launched`]).
+//! Where another `log` logger is already installed, the user asked for
+//! cubecl's own profile (`CUBECL_DEBUG_OPTION`), or turned counting off
+//! (`PRUNEMEM_COUNT_KERNELS=0`), launches are not counted and show as
+//! unknown.
+
+use std::sync::Once;
+
+use burn::cubecl::config::cache::CacheConfig;
+use burn::cubecl::config::memory::PersistentMemory;
+use burn::cubecl::config::profiling::ProfilingLogLevel;
+use burn::cubecl::config::{CubeClRuntimeConfig, RuntimeConfig};
+use cubecl_common::config::logger::LogCrateLevel;
+
+/// Sets cubecl's configuration once per process, before any device opens
+/// (cubecl reads it when its first client starts, and refuses a second).
+pub(super) fn configure() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // A cubecl.toml / burn.toml and CUBECL_* variables still apply.
+        let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
+        config.memory.persistent_memory = PersistentMemory::Enforced;
+        if config.compilation.cache.is_none() {
+            config.compilation.cache = kernel_cache().map(CacheConfig::File);
+        }
+        // PRUNEMEM_COUNT_KERNELS=0 turns the count off (each launch then
+        // skips formatting its name: about a microsecond on the launching
+        // side).
+        let wanted = std::env::var("PRUNEMEM_COUNT_KERNELS").map_or(true, |v| v != "0");
+        let count = wanted
+            && matches!(config.profiling.logger.level, ProfilingLogLevel::Disabled)
+            && log::set_logger(&LAUNCHES).is_ok();
+        if count {
+            log::set_max_level(log::LevelFilter::Trace);
+            config.profiling.logger.level = ProfilingLogLevel::Minimal;
+            config.profiling.logger.log = Some(LogCrateLevel::Trace);
+        }
+        // Refused only when something read the configuration first (a
+        // client opened outside `exec`): cubecl's defaults then stay.
+        let set = std::panic::catch_unwind(|| CubeClRuntimeConfig::set(config)).is_ok();
+        if set && count {
+            super::transfer::counting_kernels();
+        }
+    });
+}
+
+/// Where compiled kernels are kept between runs: `PRUNEMEM_KERNEL_CACHE`
+/// (`off` or `0`: nowhere), else `$XDG_CACHE_HOME/prunemem/kernels`, else
+/// `~/.cache/prunemem/kernels`.
+pub fn kernel_cache() -> Option<std::path::PathBuf> {
+    match std::env::var_os("PRUNEMEM_KERNEL_CACHE") {
+        Some(v) if v == "off" || v == "0" || v.is_empty() => return None,
+        Some(v) => return Some(v.into()),
+        None => {}
+    }
+    let base = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|v| !v.is_empty())
+        .map(std::path::PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
+    Some(base.join("prunemem").join("kernels"))
+}
+
+/// Counts cubecl's `Executing KERNEL` lines; everything else is dropped
+/// without being formatted.
+struct LaunchLog;
+
+static LAUNCHES: LaunchLog = LaunchLog;
+
+impl log::Log for LaunchLog {
+    fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
+        metadata.level() == log::Level::Trace && metadata.target().starts_with("cubecl")
+    }
+
+    fn log(&self, record: &log::Record<'_>) {
+        if !self.enabled(record.metadata()) {
+            return;
+        }
+        if starts_with(record.args(), "Executing ") {
+            super::transfer::launched();
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+/// Whether `args` formats to text starting with `prefix`, formatting no
+/// further than the prefix.
+fn starts_with(args: &std::fmt::Arguments<'_>, prefix: &str) -> bool {
+    struct Prefix<'a> {
+        want: &'a [u8],
+        seen: usize,
+    }
+    impl std::fmt::Write for Prefix<'_> {
+        fn write_str(&mut self, s: &str) -> std::fmt::Result {
+            let rest = &self.want[self.seen..];
+            let n = rest.len().min(s.len());
+            if s.as_bytes()[..n] != rest[..n] {
+                return Err(std::fmt::Error);
+            }
+            self.seen += n;
+            match self.seen == self.want.len() {
+                true => Err(std::fmt::Error),
+                false => Ok(()),
+            }
+        }
+    }
+    let mut p = Prefix {
+        want: prefix.as_bytes(),
+        seen: 0,
+    };
+    let _ = std::fmt::write(&mut p, *args);
+    p.seen == p.want.len()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::starts_with;
+
+    #[test]
+    fn the_launch_prefix_is_recognised_without_formatting_the_rest() {
+        let name = "burn_cubecl::kernel::matmul";
+        assert!(starts_with(&format_args!("Executing {name}"), "Executing "));
+        assert!(starts_with(
+            &format_args!("{}{}", "Exec", "uting x"),
+            "Executing "
+        ));
+        assert!(!starts_with(
+            &format_args!("Compiling {name}"),
+            "Executing "
+        ));
+        assert!(!starts_with(&format_args!("Exec"), "Executing "));
+    }
+}

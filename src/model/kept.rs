@@ -1,0 +1,257 @@
+//! The pruned layers kept for the evaluation that follows a device prune,
+//! so that it never goes through disk: on the device when they fit beside
+//! the run's own peak, else in host memory in the compute dtype (uploaded
+//! again layer by layer), and only as the last resort written to a scratch
+//! checkpoint that the evaluation streams back (the job's choice, recorded
+//! as `pruned_layers_kept`).
+//!
+//! On the CPU backend the host is the device: the engine keeps streaming
+//! through the scratch checkpoint there (its pages stay in the page cache,
+//! and the run's resident set is what its users budget), so this is used by
+//! device runs only.
+
+use burn::prelude::*;
+use burn_store::{ModuleSnapshot, TensorSnapshot};
+
+use super::checkpoint::skeleton_layer;
+use super::llama::DecoderLayer;
+use super::{ComputeDtype, LlamaConfig, ModelError};
+use crate::exec::Compute;
+use crate::memory::held::Held;
+use crate::memory::tag::Category;
+
+/// Where the pruned layers wait for the evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Place {
+    Device,
+    Host,
+    Disk,
+}
+
+impl Place {
+    pub fn name(self) -> &'static str {
+        match self {
+            Place::Device => "device",
+            Place::Host => "host",
+            Place::Disk => "disk",
+        }
+    }
+
+    /// Where `layers_bytes` of pruned layers go: on the device when the
+    /// run's predicted device peak plus them fits `device_budget`, else on
+    /// the host when they fit `host_free` with a quarter to spare, else on
+    /// disk. An unknown budget is not a yes.
+    pub fn choose(
+        layers_bytes: u64,
+        device_peak: u64,
+        device_budget: Option<u64>,
+        host_free: Option<u64>,
+    ) -> Place {
+        let fits = |need: Option<u64>, budget: Option<u64>| match (need, budget) {
+            (Some(n), Some(b)) => n <= b,
+            _ => false,
+        };
+        if fits(device_peak.checked_add(layers_bytes), device_budget) {
+            Place::Device
+        } else if fits(layers_bytes.checked_add(layers_bytes / 4), host_free) {
+            Place::Host
+        } else {
+            Place::Disk
+        }
+    }
+}
+
+/// One layer's tensors on the host, as its module paths name them.
+struct HostLayer {
+    tensors: Vec<(Vec<String>, Vec<String>, TensorData)>,
+}
+
+enum Layer<B: Compute> {
+    Device(DecoderLayer<B>),
+    Host(HostLayer),
+}
+
+/// The pruned decoder layers, in order.
+pub struct Kept<B: Compute> {
+    place: Place,
+    layers: Vec<Layer<B>>,
+    /// Device bytes of the layers kept there (the pool's composition).
+    held: Held,
+    host_bytes: u64,
+}
+
+/// A kept layer ready to run: borrowed where it lives on the device,
+/// rebuilt (uploaded) where it waits on the host.
+pub enum LayerRef<'a, B: Compute> {
+    Borrowed(&'a DecoderLayer<B>),
+    Owned(DecoderLayer<B>),
+}
+
+impl<B: Compute> std::ops::Deref for LayerRef<'_, B> {
+    type Target = DecoderLayer<B>;
+    fn deref(&self) -> &DecoderLayer<B> {
+        match self {
+            LayerRef::Borrowed(l) => l,
+            LayerRef::Owned(l) => l,
+        }
+    }
+}
+
+impl<B: Compute> Kept<B> {
+    /// Keeps layers at `place` (`Device` or `Host`; `Disk` is the job's
+    /// scratch checkpoint, not kept here).
+    pub fn new(place: Place) -> Self {
+        Self {
+            place,
+            layers: Vec::new(),
+            held: Held::none(Category::Weights),
+            host_bytes: 0,
+        }
+    }
+
+    pub fn place(&self) -> Place {
+        self.place
+    }
+
+    pub fn len(&self) -> usize {
+        self.layers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.layers.is_empty()
+    }
+
+    /// Bytes of the kept layers in host memory.
+    pub fn host_bytes(&self) -> u64 {
+        self.host_bytes
+    }
+
+    /// Takes a pruned layer (the next in order).
+    pub fn push(&mut self, layer: DecoderLayer<B>) -> Result<(), ModelError> {
+        match self.place {
+            Place::Device => {
+                let bytes = layer_bytes(&layer);
+                self.held.set(self.held.bytes() + bytes);
+                self.layers.push(Layer::Device(layer));
+            }
+            _ => {
+                let _tag = crate::memory::tag::tag(Category::Weights);
+                let mut tensors = Vec::new();
+                for s in layer.collect(None, None, false) {
+                    let data = s
+                        .to_data()
+                        .map_err(|e| ModelError::Checkpoint(format!("keeping a layer: {e:?}")))?;
+                    crate::exec::transfer::read_back(data.bytes.len() as u64);
+                    self.host_bytes += data.bytes.len() as u64;
+                    let path = s.path_stack.clone().unwrap_or_default();
+                    let containers = s.container_stack.clone().unwrap_or_default();
+                    tensors.push((path, containers, data));
+                }
+                self.layers.push(Layer::Host(HostLayer { tensors }));
+            }
+        }
+        Ok(())
+    }
+
+    /// Layer `i`, ready to run on `device`.
+    pub fn layer(
+        &self,
+        i: usize,
+        config: &LlamaConfig,
+        device: &B::Device,
+    ) -> Result<LayerRef<'_, B>, ModelError> {
+        match self.layers.get(i) {
+            Some(Layer::Device(l)) => Ok(LayerRef::Borrowed(l)),
+            Some(Layer::Host(h)) => {
+                let mut layer = skeleton_layer::<B>(config, device);
+                let snapshots: Vec<TensorSnapshot> = h
+                    .tensors
+                    .iter()
+                    .map(|(path, containers, data)| {
+                        crate::exec::transfer::uploaded(data.bytes.len() as u64);
+                        TensorSnapshot::from_data(
+                            data.clone(),
+                            path.clone(),
+                            containers.clone(),
+                            burn::module::ParamId::new(),
+                        )
+                    })
+                    .collect();
+                let result = layer.apply(snapshots, None, None, false);
+                if let Some(e) = result.errors.first() {
+                    return Err(ModelError::Checkpoint(format!(
+                        "model.layers.{i}: restoring a kept layer: {e}"
+                    )));
+                }
+                Ok(LayerRef::Owned(layer))
+            }
+            None => Err(ModelError::Checkpoint(format!(
+                "model.layers.{i} was not kept"
+            ))),
+        }
+    }
+}
+
+/// Bytes of a layer's parameters in their dtypes.
+pub fn layer_bytes<B: Compute>(layer: &DecoderLayer<B>) -> u64 {
+    layer
+        .collect(None, None, false)
+        .iter()
+        .map(|s| (s.shape.num_elements() * s.dtype.size()) as u64)
+        .sum()
+}
+
+/// The compute dtype's bytes of every decoder layer of `config`.
+pub fn all_layers_bytes(config: &LlamaConfig, dtype: ComputeDtype) -> u64 {
+    config.num_layers as u64 * config.layer_param_count() * dtype.size()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_place_is_the_device_only_when_a_budget_says_so() {
+        let gib = 1u64 << 30;
+        assert_eq!(Place::choose(gib, gib, Some(4 * gib), None), Place::Device);
+        assert_eq!(
+            Place::choose(gib, 3 * gib + 1, Some(4 * gib), Some(2 * gib)),
+            Place::Host
+        );
+        // An unknown device size is no room on the device.
+        assert_eq!(Place::choose(gib, 0, None, Some(2 * gib)), Place::Host);
+        assert_eq!(Place::choose(gib, 0, None, Some(gib)), Place::Disk);
+        assert_eq!(Place::choose(gib, 0, None, None), Place::Disk);
+        // Sizes near u64::MAX never wrap into a fit.
+        assert_eq!(
+            Place::choose(u64::MAX, 1, Some(u64::MAX), Some(u64::MAX)),
+            Place::Disk
+        );
+    }
+
+    #[test]
+    fn host_kept_layers_come_back_with_the_same_values() {
+        use crate::exec::Cpu;
+        let config = LlamaConfig::from_json(
+            r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 16,
+                "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+                "num_key_value_heads": 1, "vocab_size": 64, "rms_norm_eps": 1e-5}"#,
+        )
+        .unwrap();
+        let device = Default::default();
+        let layer = crate::model::checkpoint::skeleton_layer::<Cpu>(&config, &device);
+        let values = |l: &crate::model::llama::DecoderLayer<Cpu>| -> Vec<f32> {
+            let w = l.linear("mlp.down_proj").unwrap().weight.val();
+            w.into_data().iter::<f32>().collect()
+        };
+        let before = values(&layer);
+        let bytes = layer_bytes(&layer);
+        let mut kept = Kept::<Cpu>::new(Place::Host);
+        kept.push(layer).unwrap();
+        assert_eq!(kept.host_bytes(), bytes);
+        let back = kept.layer(0, &config, &device).unwrap();
+        assert_eq!(before, values(&back));
+        assert!(kept.layer(1, &config, &device).is_err());
+    }
+}

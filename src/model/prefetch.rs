@@ -1,0 +1,192 @@
+//! A decoder layer read, converted and laid out on the host, ready to go
+//! up: what a device run's reader thread prepares for layer `i + 1` while
+//! the device computes layer `i`, so that the checkpoint's read, the dtype
+//! conversion and the linears' transposition overlap the device's work
+//! instead of idling it. Only the upload itself stays on the computing
+//! thread (cubecl's pools are per thread).
+//!
+//! The result is the same module [`Checkpoint::load_layer`] builds: the
+//! same conversion, and the linears transposed from PyTorch's `[out, in]`
+//! to Burn's `[in, out]` here rather than by burn-store's adapter.
+
+use std::cell::RefCell;
+use std::rc::Rc;
+
+use burn::prelude::*;
+use burn::tensor::DType;
+use burn_store::{ModuleSnapshot, TensorSnapshot};
+use half::{bf16, f16};
+
+use super::checkpoint::skeleton_layer;
+use super::llama::DecoderLayer;
+use super::{Checkpoint, ComputeDtype, ModelError};
+
+/// One decoder layer on the host, in Burn's layout.
+pub struct HostLayer {
+    index: usize,
+    /// Module path (`self_attn.q_proj.weight`) and values.
+    tensors: Vec<(String, TensorData)>,
+}
+
+impl HostLayer {
+    pub fn index(&self) -> usize {
+        self.index
+    }
+
+    /// Bytes of the layer's values.
+    pub fn bytes(&self) -> u64 {
+        self.tensors.iter().map(|(_, d)| d.bytes.len() as u64).sum()
+    }
+}
+
+/// Reads decoder layer `i` of `ckpt` in `dtype` (any thread).
+pub fn read_layer(
+    ckpt: &Checkpoint,
+    i: usize,
+    dtype: ComputeDtype,
+) -> Result<HostLayer, ModelError> {
+    let _io = crate::timing::work(crate::timing::Work::Io);
+    let prefix = format!("model.layers.{i}.");
+    let names: Vec<String> = ckpt
+        .tensors
+        .range(prefix.clone()..)
+        .map(|(n, _)| n.clone())
+        .take_while(|n| n.starts_with(&prefix))
+        .collect();
+    let mut tensors = Vec::with_capacity(names.len());
+    for name in names {
+        let data = ckpt.read_converted(&name, dtype)?;
+        let local = name[prefix.len()..].to_string();
+        let data = match is_linear_weight(&local) && data.shape.len() == 2 {
+            true => transposed(data),
+            false => data,
+        };
+        tensors.push((local, data));
+    }
+    Ok(HostLayer { index: i, tensors })
+}
+
+/// Uploads `layer` to `device` (the computing thread).
+pub fn upload_layer<B: Backend>(
+    ckpt: &Checkpoint,
+    layer: HostLayer,
+    device: &B::Device,
+) -> Result<DecoderLayer<B>, ModelError> {
+    let mut module = skeleton_layer::<B>(&ckpt.config, device);
+    let i = layer.index;
+    let snapshots: Vec<TensorSnapshot> = layer
+        .tensors
+        .into_iter()
+        .map(|(path, data)| {
+            let (dtype, shape) = (data.dtype, data.shape.clone());
+            // Handed over once, not cloned: the closure gives its data up.
+            let cell = RefCell::new(Some(data));
+            let data_fn = Rc::new(move || {
+                cell.borrow_mut()
+                    .take()
+                    .ok_or_else(|| burn_store::TensorSnapshotError::DataError("read twice".into()))
+            });
+            TensorSnapshot::from_closure(
+                data_fn,
+                dtype,
+                shape.into(),
+                path.split('.').map(str::to_string).collect(),
+                Vec::new(),
+                burn::module::ParamId::new(),
+            )
+        })
+        .collect();
+    let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
+    let result = module.apply(snapshots, None, None, false);
+    if let Some(e) = result.errors.first() {
+        return Err(ModelError::Checkpoint(format!(
+            "{}: loading model.layers.{i}.: {e}",
+            ckpt.dir.display()
+        )));
+    }
+    if let Some((missing, _)) = result.missing.first() {
+        return Err(ModelError::MissingTensor {
+            name: format!("model.layers.{i}.{missing}"),
+            dir: ckpt.dir.display().to_string(),
+        });
+    }
+    Ok(module)
+}
+
+/// The seven projections' weights (`self_attn.q_proj.weight`...), which
+/// Burn stores transposed.
+fn is_linear_weight(local: &str) -> bool {
+    local.ends_with("_proj.weight")
+}
+
+/// A 2-D tensor's transpose, in its dtype.
+fn transposed(data: TensorData) -> TensorData {
+    let (rows, cols) = (data.shape[0], data.shape[1]);
+    let shape = vec![cols, rows];
+    match data.dtype {
+        DType::F16 => TensorData::new(
+            transpose(data.as_slice::<f16>().unwrap_or_default(), rows, cols),
+            shape,
+        ),
+        DType::BF16 => TensorData::new(
+            transpose(data.as_slice::<bf16>().unwrap_or_default(), rows, cols),
+            shape,
+        ),
+        _ => TensorData::new(
+            transpose(data.as_slice::<f32>().unwrap_or_default(), rows, cols),
+            shape,
+        ),
+    }
+}
+
+/// `v` (`rows × cols`, row-major) transposed, in cache-sized tiles, a
+/// band of output rows per task (rayon).
+fn transpose<T: Copy + Default + Send + Sync>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
+    use rayon::prelude::*;
+    const TILE: usize = 32;
+    let mut out = vec![T::default(); v.len()];
+    if rows == 0 {
+        return out;
+    }
+    out.par_chunks_mut(TILE * rows)
+        .enumerate()
+        .for_each(|(band, dst)| {
+            let c0 = band * TILE;
+            let width = dst.len() / rows;
+            for r0 in (0..rows).step_by(TILE) {
+                for r in r0..(r0 + TILE).min(rows) {
+                    for (dc, c) in (c0..c0 + width).enumerate() {
+                        dst[dc * rows + r] = v[r * cols + c];
+                    }
+                }
+            }
+        });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_transpose_every_shape() {
+        for (rows, cols) in [(1, 1), (3, 70), (65, 33), (32, 32)] {
+            let v: Vec<u32> = (0..(rows * cols) as u32).collect();
+            let t = transpose(&v, rows, cols);
+            for r in 0..rows {
+                for c in 0..cols {
+                    assert_eq!(t[c * rows + r], v[r * cols + c]);
+                }
+            }
+        }
+        let d = transposed(TensorData::new(
+            vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0],
+            [2, 3],
+        ));
+        assert_eq!(d.shape.to_vec(), vec![3, 2]);
+        assert_eq!(
+            d.to_vec::<f32>().unwrap(),
+            vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
+        );
+    }
+}

@@ -1,0 +1,412 @@
+//! Pruning math on the device: magnitude's, Wanda's and RIA's metrics, the
+//! per-matrix, per-output and N:M selections, and the mask, computed where
+//! the weight already is. Nothing weight-sized crosses the bus: one count
+//! per linear comes back (the zeros, for the report), and one flag when a
+//! per-output selection meets ties.
+//!
+//! Burn 0.21's CubeCL backends sort on the host, so selection is a
+//! threshold found by bisection over the metric's f32 bit patterns (for
+//! non-negative floats their order is the values' order,
+//! [`Compute::float_bits`]): 31 halvings of the integer range find, for each
+//! output or for the whole matrix, the smallest key with at least `k` keys
+//! at or below it — the `k`-th smallest value exactly. Where a per-output
+//! selection must take exactly `k` and the threshold value repeats, a
+//! second bisection over input positions takes the first ties in column
+//! order, as the host path's stable sort does, so the masks are the host
+//! path's to the position (`tests/device.rs` compares them).
+//!
+//! Layout: Burn keeps a linear's weight `[in, out]`; a PyTorch row (one
+//! output) is a column here, so "per row" reductions run over dim 0 and N:M
+//! groups are `m` consecutive inputs of one output.
+//!
+//! Not here (they stay on the host path in `linear`): Wanda's α-variant,
+//! DSnoT, RIA's channel reallocation, SparseGPT's sweep, N:M with an input
+//! width that `m` does not divide.
+
+use burn::prelude::*;
+use burn::tensor::{Bool, DType, FloatDType};
+
+use super::config::PruneConfig;
+use super::{LayerMethod, Pattern};
+use crate::exec::{Compute, reduce};
+
+/// Whether the device path computes `config`'s masks.
+pub fn handles(config: &PruneConfig, inputs: usize) -> bool {
+    if config.dsnot.is_some() {
+        return false;
+    }
+    let pattern_ok = match config.pattern {
+        Pattern::Unstructured => true,
+        Pattern::NM { n, m } => m > 0 && n <= m && inputs.is_multiple_of(m),
+    };
+    let method_ok = match config.method {
+        LayerMethod::Magnitude => true,
+        LayerMethod::Wanda => !config.use_variant,
+        LayerMethod::Ria => config.reallocation.is_none(),
+        LayerMethod::SparseGpt => false,
+    };
+    pattern_ok && method_ok
+}
+
+/// The metric of `w` (`[in, out]`, any float dtype) in f32: `|W|`,
+/// Wanda's `|W| · sqrt(scaler_row)`, or RIA's relative importance times
+/// `sqrt(scaler_row)^a`. `norms` is `scaler_row` (`[in]`, f32), needed by
+/// Wanda and RIA.
+pub fn metric<B: Compute>(
+    w: &Tensor<B, 2>,
+    norms: Option<&Tensor<B, 1>>,
+    method: LayerMethod,
+    ria_a: f64,
+) -> Tensor<B, 2> {
+    let [inp, _] = w.dims();
+    let abs = f32_of(w.clone()).abs();
+    let scale = |a: Option<f64>| {
+        norms.map(|n| {
+            let s = n.clone().sqrt();
+            let s = match a {
+                Some(a) => s.powf_scalar(a),
+                None => s,
+            };
+            s.reshape([inp, 1])
+        })
+    };
+    match method {
+        LayerMethod::Wanda => match scale(None) {
+            Some(s) => abs * s,
+            None => abs,
+        },
+        LayerMethod::Ria => {
+            // Each weight's share of its input's and its output's absolute
+            // sums (PyTorch: column sums over outputs, row sums over inputs).
+            let per_input = reduce::sum_dim(abs.clone(), 1);
+            let per_output = reduce::sum_dim(abs.clone(), 0);
+            let m = abs.clone() / per_input + abs / per_output;
+            match scale(Some(ria_a)) {
+                Some(s) => m * s,
+                None => m,
+            }
+        }
+        LayerMethod::Magnitude | LayerMethod::SparseGpt => abs,
+    }
+}
+
+/// The mask (`true`: prune) of `metric` (`[in, out]`, f32) for the
+/// configuration's pattern: per matrix for magnitude and RIA, per output
+/// for Wanda (and RIA's `per_outneuron`), per group of `m` inputs for N:M.
+pub fn mask<B: Compute>(metric: Tensor<B, 2>, config: &PruneConfig) -> Tensor<B, 2, Bool> {
+    let keys = B::float_bits(metric);
+    match config.pattern {
+        Pattern::NM { n, m } => nm_mask(keys, n, m),
+        Pattern::Unstructured => {
+            let per_output = match config.method {
+                LayerMethod::Wanda => true,
+                LayerMethod::Ria => config.per_outneuron,
+                _ => false,
+            };
+            match per_output {
+                true => per_output_mask(keys, config.sparsity),
+                false => matrix_mask(keys, config.sparsity),
+            }
+        }
+    }
+}
+
+/// SparseGPT's block mask: one threshold over `metric` (f32), every
+/// entry at or below the `int(numel · ratio)`-th smallest pruned.
+pub(super) fn block_threshold_mask<B: Compute>(
+    metric: Tensor<B, 2>,
+    ratio: f64,
+) -> Tensor<B, 2, Bool> {
+    matrix_mask(B::float_bits(metric), ratio)
+}
+
+/// The `n` smallest rows of each column of `metric` (one N:M group of
+/// `rows` inputs; ties to the lower row).
+pub(super) fn group_smallest<B: Compute>(metric: Tensor<B, 2>, n: usize) -> Tensor<B, 2, Bool> {
+    let [rows, _] = metric.dims();
+    nm_mask(B::float_bits(metric), n, rows)
+}
+
+/// Zeroes `w` where `mask` is set; returns the pruned weight (in `w`'s
+/// dtype) and how many of its entries are zero (one count read back).
+pub fn apply<B: Compute>(w: Tensor<B, 2>, mask: Tensor<B, 2, Bool>) -> (Tensor<B, 2>, u64) {
+    let pruned = w.mask_fill(mask, 0.0);
+    let zeros = reduce::sum_all(pruned.clone().equal_elem(0.0).int()).reshape([1]);
+    (pruned, read_count(zeros))
+}
+
+fn f32_of<B: Compute, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
+    match t.dtype() {
+        DType::F32 => t,
+        _ => t.cast(FloatDType::F32),
+    }
+}
+
+/// One integer read back from the device, counted as traffic.
+fn read_count<B: Compute>(t: Tensor<B, 1, Int>) -> u64 {
+    let data = t.into_data();
+    crate::exec::transfer::read_back(data.bytes.len() as u64);
+    data.iter::<i64>().next().unwrap_or(0).max(0) as u64
+}
+
+/// One flag read back from the device, counted as traffic.
+fn read_flag<B: Compute>(t: Tensor<B, 1, Bool>) -> bool {
+    let data = t.into_data();
+    crate::exec::transfer::read_back(data.bytes.len() as u64);
+    data.iter::<bool>().next().unwrap_or(false)
+}
+
+/// Where a selection counts: per column of `[rows, cols]` (one output), or
+/// over the whole matrix.
+#[derive(Clone, Copy, PartialEq)]
+enum Over {
+    Columns,
+    Matrix,
+}
+
+/// How many of `flags` are set, per column or over the matrix (`[1, cols]`
+/// or `[1, 1]`); long axes in pieces (`exec::reduce`).
+fn count<B: Compute>(flags: Tensor<B, 2, Int>, over: Over) -> Tensor<B, 2, Int> {
+    let per_column = reduce::sum_dim(flags, 0);
+    match over {
+        Over::Columns => per_column,
+        Over::Matrix => reduce::sum_dim(per_column, 1),
+    }
+}
+
+/// For each column of `keys` (`[rows, cols]`), or for the whole matrix,
+/// the smallest key `t` with at least `k` keys `<= t` (`k >= 1`; where
+/// fewer than `k` keys are at or below `i32::MAX`, `i32::MAX`).
+fn kth_key<B: Compute>(keys: &Tensor<B, 2, Int>, k: usize, over: Over) -> Tensor<B, 2, Int> {
+    let [rows, cols] = keys.dims();
+    let device = keys.device();
+    let width = if over == Over::Columns { cols } else { 1 };
+    let mut lo = Tensor::<B, 2, Int>::zeros([1, width], &device);
+    let mut hi = Tensor::<B, 2, Int>::full([1, width], i32::MAX, &device);
+    // Invariant: the answer is in [lo, hi]; 31 halvings close the range.
+    for step in 0..31 {
+        let mid = lo.clone() + (hi.clone() - lo.clone()).div_scalar(2);
+        let at_or_below = keys
+            .clone()
+            .lower_equal(mid.clone().expand([rows, cols]))
+            .int();
+        if step == 0 {
+            // The selection at its widest: the keys beside one step's
+            // counts (every step allocates the same).
+            crate::exec::watch::after_op();
+        }
+        let at_or_below = count(at_or_below, over);
+        let enough = at_or_below.greater_equal_elem(k as i64);
+        hi = hi.mask_where(enough.clone(), mid.clone());
+        lo = lo.mask_where(enough.bool_not(), mid.add_scalar(1));
+    }
+    lo
+}
+
+/// One threshold over the whole matrix, as magnitude and RIA take it:
+/// the `int(numel · ratio)`-th smallest (0-based), every key at or below
+/// it pruned (ties included).
+fn matrix_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, Bool> {
+    let [rows, cols] = keys.dims();
+    let n = rows * cols;
+    let k = ((n as f64) * ratio) as usize;
+    if k >= n {
+        return keys.greater_equal_elem(i32::MIN as i64);
+    }
+    let t = kth_key(&keys, k + 1, Over::Matrix);
+    keys.lower_equal(t.expand([rows, cols]))
+}
+
+/// Exactly `int(rows · ratio)` entries of each column, the smallest, ties
+/// taken in row order (the host path's stable sort).
+fn per_output_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, Bool> {
+    let [rows, cols] = keys.dims();
+    let k = ((rows as f64) * ratio) as usize;
+    if k == 0 {
+        return keys.lower_elem(i32::MIN as i64);
+    }
+    if k >= rows {
+        return keys.greater_equal_elem(i32::MIN as i64);
+    }
+    let t = kth_key(&keys, k, Over::Columns).expand([rows, cols]);
+    let below = keys.clone().lower(t.clone());
+    let ties = keys.equal(t);
+    // Ties each column still needs after every key below the threshold.
+    let need = count(below.clone().int(), Over::Columns)
+        .neg()
+        .add_scalar(k as i64);
+    let tied = count(ties.clone().int(), Over::Columns);
+    if !read_flag(tied.greater(need.clone()).any()) {
+        // Every column takes all its ties: exactly k each.
+        return below.bool_or(ties);
+    }
+    let first = first_ties(&ties, &need);
+    below.bool_or(ties.bool_and(first))
+}
+
+/// Rows `0..=c` of each column, where `c` is the smallest row at which the
+/// column has seen `need` of its `ties`.
+fn first_ties<B: Compute>(
+    ties: &Tensor<B, 2, Bool>,
+    need: &Tensor<B, 2, Int>,
+) -> Tensor<B, 2, Bool> {
+    let [rows, cols] = ties.dims();
+    let device = ties.device();
+    let index = Tensor::<B, 1, Int>::arange(0..rows as i64, &device)
+        .reshape([rows, 1])
+        .expand([rows, cols]);
+    let mut lo = Tensor::<B, 2, Int>::zeros([1, cols], &device);
+    let mut hi = Tensor::<B, 2, Int>::full([1, cols], rows as i64 - 1, &device);
+    let steps = usize::BITS - (rows.max(2) - 1).leading_zeros();
+    for _ in 0..steps {
+        let mid = lo.clone() + (hi.clone() - lo.clone()).div_scalar(2);
+        let upto = index.clone().lower_equal(mid.clone().expand([rows, cols]));
+        let seen = count(ties.clone().bool_and(upto).int(), Over::Columns);
+        let enough = seen.greater_equal(need.clone());
+        hi = hi.mask_where(enough.clone(), mid.clone());
+        lo = lo.mask_where(enough.bool_not(), mid.add_scalar(1));
+    }
+    index.lower_equal(lo.expand([rows, cols]))
+}
+
+/// N:M: in every group of `m` consecutive rows of a column, the `n`
+/// smallest (ties to the lower row). Each entry's rank in its group is the
+/// number of group members strictly smaller plus the equal ones before it.
+fn nm_mask<B: Compute>(keys: Tensor<B, 2, Int>, n: usize, m: usize) -> Tensor<B, 2, Bool> {
+    let [rows, cols] = keys.dims();
+    let groups = rows / m;
+    let g = keys.reshape([groups, m, cols]);
+    let mut ranks = Vec::with_capacity(m);
+    for j in 0..m {
+        let vj = g.clone().narrow(1, j, 1).expand([groups, m, cols]);
+        let mut rank = g.clone().lower(vj.clone()).int().sum_dim(1);
+        if j > 0 {
+            let before = g.clone().narrow(1, 0, j);
+            let vj = vj.narrow(1, 0, j);
+            rank = rank + before.equal(vj).int().sum_dim(1);
+        }
+        ranks.push(rank.lower_elem(n as i64));
+    }
+    Tensor::cat(ranks, 1).reshape([rows, cols])
+}
+
+#[cfg(test)]
+mod tests {
+    //! The device path against the host path on Burn's CPU backend (the
+    //! default `float_bits` goes through the host; the ops are the ones a
+    //! device runs). `tests/device.rs` repeats the comparison on wgpu.
+    use super::*;
+    use crate::exec::Cpu;
+    use crate::prune::methods;
+
+    fn config(method: LayerMethod, pattern: Pattern, sparsity: f64) -> PruneConfig {
+        PruneConfig {
+            method,
+            pattern,
+            sparsity,
+            use_variant: false,
+            seqlen: 8,
+            batch_size: 1,
+            dtype: crate::model::ComputeDtype::F32,
+            percdamp: 0.01,
+            blocksize: 128,
+            ria_a: 0.5,
+            per_outneuron: false,
+            layer_sparsity: None,
+            dsnot: None,
+            reallocation: None,
+            offload_activations: false,
+        }
+    }
+
+    /// Host weights `[out, in]` as a Burn `[in, out]` tensor.
+    fn burn_weight(w: &[f32], out: usize, inp: usize) -> Tensor<Cpu, 2> {
+        Tensor::<Cpu, 2>::from_data(TensorData::new(w.to_vec(), [out, inp]), &Default::default())
+            .transpose()
+    }
+
+    /// The device mask back in `[out, in]` order.
+    fn device_mask(
+        w: &[f32],
+        out: usize,
+        inp: usize,
+        norms: Option<&[f32]>,
+        c: &PruneConfig,
+    ) -> Vec<bool> {
+        let wt = burn_weight(w, out, inp);
+        let n = norms.map(|n| Tensor::<Cpu, 1>::from_floats(n, &Default::default()));
+        let metric = metric(&wt, n.as_ref(), c.method, c.ria_a);
+        let m = mask(metric, c).transpose();
+        m.into_data().iter::<bool>().collect()
+    }
+
+    fn sample(len: usize, seed: u64, ties: bool) -> Vec<f32> {
+        let mut rng = crate::model::synthetic::Normal::new(seed);
+        (0..len)
+            .map(|_| {
+                let v = rng.sample();
+                // Quantised values repeat: ties inside rows and groups.
+                if ties { (v * 4.0).round() / 4.0 } else { v }
+            })
+            .collect()
+    }
+
+    #[test]
+    fn masks_equal_the_host_paths() {
+        let (out, inp) = (24, 32);
+        for ties in [false, true] {
+            let w = sample(out * inp, 3, ties);
+            let norms: Vec<f32> = sample(inp, 9, ties).iter().map(|v| v * v + 0.5).collect();
+            for (method, pattern, s) in [
+                (LayerMethod::Magnitude, Pattern::Unstructured, 0.5),
+                (LayerMethod::Magnitude, Pattern::NM { n: 2, m: 4 }, 0.5),
+                (LayerMethod::Wanda, Pattern::Unstructured, 0.5),
+                (LayerMethod::Wanda, Pattern::Unstructured, 0.3),
+                (LayerMethod::Wanda, Pattern::NM { n: 2, m: 4 }, 0.5),
+                (LayerMethod::Wanda, Pattern::NM { n: 4, m: 8 }, 0.5),
+                (LayerMethod::Ria, Pattern::Unstructured, 0.5),
+                (LayerMethod::Ria, Pattern::NM { n: 2, m: 4 }, 0.5),
+            ] {
+                let c = config(method, pattern, s);
+                let host = match method {
+                    LayerMethod::Magnitude => methods::magnitude_mask(&w, inp, s, pattern),
+                    LayerMethod::Wanda => {
+                        let metric = methods::wanda_metric(&w, inp, &norms);
+                        methods::wanda_mask(&metric, inp, s, pattern, false).0
+                    }
+                    _ => {
+                        let metric = methods::ria_metric(&w, inp, &norms, c.ria_a);
+                        methods::ria_mask(&metric, inp, s, pattern, false)
+                    }
+                };
+                let dev = device_mask(&w, out, inp, Some(&norms), &c);
+                let differ = host.iter().zip(&dev).filter(|(a, b)| a != b).count();
+                assert_eq!(differ, 0, "{method:?} {pattern:?} {s} ties {ties}");
+            }
+        }
+    }
+
+    #[test]
+    fn per_output_selection_takes_exactly_k_with_ties_in_column_order() {
+        // One output row of all-equal metrics: the first k inputs go.
+        let (out, inp) = (2, 8);
+        let w = vec![1.0f32; out * inp];
+        let c = config(LayerMethod::Wanda, Pattern::Unstructured, 0.5);
+        let dev = device_mask(&w, out, inp, Some(&[1.0; 8]), &c);
+        let row: Vec<bool> = (0..8).map(|j| j < 4).collect();
+        assert_eq!(&dev[..8], &row[..]);
+        assert_eq!(&dev[8..], &row[..]);
+    }
+
+    #[test]
+    fn applying_a_mask_counts_the_zeros() {
+        let w = burn_weight(&[0.0, 1.0, 2.0, 3.0, 0.5, -1.0], 2, 3);
+        let c = config(LayerMethod::Magnitude, Pattern::Unstructured, 0.5);
+        let m = mask(metric(&w, None, c.method, c.ria_a), &c);
+        let (pruned, zeros) = apply(w, m);
+        // The 4th smallest |w| is 1: both ±1 go with it (ties included).
+        assert_eq!(zeros, 4);
+        let v: Vec<f32> = pruned.transpose().into_data().iter::<f32>().collect();
+        assert_eq!(v, vec![0.0, 0.0, 2.0, 3.0, 0.0, 0.0]);
+    }
+}
