@@ -20,6 +20,7 @@ pub mod data;
 pub mod estimate;
 pub mod events;
 pub mod exec;
+pub mod input;
 pub mod jobs;
 pub mod memory;
 pub mod model;

@@ -13,7 +13,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-static LIVE: Mutex<Vec<(u64, PathBuf)>> = Mutex::new(Vec::new());
+/// Registered paths; `true`: a folder removed only if it is empty.
+static LIVE: Mutex<Vec<(u64, PathBuf, bool)>> = Mutex::new(Vec::new());
 static NEXT: AtomicU64 = AtomicU64::new(1);
 
 fn remove(path: &Path) {
@@ -29,16 +30,31 @@ fn remove(path: &Path) {
 pub struct Guard {
     id: u64,
     path: PathBuf,
+    only_if_empty: bool,
 }
 
 impl Guard {
     /// Registers `path` (a file or a folder) for removal.
     pub fn new(path: PathBuf) -> Self {
+        Self::register(path, false)
+    }
+
+    /// Registers folder `path` for removal only if it is empty by then (an
+    /// unfinished save's folder: its shards go, a log written inside stays).
+    pub fn if_empty(path: PathBuf) -> Self {
+        Self::register(path, true)
+    }
+
+    fn register(path: PathBuf, only_if_empty: bool) -> Self {
         let id = NEXT.fetch_add(1, Ordering::Relaxed);
         if let Ok(mut live) = LIVE.lock() {
-            live.push((id, path.clone()));
+            live.push((id, path.clone(), only_if_empty));
         }
-        Self { id, path }
+        Self {
+            id,
+            path,
+            only_if_empty,
+        }
     }
 
     pub fn path(&self) -> &Path {
@@ -55,14 +71,19 @@ impl Guard {
 
 fn unregister(id: u64) {
     if let Ok(mut live) = LIVE.lock() {
-        live.retain(|(i, _)| *i != id);
+        live.retain(|(i, _, _)| *i != id);
     }
 }
 
 impl Drop for Guard {
     fn drop(&mut self) {
         unregister(self.id);
-        remove(&self.path);
+        match self.only_if_empty {
+            true => {
+                let _ = std::fs::remove_dir(&self.path);
+            }
+            false => remove(&self.path),
+        }
     }
 }
 
@@ -78,19 +99,26 @@ pub fn dir(what: &str) -> std::io::Result<Guard> {
 
 /// Removes every registered path (the signal handler's last act).
 pub fn remove_all() {
-    let paths: Vec<PathBuf> = match LIVE.lock() {
-        Ok(mut live) => live.drain(..).map(|(_, p)| p).collect(),
+    let mut paths: Vec<(PathBuf, bool)> = match LIVE.lock() {
+        Ok(mut live) => live.drain(..).map(|(_, p, e)| (p, e)).collect(),
         Err(_) => return,
     };
-    for p in paths {
-        remove(&p);
+    // Files first, then the folders that held them if nothing else is there.
+    paths.sort_by_key(|(_, only_if_empty)| *only_if_empty);
+    for (p, only_if_empty) in paths {
+        match only_if_empty {
+            true => {
+                let _ = std::fs::remove_dir(&p);
+            }
+            false => remove(&p),
+        }
     }
 }
 
 /// Paths registered now (for tests and diagnostics).
 pub fn registered() -> Vec<PathBuf> {
     LIVE.lock()
-        .map(|l| l.iter().map(|(_, p)| p.clone()).collect())
+        .map(|l| l.iter().map(|(_, p, _)| p.clone()).collect())
         .unwrap_or_default()
 }
 

@@ -499,7 +499,7 @@ fn bad_flags_are_one_line_errors() {
             "--reallocation permutes",
         ),
         (vec!["--save", s(&f.model)], "input model's folder"),
-        (vec!["--save", s(&f.text)], "not a model folder"),
+        (vec!["--save", s(&f.text)], "not a folder"),
     ];
     for (extra, needle) in cases {
         let (code, _, err) = run(&prune_args(&f, "wanda", &extra));
@@ -536,4 +536,54 @@ fn bad_flags_are_one_line_errors() {
     ]);
     assert_eq!(code, Some(0), "{err}");
     assert_eq!(json_line(&out)["type"], "4:8");
+}
+
+/// A save never deletes what prunemem did not write (issue 43): a project
+/// folder that merely holds a `config.json` is refused untouched; with
+/// `--overwrite` the model's files go in beside the project's; a folder
+/// prunemem saved is replaced, the user's notes in it kept.
+#[test]
+fn saves_never_delete_foreign_files() {
+    let f = fixture(SyntheticSpec::default());
+    let project = f.root.join("project");
+    std::fs::create_dir_all(project.join("src")).unwrap();
+    std::fs::write(project.join("config.json"), "{\"mine\": true}").unwrap();
+    std::fs::write(project.join("data.csv"), "a,b\n").unwrap();
+    std::fs::write(project.join("src/main.py"), "print(1)\n").unwrap();
+    let (code, _, err) = run(&prune_args(&f, "magnitude", &["--save", s(&project)]));
+    assert_eq!(code, Some(2), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(
+        lines[0].contains("not written by prunemem") && lines[0].contains("--overwrite"),
+        "{err}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(project.join("config.json")).unwrap(),
+        "{\"mine\": true}"
+    );
+    assert!(project.join("data.csv").exists() && project.join("src/main.py").exists());
+    assert!(!f.root.join("project.partial").exists() && !f.root.join("project.lock").exists());
+
+    let (code, _, err) = run(&prune_args(
+        &f,
+        "magnitude",
+        &["--save", s(&project), "--overwrite"],
+    ));
+    assert_eq!(code, Some(0), "{err}");
+    assert!(project.join("data.csv").exists() && project.join("src/main.py").exists());
+    assert!(project.join("model.safetensors").exists());
+
+    // A folder prunemem saved is replaced; a note the user put there stays.
+    let saved = f.root.join("saved");
+    let (code, _, err) = run(&prune_args(&f, "magnitude", &["--save", s(&saved)]));
+    assert_eq!(code, Some(0), "{err}");
+    std::fs::write(saved.join("NOTES.md"), "mine").unwrap();
+    let (code, _, err) = run(&prune_args(&f, "magnitude", &["--save", s(&saved)]));
+    assert_eq!(code, Some(0), "{err}");
+    assert_eq!(
+        std::fs::read_to_string(saved.join("NOTES.md")).unwrap(),
+        "mine"
+    );
+    assert!(saved.join(prunemem::model::owned::MARKER).exists());
 }

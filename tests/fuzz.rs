@@ -1,6 +1,7 @@
 //! Property-based fuzzing of every parser that reads a file a user (or an
 //! attacker) hands prunemem: the GGUF reader, the safetensors header reader
-//! (through `Checkpoint::open` and tensor reads), the config.json parser,
+//! (through `Checkpoint::open` and tensor reads), the config.json parser, the
+//! tokenizer.json readers,
 //! `events.jsonl` (and the fold every reader puts it through) and
 //! `memory_log.csv`. Inputs are random bytes and random mutations of valid
 //! files; the property is "an error or a value, never a panic".
@@ -39,6 +40,7 @@ struct Seeds {
     model: std::path::PathBuf,
     safetensors: Vec<u8>,
     config: String,
+    tokenizer: String,
     events: String,
     csv: String,
 }
@@ -55,6 +57,7 @@ fn seeds() -> &'static Seeds {
             gguf: std::fs::read(gguf).unwrap(),
             safetensors: std::fs::read(model.join("model.safetensors")).unwrap(),
             config: std::fs::read_to_string(model.join("config.json")).unwrap(),
+            tokenizer: std::fs::read_to_string(model.join("tokenizer.json")).unwrap(),
             events: std::fs::read_to_string(fixture.join("events.jsonl")).unwrap(),
             csv: std::fs::read_to_string(fixture.join("memory_log.csv")).unwrap(),
             model,
@@ -115,7 +118,7 @@ fn gguf_must_not_panic(bytes: &[u8]) {
             let _ = g.dequantize(t);
         }
         let out = dir.path().join("out");
-        let _ = prunemem::model::convert::convert_gguf(&path, &out, safetensors::Dtype::F32);
+        let _ = prunemem::model::convert::convert_gguf(&path, &out, safetensors::Dtype::F32, false);
     }
 }
 
@@ -179,6 +182,27 @@ proptest! {
     #[test]
     fn safetensors_random(bytes in prop::collection::vec(any::<u8>(), 0..256)) {
         checkpoint_must_not_panic(&bytes, &seeds().config);
+    }
+
+    /// The tokenizer reader (and what a loaded one is asked to do) on
+    /// mutated tokenizer.json: an error or a tokenizer, never a panic.
+    #[test]
+    fn tokenizer_mutations(bytes in mutated(seeds().tokenizer.as_bytes())) {
+        let text = String::from_utf8_lossy(&bytes);
+        let _ = prunemem::model::tokenizer_size::TokenizerSize::from_json(&text);
+        if let Ok(tok) = prunemem::model::tokenizer::Tokenizer::from_json(&text) {
+            if let Ok(ids) = tok.encode("the quick brown fox, 42 times: naïve café") {
+                let _ = tok.check_unknown(&ids, "a fuzzed text");
+                let _ = tok.decode(&ids);
+            }
+            let _ = tok.check_vocab(1000);
+        }
+    }
+
+    #[test]
+    fn tokenizer_random(text in "[ -~]{0,200}") {
+        let _ = prunemem::model::tokenizer::Tokenizer::from_json(&text);
+        let _ = prunemem::model::tokenizer_size::TokenizerSize::from_json(&text);
     }
 
     #[test]

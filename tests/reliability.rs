@@ -317,3 +317,55 @@ fn a_log_that_cannot_be_written_fails_the_run() {
     assert_eq!(lines.len(), 1, "{err}");
     assert!(lines[0].contains("logs are incomplete"), "{}", lines[0]);
 }
+
+/// A closed terminal (SIGHUP) ends a run as SIGTERM does: its log ends with
+/// the interrupted run's summary, and no partial save or lock is left
+/// behind. A second run given a log folder that a first run is writing is
+/// refused in one line, and the first run's log stays whole.
+#[test]
+fn sighup_finishes_the_logs_and_a_busy_log_folder_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let (model, text) = slow_model(dir.path());
+    let logs = dir.path().join("logs");
+    let save = dir.path().join("pruned");
+    let args = [
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "sparsegpt",
+        "--nsamples",
+        "32",
+        "--seqlen",
+        "128",
+        "--calib-text",
+        s(&text),
+        "--ui",
+        "none",
+        "--log-memory",
+        s(&logs),
+        "--save",
+        s(&save),
+    ];
+    let mut child = spawn(&args, &[]);
+    let jsonl = logs.join("events.jsonl");
+    wait_for(&mut child, &jsonl, &stages::layer_pruned(1));
+    // A second writer of the same log folder: one line, exit 2.
+    let (code, _, err) = run_prunemem(&args);
+    assert_eq!(code, Some(2), "{err}");
+    let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "{err}");
+    assert!(lines[0].contains("another prunemem run"), "{err}");
+    signal(&child, libc::SIGHUP);
+    let status = child.wait().unwrap();
+    assert_eq!(status.code(), Some(130), "{status}");
+    let log = parse_log(&std::fs::read_to_string(&jsonl).unwrap()).unwrap();
+    let last = log.events.last().expect("events");
+    assert!(
+        matches!(last, Event::RunFinished { summary } if summary.status == RunStatus::Interrupted),
+        "{last:?}"
+    );
+    for left in ["pruned.partial", "pruned.lock", "logs.lock", "pruned"] {
+        assert!(!dir.path().join(left).exists(), "{left} left behind");
+    }
+}

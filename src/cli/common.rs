@@ -196,6 +196,7 @@ impl RunFlags {
             budget: self.budget,
             device: self.device.device,
             device_memory: self.device.device_memory,
+            lock_logs: true,
         })
     }
 }

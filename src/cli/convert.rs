@@ -25,9 +25,12 @@ pub struct ConvertArgs {
     /// A model folder to rewrite (dense, or compressed-tensors sparse)
     #[arg(long, value_name = "DIR")]
     model: Option<PathBuf>,
-    /// Output folder (replaced if it exists)
+    /// Output folder: created, or replaced if prunemem wrote it
     #[arg(long, value_name = "DIR")]
     out: PathBuf,
+    /// Let --out be an existing folder prunemem did not write (only files of the same name are replaced; nothing else is deleted)
+    #[arg(long)]
+    overwrite: bool,
     /// GGUF import: stored dtype of the written weights
     #[arg(long, default_value = "f32", value_parser = ["f32", "f16", "bf16"])]
     dtype: String,
@@ -51,7 +54,7 @@ fn import_gguf(gguf: &std::path::Path, args: &ConvertArgs) -> CliResult<i32> {
         _ => safetensors::Dtype::F32,
     };
     let t = Instant::now();
-    let report = convert_gguf(gguf, &args.out, dtype)?;
+    let report = convert_gguf(gguf, &args.out, dtype, args.overwrite)?;
     let size = std::fs::metadata(report.out.join("model.safetensors"))
         .map(|m| m.len())
         .unwrap_or(0);
@@ -82,7 +85,7 @@ fn rewrite(model: &std::path::Path, args: &ConvertArgs) -> CliResult<i32> {
         "sparse-24-bitmask" => Some(SparseFormat::TwoFour),
         "compressed" => None,
         _ => {
-            let r = compressed::rewrite_dense(model, &args.out)?;
+            let r = compressed::rewrite_dense(model, &args.out, args.overwrite)?;
             println!(
                 "decompressed {} ({}, {} of weights) → {} (dense, {}) in {:.1}s",
                 model.display(),
@@ -96,7 +99,7 @@ fn rewrite(model: &std::path::Path, args: &ConvertArgs) -> CliResult<i32> {
         }
     };
     let ckpt = crate::model::Checkpoint::open(model)?;
-    let r = compressed::rewrite_compressed(&ckpt, model, &args.out, format)?;
+    let r = compressed::rewrite_compressed(&ckpt, model, &args.out, format, args.overwrite)?;
     println!(
         "compressed {} ({} of weights, {:.2}% of the decoder linears zero) → {} ({}, {}) in {:.1}s",
         model.display(),

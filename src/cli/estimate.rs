@@ -276,6 +276,9 @@ fn split_across_ranks(
 ) -> CliResult<Option<(crate::estimate::ranks::RankShare, u64)>> {
     match ranks {
         0 => Err("--ranks must be at least 1".into()),
+        n if n > 1 << 20 => {
+            Err(format!("--ranks {n} is past any MPI world (at most 1048576)").into())
+        }
         1 => Ok(None),
         n if w.engine != Engine::Prunemem => {
             Err(format!("--ranks {n}: only prunemem's engine runs across ranks").into())
@@ -445,7 +448,7 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
     if as_json {
         println!(
             "{}",
-            json!({"phases": cmp.phases, "peak": cmp.peak, "ranks": ranks})
+            json!({"phases": cmp.phases, "peak": cmp.peak, "reserved": cmp.reserved, "ranks": ranks})
         );
         return Ok(0);
     }
@@ -463,6 +466,7 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
         .phases
         .iter()
         .chain(std::iter::once(&cmp.peak))
+        .chain(&cmp.reserved)
         .chain(&ranks)
     {
         println!(

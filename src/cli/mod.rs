@@ -13,6 +13,7 @@ mod train;
 mod watch;
 
 use clap::{Parser, Subcommand};
+use std::io::Write;
 
 /// Errors reach the command line boxed; each is one line for the user.
 pub type CliError = Box<dyn std::error::Error + Send + Sync>;
@@ -62,6 +63,10 @@ pub enum Command {
 /// a failed device allocation); its logs are complete up to that point.
 pub const EXIT_OOM: i32 = 3;
 
+/// Exit status when standard output cannot be written (`> /dev/full`):
+/// sysexits' EX_IOERR. A closed pipe exits 141, as a SIGPIPE death would.
+pub const EXIT_IO: i32 = 74;
+
 /// Exit status after a panic (a prunemem bug), as Rust's own.
 pub const EXIT_INTERNAL: i32 = 101;
 
@@ -87,7 +92,9 @@ pub fn main() -> i32 {
         // Rank 0 prints the results; the others' stdout would repeat them.
         silence_stdout();
     }
-    let argv = std::env::args().collect();
+    // Arguments as the OS gave them: a path that is not UTF-8 is a path,
+    // not a panic (clap refuses it in one line where text is required).
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
     let code = std::panic::catch_unwind(|| run_from(argv)).unwrap_or(EXIT_INTERNAL);
     if code != 0 && world > 1 {
         // The other ranks may be waiting in a reduction this rank will never
@@ -121,9 +128,16 @@ fn quiet_wayland_probe() {
 
 /// Runs the command line `argv` (`argv[0]` is the program name) and returns
 /// the exit status, as the binary would.
-pub fn run_from(argv: Vec<String>) -> i32 {
+pub fn run_from<S: Into<std::ffi::OsString>>(argv: Vec<S>) -> i32 {
     install_panic_hook();
-    let cli = match Cli::try_parse_from(&argv) {
+    let argv: Vec<std::ffi::OsString> = argv.into_iter().map(Into::into).collect();
+    let parsed = Cli::try_parse_from(&argv);
+    // What the logs record of the command line.
+    let argv: Vec<String> = argv
+        .iter()
+        .map(|a| a.to_string_lossy().into_owned())
+        .collect();
+    let cli = match parsed {
         Ok(cli) => cli,
         Err(e) => {
             use clap::error::ErrorKind::{
@@ -146,7 +160,7 @@ pub fn run_from(argv: Vec<String>) -> i32 {
                         .lines()
                         .find(|l| !l.trim().is_empty())
                         .unwrap_or("error");
-                    eprintln!("{} (see --help)", line.trim_end());
+                    eprintln!("{} (see --help)", crate::input::escape(line.trim_end()));
                     EXIT_USAGE
                 }
             };
@@ -188,12 +202,17 @@ pub fn one_line(e: &(dyn std::error::Error + 'static)) -> String {
         }
         source = s.source();
     }
-    text.replace('\n', " ")
+    // One line, and nothing from input can drive the terminal.
+    crate::input::escape(&text.replace('\n', " "))
 }
 
 fn install_panic_hook() {
     let previous = std::panic::take_hook();
     std::panic::set_hook(Box::new(move |info| {
+        // A parser's panic that the library turns into an error.
+        if crate::input::catching() {
+            return;
+        }
         if std::env::var_os("PRUNEMEM_BACKTRACE").is_some() {
             previous(info);
         }
@@ -205,8 +224,20 @@ fn install_panic_hook() {
             .unwrap_or_else(|| "unknown panic".into());
         // `prunemem ... | head`: the reader left. Quiet, as other tools
         // are, with the status a SIGPIPE death would give.
-        if msg.starts_with("failed printing to stdout") && msg.contains("Broken pipe") {
-            std::process::exit(141);
+        if msg.starts_with("failed printing to std") {
+            if msg.contains("Broken pipe") {
+                std::process::exit(141);
+            }
+            // `> /dev/full`, a closed terminal: the output is lost, said
+            // once on stderr (if it still works), with the usual status.
+            let stream = if msg.starts_with("failed printing to stdout") {
+                "standard output"
+            } else {
+                "standard error"
+            };
+            let why = msg.rsplit(": ").next().unwrap_or("write failed");
+            let _ = writeln!(std::io::stderr(), "error: cannot write to {stream}: {why}");
+            std::process::exit(EXIT_IO);
         }
         let place = info
             .location()

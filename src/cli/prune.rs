@@ -68,6 +68,9 @@ pub struct PruneArgs {
     /// How --save writes: dense (the input's layout, zeros stored) or compressed (compressed-tensors: sparse-24-bitmask for 2:4, sparse-bitmask otherwise)
     #[arg(long, default_value = "dense")]
     pub save_format: crate::jobs::config::SaveFormat,
+    /// Let --save write into an existing folder prunemem did not write (only files of the same name are replaced; nothing else is deleted)
+    #[arg(long)]
+    pub overwrite: bool,
     /// Keep the whole model loaded instead of streaming one layer at a time
     #[arg(long)]
     pub resident: bool,
@@ -233,6 +236,7 @@ impl PruneArgs {
             use_variant: self.use_variant,
             save: self.save.clone(),
             save_format: self.save_format,
+            overwrite: self.overwrite,
             resident: self.resident,
             offload_activations: self.offload_activations,
             // GradProbe's gradients are f32 on every device.

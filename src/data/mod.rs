@@ -30,6 +30,8 @@ pub enum DataError {
     },
     #[error("{0}")]
     Invalid(String),
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
 }
 
 /// A text source: a plain file (one document) or JSONL (one document per
@@ -111,13 +113,16 @@ pub fn select_lines(text: &str, range: LineRange) -> String {
 }
 
 /// Reads a text file, refusing bytes that are not UTF-8.
+/// Only a regular file of at most [`crate::input::TEXT_LIMIT`] bytes, or
+/// `-` for standard input (a leading byte order mark is dropped).
 pub fn read_text(path: &Path) -> Result<String, DataError> {
-    let bytes = std::fs::read(path).map_err(|e| DataError::Io {
-        path: path.display().to_string(),
-        message: e.to_string(),
-    })?;
+    let bytes = crate::input::read(path, crate::input::TEXT_LIMIT, "a text")?;
+    let mut bytes = bytes;
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        bytes.drain(..3);
+    }
     String::from_utf8(bytes).map_err(|e| DataError::NotUtf8 {
-        path: path.display().to_string(),
+        path: crate::input::shown(path),
         offset: e.utf8_error().valid_up_to(),
     })
 }
@@ -129,6 +134,15 @@ pub fn read_corpus(path: &Path, range: LineRange) -> Result<Corpus, DataError> {
     let is_jsonl = path
         .extension()
         .is_some_and(|e| e.eq_ignore_ascii_case("jsonl"));
+    if let LineRange::Span(a, b) = range {
+        let n = lines(&text).len();
+        if a >= n || a >= b {
+            return Err(DataError::Invalid(format!(
+                "{}: lines {a}:{b} select nothing (the text has {n} lines)",
+                crate::input::shown(path)
+            )));
+        }
+    }
     let text = select_lines(&text, range);
     if !is_jsonl {
         return Ok(Corpus::Text(text));

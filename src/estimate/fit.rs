@@ -44,7 +44,17 @@ pub fn limits(arch: &Arch, w: &Workload, budget: u64) -> Result<FitLimits, Estim
     let peak_with = |f: &dyn Fn(&mut Workload)| -> Result<bool, EstimateError> {
         let mut w2 = w.clone();
         f(&mut w2);
-        Ok(estimate(arch, &w2)?.peak() <= budget)
+        match estimate(arch, &w2) {
+            // On a device the cap is on what the pool reserves
+            // (`--device-memory` caps that, as the driver would).
+            Ok(e) => {
+                let reserved = e.device_pool.as_ref().map_or(0, |p| p.reserved);
+                Ok(e.peak().max(reserved) <= budget)
+            }
+            // Past 64 PiB: certainly over any budget.
+            Err(EstimateError::TooLarge(_)) => Ok(false),
+            Err(e) => Err(e),
+        }
     };
     let max_seqlen = search(arch.max_positions, |v| {
         peak_with(&|w: &mut Workload| w.seqlen = v)

@@ -35,6 +35,10 @@ use crate::model::{ComputeDtype, LlamaConfig};
 pub enum EstimateError {
     #[error("{0}")]
     Invalid(String),
+    /// A workload whose bytes pass [`MAX_BYTES`]: refused before any sum
+    /// could wrap (`--fit` reads it as "does not fit").
+    #[error("{0}")]
+    TooLarge(String),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
     #[error(transparent)]
@@ -230,6 +234,9 @@ pub struct Workload {
     /// Pruning on a device: calibration activations kept in host memory
     /// between layers (`--offload-activations`).
     pub offload_activations: bool,
+    /// Pruning on a device: the pruned layers wait on the device for the
+    /// evaluation (`pruned_layers_kept: device`) instead of streaming.
+    pub kept_on_device: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -264,6 +271,7 @@ impl Workload {
             owl: false,
             dsnot: false,
             offload_activations: false,
+            kept_on_device: false,
             compressed: None,
         }
     }
@@ -389,6 +397,9 @@ pub struct Estimate {
     pub saved_weights: Option<SavedWeights>,
     /// What the estimate assumed that the user should know.
     pub notes: Vec<String>,
+    /// prunemem on a device: what cubecl's pool reserves at its highest and
+    /// what nvidia-smi would show (`prunemem_device::pool`).
+    pub device_pool: Option<prunemem_device::DevicePool>,
 }
 
 impl Estimate {
@@ -435,9 +446,51 @@ pub(crate) fn calibration_phase(w: &Workload) -> Phase {
     )
 }
 
+/// The most bytes any one term of an estimate may reach, 64 PiB: past
+/// every machine by orders of magnitude, and 256× below `u64::MAX`, so the
+/// estimator's sums of terms (each a product of small constants and the
+/// bounded sizes) cannot wrap.
+pub const MAX_BYTES: f64 = (1u64 << 56) as f64;
+
+/// The largest terms an estimate forms, in f64 (which cannot wrap), each
+/// with the flags that drive it; generous by a constant factor on purpose.
+fn envelope(arch: &Arch, w: &Workload) -> [(f64, &'static str); 8] {
+    let f = |v: u64| v as f64;
+    let tokens = f(w.batch_size) * f(w.seqlen);
+    // Calibration windows held at once: nsamples (Wanda, SparseGPT), or
+    // GradProbe's batches of windows.
+    let calib = f(w.nsamples).max(f(w.num_batches) * f(w.batch_size)) * f(w.seqlen);
+    [
+        (f(arch.params) * 32.0, "--params (or the model's size)"),
+        (calib * f(arch.hidden) * 16.0, "--nsamples × --seqlen"),
+        (calib * f(arch.intermediate) * 16.0, "--nsamples × --seqlen"),
+        (tokens * f(arch.vocab) * 16.0, "--batch-size × --seqlen"),
+        (
+            tokens * f(arch.hidden) * f(arch.layers) * 64.0,
+            "--batch-size × --seqlen",
+        ),
+        (
+            tokens * f(w.seqlen) * f(arch.heads) * 16.0,
+            "--batch-size × --seqlen²",
+        ),
+        (
+            f(w.eval_windows) * f(w.seqlen) * f(arch.hidden.max(arch.intermediate)) * 16.0,
+            "--eval-windows × --seqlen",
+        ),
+        (f(w.text_bytes) * 64.0, "the text's size"),
+    ]
+}
+
 /// Validates a workload against an architecture.
 pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     let bad = |m: String| Err(EstimateError::Invalid(m));
+    for (bytes, driver) in envelope(arch, w) {
+        if !(bytes <= MAX_BYTES) {
+            return Err(EstimateError::TooLarge(format!(
+                "this workload needs more than 64 PiB (driven by {driver}): no machine holds it"
+            )));
+        }
+    }
     if w.seqlen == 0 {
         return bad("--seqlen must be at least 1".into());
     }
@@ -495,12 +548,18 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
     };
     let saved_weights = saved_weights(arch, w, &mut notes);
+    let device_pool = match (w.engine, w.task) {
+        (Engine::Prunemem, Task::Train | Task::GradProbe) => None,
+        (Engine::Prunemem, _) if w.device.is_gpu() => Some(prunemem_device::pool(arch, w, &phases)),
+        _ => None,
+    };
     Ok(Estimate {
         arch: arch.clone(),
         workload: w.clone(),
         phases,
         saved_weights,
         notes,
+        device_pool,
     })
 }
 
@@ -579,6 +638,64 @@ mod tests {
         assert_eq!(category_of("OBS sweep transient"), Category::Statistics);
         assert_eq!(category_of("embedding maxima (f32)"), Category::Statistics);
         assert_eq!(category_of("something new"), Category::Untagged);
+    }
+
+    /// Sizes doubled up to u64::MAX never wrap: every estimate either grows
+    /// with the size or is refused as too large, and the largest is refused
+    /// (a batch of u64::MAX once estimated less than a batch of 1).
+    #[test]
+    fn absurd_sizes_are_refused_never_wrapped() {
+        let arch = presets::load("llama-3.1-8b").expect("a preset");
+        type Set = fn(&mut Workload, u64);
+        let sizes: [(&str, Set); 5] = [
+            ("batch", |w, v| w.batch_size = v),
+            ("seqlen", |w, v| w.seqlen = v),
+            ("nsamples", |w, v| w.nsamples = v),
+            ("eval", |w, v| w.eval_windows = v),
+            ("text", |w, v| w.text_bytes = v),
+        ];
+        let tasks = [
+            Task::Magnitude,
+            Task::Wanda,
+            Task::SparseGpt,
+            Task::Ria,
+            Task::GradProbe,
+            Task::Train,
+            Task::Inference,
+        ];
+        for task in tasks {
+            for device in [Device::Cpu, Device::Cuda, Device::Wgpu] {
+                for engine in [Engine::Prunemem, Engine::Reference] {
+                    for (name, set) in sizes {
+                        let mut last = 0;
+                        let mut refused = false;
+                        for k in 0..=64u32 {
+                            let mut w = Workload::new(task);
+                            (w.engine, w.device) = (engine, device);
+                            set(&mut w, 1u64.checked_shl(k).unwrap_or(u64::MAX).max(1));
+                            if k == 64 {
+                                set(&mut w, u64::MAX);
+                            }
+                            match estimate(&arch, &w) {
+                                Ok(e) => {
+                                    assert!(!refused, "{name} {k}: accepted after a refusal");
+                                    assert!(e.peak() >= last, "{task:?} {name} 2^{k}: shrank");
+                                    last = e.peak();
+                                }
+                                Err(EstimateError::TooLarge(_)) => refused = true,
+                                // Not a workload prunemem estimates (wgpu's reference).
+                                Err(EstimateError::Invalid(_)) if device == Device::Wgpu => {
+                                    refused = true;
+                                    break;
+                                }
+                                Err(e) => panic!("{task:?} {name} 2^{k}: {e}"),
+                            }
+                        }
+                        assert!(refused, "{task:?} {engine:?} {name}: u64::MAX accepted");
+                    }
+                }
+            }
+        }
     }
 
     #[test]

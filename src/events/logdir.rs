@@ -40,6 +40,8 @@ pub enum LogError {
     Empty(String),
     #[error("{path}: {why}")]
     BadLine { path: String, why: String },
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
 }
 
 /// An `events.jsonl` another process is writing, read as it grows: each
@@ -77,6 +79,12 @@ impl Tail {
             path: self.path.display().to_string(),
             source,
         };
+        // A FIFO or a device here would block or never end: refused.
+        match crate::input::check(&self.path) {
+            Err(crate::input::InputError::Missing { .. }) => return Ok(None),
+            Err(e) => return Err(e.into()),
+            Ok(_) => {}
+        }
         let mut file = match std::fs::File::open(&self.path) {
             Ok(f) => f,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -144,9 +152,10 @@ pub fn events_file(path: &Path) -> PathBuf {
 
 /// Reads a file into text, naming it in the error.
 pub fn read_text(path: &Path) -> Result<String, LogError> {
-    std::fs::read_to_string(path).map_err(|source| LogError::Io {
-        path: path.display().to_string(),
-        source,
+    let bytes = crate::input::read(path, crate::input::LOG_LIMIT, "a log")?;
+    String::from_utf8(bytes).map_err(|e| LogError::Io {
+        path: crate::input::shown(path),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e),
     })
 }
 

@@ -29,6 +29,15 @@ impl PruneJob {
                 )?;
             }
         }
+        // Each calibration window is drawn and kept: past 2^24 of them no
+        // machine holds the inputs, and the count would size allocations.
+        if self.nsamples > 1 << 24 {
+            let n = self.nsamples;
+            bad(
+                format!("{{}} {n} is past any calibration (at most 16777216)"),
+                &[Nsamples],
+            )?;
+        }
         match self.method {
             Method::Wanda | Method::SparseGpt | Method::Ria if self.nsamples == 0 => {
                 bad("{} must be at least 1", &[Nsamples])?
@@ -77,10 +86,13 @@ impl PruneJob {
         }
         self.validate_options()?;
         for (field, text) in [(CalibText, &self.calib), (EvalText, &self.eval)] {
+            // One rule for every input (`crate::input`): a regular file,
+            // or `-` for standard input; a FIFO or a device is named.
             if let Some(t) = text
-                && !t.path.is_file()
+                && t.path.as_os_str() != "-"
+                && let Err(e) = crate::input::check(&t.path)
             {
-                bad(format!("{{}} {}: no such file", t.path.display()), &[field])?;
+                bad(format!("{{}} {e}"), &[field])?;
             }
         }
         Ok(())

@@ -254,6 +254,8 @@ pub struct PruneJob {
     pub save: Option<PathBuf>,
     /// How `save` is written.
     pub save_format: SaveFormat,
+    /// `save` may be a folder prunemem did not write (`model::owned`).
+    pub overwrite: bool,
     pub resident: bool,
     /// Keep the calibration activations in host memory between layers.
     pub offload_activations: bool,
@@ -301,6 +303,7 @@ impl PruneJob {
             use_variant: false,
             save: None,
             save_format: SaveFormat::Dense,
+            overwrite: false,
             resident: false,
             offload_activations: false,
             dtype: ComputeDtype::F32,

@@ -29,6 +29,9 @@ pub enum RunError {
     Signal(std::io::Error),
     #[error(transparent)]
     Exec(#[from] crate::exec::ExecError),
+    /// Another run writes the log folder.
+    #[error(transparent)]
+    Locked(#[from] crate::model::ModelError),
 }
 
 /// How a run reports: the caller's sinks and the log folder.
@@ -49,6 +52,10 @@ pub struct RunOptions {
     /// Device bytes the run may hold (`--device-memory`); past it the run
     /// ends with status `oom`.
     pub device_memory: Option<u64>,
+    /// Take the log folder's lock (`LOGDIR.lock`: one writer per folder).
+    /// Off where the folder is inside a save's partial folder, which that
+    /// save's own lock already guards.
+    pub lock_logs: bool,
 }
 
 impl Default for RunOptions {
@@ -61,6 +68,7 @@ impl Default for RunOptions {
             budget: None,
             device: DeviceSpec::Cpu,
             device_memory: None,
+            lock_logs: true,
         }
     }
 }
@@ -74,6 +82,8 @@ pub struct Run {
     pub log_dir: Option<PathBuf>,
     /// Where the time went is measured from here (`timing`).
     timing: crate::timing::Totals,
+    /// What crossed the bus is counted from here (`exec::transfer`).
+    traffic: crate::exec::transfer::Traffic,
     /// The backend and device the run computes with.
     pub exec: Exec,
     /// Reads the device pool after every device op on this (the computing)
@@ -81,6 +91,8 @@ pub struct Run {
     _device_watch: Option<crate::exec::watch::WatchGuard>,
     /// The plan as emitted (the estimator's advice on a device OOM).
     plan: RunPlan,
+    /// The log folder's lock, held for the run.
+    _log_lock: Option<crate::model::lock::DestLock>,
     /// Rank 0 of a distributed run: the other ranks' logs, followed.
     ranks: Option<super::ranks::Collector>,
 }
@@ -119,6 +131,12 @@ impl Run {
                 options.sinks.clear();
             }
         }
+        // One writer per log folder: a second run would interleave its
+        // events into the first's and leave neither readable.
+        let log_lock = match (&options.log_dir, options.lock_logs) {
+            (Some(dir), true) => Some(crate::model::lock::DestLock::acquire(dir)?),
+            _ => None,
+        };
         let emitter = Arc::new(Emitter::new());
         if let Some(dir) = &options.log_dir {
             sinks::attach_log_dir(&emitter, dir)?;
@@ -152,6 +170,7 @@ impl Run {
             _ => None,
         };
         Ok(Self {
+            _log_lock: log_lock,
             ranks,
             _device_watch: profiler.watch_device(),
             plan,
@@ -161,8 +180,42 @@ impl Run {
             finished: false,
             log_dir: options.log_dir,
             timing: crate::timing::Totals::now(),
+            traffic: crate::exec::transfer::Traffic::now(),
             exec,
         })
+    }
+
+    /// The estimator's peak for this run's plan (the device pool's on a
+    /// device run); `None` where the estimator cannot place the plan.
+    pub fn predicted_peak(&self) -> Option<u64> {
+        let (arch, w) = crate::estimate::against::workload_of(&self.plan).ok()?;
+        crate::estimate::estimate(&arch, &w).ok().map(|e| e.peak())
+    }
+
+    /// A device run's bus traffic and kernel launches by phase
+    /// (`transfers`) and the pool's reserved peak (`device_reserved_peak`).
+    fn device_results(&mut self) {
+        if !self.exec.is_device() {
+            return;
+        }
+        let traffic = crate::exec::transfer::Traffic::now().since(&self.traffic);
+        self.results
+            .insert("transfers".into(), serde_json::json!(traffic));
+        if let Some(r) = self.profiler.device_reserved_peak() {
+            self.results.insert("device_reserved_peak".into(), r.into());
+        }
+        if let Some(p) = self.profiler.device_reserved_peak_phase() {
+            self.results
+                .insert("device_reserved_peak_phase".into(), p.into());
+        }
+        // What nvidia-smi's utilisation said over the run (the sampler's
+        // readings), for "why is my GPU idle?".
+        if let Some((mean, n)) = self.profiler.gpu_util_mean() {
+            self.results.insert(
+                "gpu_util".into(),
+                serde_json::json!({"mean_percent": mean, "samples": n}),
+            );
+        }
     }
 
     pub fn emitter(&self) -> &Arc<Emitter> {
@@ -213,6 +266,7 @@ impl Run {
         if let Some(c) = self.ranks.take() {
             c.stop();
         }
+        self.device_results();
         let summary = summary_of(
             &self.profiler,
             status,
@@ -234,6 +288,7 @@ impl Drop for Run {
             if let Some(c) = self.ranks.take() {
                 c.stop();
             }
+            self.device_results();
             let summary = summary_of(
                 &self.profiler,
                 RunStatus::Failed("the run ended without finishing".into()),
@@ -298,8 +353,8 @@ pub fn request_interrupt() {
 
 fn install_signal_handler(profiler: Profiler) -> std::io::Result<()> {
     let start = crate::timing::Totals::now();
-    use signal_hook::consts::{SIGINT, SIGTERM};
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM])?;
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
     std::thread::Builder::new()
         .name("prunemem-signals".into())
         .spawn(move || {

@@ -3,7 +3,6 @@
 //! formats. Each reading goes to the caller as it is taken.
 
 use std::path::PathBuf;
-use std::time::Duration;
 
 use super::context::{Run, RunOptions};
 use super::{JobError, base_plan};
@@ -56,7 +55,7 @@ pub fn run(
         if total.is_some_and(|t| taken >= t) {
             break;
         }
-        std::thread::sleep(Duration::from_secs_f64(job.every.unwrap_or(1.0)));
+        std::thread::sleep(crate::timing::duration(job.every.unwrap_or(1.0)));
     }
     let (_summary, errors) = run.finish(RunStatus::Ok);
     Ok(errors)

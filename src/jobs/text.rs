@@ -21,6 +21,7 @@ fn read(src: &TextSource) -> Result<String, JobError> {
 pub fn tokenize(tok: &Tokenizer, src: &TextSource) -> Result<(Vec<u32>, u64), JobError> {
     let text = read(src)?;
     let ids = tok.encode(&text)?;
+    tok.check_unknown(&ids, &crate::input::shown(&src.path))?;
     let bytes = text.len() as u64;
     drop(text);
     // Tokenisation leaves many small freed chunks; hand their pages back.

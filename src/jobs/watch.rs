@@ -53,11 +53,11 @@ pub struct WatchJob {
 /// it) in the returned cell, which a watched command's loop reads and
 /// forwards; storing `SIGINT` there by hand stops the command the same way.
 pub fn forward_signals() -> Result<Arc<AtomicI32>, JobError> {
-    use signal_hook::consts::{SIGINT, SIGTERM};
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
     let forward = Arc::new(AtomicI32::new(0));
     let cell = forward.clone();
     let io = |e: std::io::Error| JobError::io(std::path::Path::new("signal handler"), e);
-    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM]).map_err(io)?;
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP]).map_err(io)?;
     std::thread::Builder::new()
         .name("prunemem-watch-signals".into())
         .spawn(move || {

@@ -99,7 +99,7 @@ const SUPPORTED: &str = "LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM"
 impl LlamaConfig {
     /// Reads and resolves `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
+        let text = crate::input::read_string(path, crate::input::JSON_LIMIT, "a config.json")?;
         Self::from_json(&text).map_err(|e| match e {
             ModelError::Config(msg) => ModelError::Config(format!("{}: {msg}", path.display())),
             other => other,

@@ -191,15 +191,11 @@ pub fn convert_gguf(
     gguf_path: &Path,
     out: &Path,
     dtype: Dtype,
+    overwrite: bool,
 ) -> Result<ConvertReport, ModelError> {
-    // Refused before any work: a file in the way, a folder that is not a
-    // model, another run writing the same folder.
-    if out.exists() && !(out.is_dir() && out.join("config.json").is_file()) {
-        return Err(ModelError::Checkpoint(format!(
-            "{} exists and is not a model folder; refusing to replace it",
-            out.display()
-        )));
-    }
+    // Refused before any work: a file in the way, a folder prunemem did not
+    // write (unless `overwrite`), another run writing the same folder.
+    super::owned::check_destination(out, overwrite)?;
     let _lock = super::lock::DestLock::acquire(out)?;
     let g = GgufFile::open(gguf_path)?;
     let path_str = gguf_path.display().to_string();
@@ -267,10 +263,7 @@ pub fn convert_gguf(
     safetensors::serialize_to_file(views, Some(meta), &st)
         .map_err(|e| ModelError::io(&st, format!("{e:?}")))?;
 
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(|e| ModelError::io(out, e))?;
-    }
-    std::fs::rename(&tmp, out).map_err(|e| ModelError::io(out, e))?;
+    super::owned::install(&tmp, out, overwrite)?;
     tmp_guard.keep();
     let mut source_types: Vec<(String, usize)> = source_types.into_iter().collect();
     source_types.sort();

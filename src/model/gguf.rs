@@ -288,7 +288,7 @@ impl<'a> Cursor<'a> {
 impl GgufFile {
     /// Maps and parses `path`'s header and tensor directory.
     pub fn open(path: &Path) -> Result<Self, ModelError> {
-        let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = crate::input::open(path, u64::MAX, "a GGUF file")?;
         // SAFETY: read-only mapping of an input file prunemem never writes.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
         let err = |reason: String| ModelError::Gguf {

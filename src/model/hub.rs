@@ -67,11 +67,33 @@ pub fn find_in_hf_cache(cache: &Path, repo: &str, revision: &str) -> Option<Path
     complete(&dir).then_some(dir)
 }
 
+/// A revision is a branch, a tag, a commit or `refs/pr/N`: components of
+/// letters, digits and `-_.`, none of them `.` or `..`, so that joined to a
+/// cache folder it cannot leave it.
+pub fn safe_revision(revision: &str) -> bool {
+    !revision.is_empty()
+        && revision.len() <= 256
+        && revision.split('/').all(|part| {
+            !part.is_empty()
+                && part != "."
+                && part != ".."
+                && part
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+        })
+}
+
 /// `--model` as a local folder, downloading from the Hub when needed.
 pub fn resolve(model: &str, revision: &str) -> Result<PathBuf, ModelError> {
     let local = PathBuf::from(model);
     if local.exists() || !looks_like_repo_id(model) {
         return Ok(local);
+    }
+    if !safe_revision(revision) {
+        return Err(ModelError::Checkpoint(format!(
+            "--revision '{}' is not a branch, tag or commit name (letters, digits, '-', '_', '.', parts joined by '/')",
+            crate::input::escape(revision)
+        )));
     }
     if let Some(dir) = hf_cache_dir().and_then(|c| find_in_hf_cache(&c, model, revision)) {
         return Ok(dir);
@@ -207,6 +229,29 @@ mod tests {
         assert!(!looks_like_repo_id("smollm2"));
         assert!(!looks_like_repo_id("./x/y"));
         assert!(!looks_like_repo_id("../x"));
+    }
+
+    #[test]
+    fn revisions_cannot_leave_the_cache() {
+        for ok in ["main", "v1.0", "refs/pr/12", "0123abcd"] {
+            assert!(safe_revision(ok), "{ok}");
+        }
+        for bad in [
+            "",
+            "../../etc",
+            "a/../b",
+            "/abs",
+            "a//b",
+            ".",
+            "x\x1b]0;t",
+            "a b",
+        ] {
+            assert!(!safe_revision(bad), "{bad}");
+        }
+        let e = resolve("org/name", "../../outside")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("is not a branch, tag or commit name"), "{e}");
     }
 
     #[test]

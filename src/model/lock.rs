@@ -19,6 +19,9 @@ use super::ModelError;
 pub struct DestLock {
     file: File,
     path: PathBuf,
+    /// Removes the lock file on a signal too (SIGINT, SIGTERM, SIGHUP end
+    /// the process without running destructors: `crate::scratch`).
+    _removed: crate::scratch::Guard,
 }
 
 /// `OUT.lock` beside `out`.
@@ -29,6 +32,15 @@ pub fn lock_path(out: &Path) -> PathBuf {
         .unwrap_or_default();
     name.push(".lock");
     out.with_file_name(name)
+}
+
+/// Whether a live process holds `out`'s lock now (a run still writing it).
+/// The probe takes a shared lock for an instant and never creates the file.
+pub fn held(out: &Path) -> bool {
+    let Ok(file) = File::open(lock_path(out)) else {
+        return false;
+    };
+    matches!(file.try_lock_shared(), Err(TryLockError::WouldBlock))
 }
 
 impl DestLock {
@@ -73,12 +85,20 @@ impl DestLock {
                 "pid {}, started {}, {}",
                 std::process::id(),
                 crate::memory::iso8601_utc(crate::memory::unix_ms_now()),
-                std::env::args().collect::<Vec<_>>().join(" ")
+                std::env::args_os()
+                    .map(|a| a.to_string_lossy().into_owned())
+                    .collect::<Vec<_>>()
+                    .join(" ")
             );
             file.set_len(0).map_err(io)?;
             file.seek(SeekFrom::Start(0)).map_err(io)?;
             file.write_all(me.as_bytes()).map_err(io)?;
-            return Ok(Self { file, path });
+            let removed = crate::scratch::Guard::new(path.clone());
+            return Ok(Self {
+                file,
+                path,
+                _removed: removed,
+            });
         }
         Err(ModelError::Checkpoint(format!(
             "{}: could not take the lock",
@@ -89,7 +109,8 @@ impl DestLock {
 
 impl Drop for DestLock {
     fn drop(&mut self) {
-        // Remove while still holding it; closing the file releases the lock.
+        // Remove while still holding it (the guard would too, after);
+        // closing the file releases the lock.
         let _ = std::fs::remove_file(&self.path);
         let _ = self.file.unlock();
     }

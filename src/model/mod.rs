@@ -12,10 +12,13 @@ pub mod dtype;
 pub mod gguf;
 pub mod host;
 pub mod hub;
+pub mod kept;
 pub mod llama;
 pub mod lock;
 pub mod matmul;
+pub mod owned;
 pub mod perplexity;
+pub mod prefetch;
 pub mod save;
 pub mod shard;
 pub mod synthetic;
@@ -38,6 +41,8 @@ pub use llama::{DecoderLayer, Llama, Rope};
 pub enum ModelError {
     #[error("{path}: {message}")]
     Io { path: String, message: String },
+    #[error(transparent)]
+    Input(#[from] crate::input::InputError),
     #[error("config.json: {0}")]
     Config(String),
     #[error("{path}: not a valid safetensors file ({reason})")]
@@ -60,6 +65,9 @@ pub enum ModelError {
     Gguf { path: String, reason: String },
     #[error("tokenizer: {0}")]
     Tokenizer(String),
+    /// A destination prunemem will not write into (`model::owned`).
+    #[error("{0}")]
+    Refused(String),
     #[error(transparent)]
     DeviceOom(#[from] crate::memory::DeviceOom),
 }

@@ -60,20 +60,27 @@ pub struct PrunedWriter {
     files: Vec<std::fs::File>,
     /// The shard files, removed unless the folder is renamed into place.
     shards: Vec<crate::scratch::Guard>,
+    /// `OUT.partial/` itself, removed after its shards if nothing else (a
+    /// log folder) is in it, on a signal too. Declared after `shards`, so it
+    /// drops after them.
+    _partial: crate::scratch::Guard,
     written: std::collections::HashSet<String>,
     bytes_written: u64,
+    /// `--overwrite`: files of the same name in a folder prunemem did not
+    /// write may be replaced (`model::owned`).
+    overwrite: bool,
     _lock: DestLock,
 }
 
 impl PrunedWriter {
     /// Starts a copy of `ckpt` that will end up at `out`.
-    pub fn create(ckpt: &super::Checkpoint, out: &Path) -> Result<Self, ModelError> {
-        if out.exists() && !out.join("config.json").exists() {
-            return Err(ModelError::Checkpoint(format!(
-                "{} exists and is not a model folder; refusing to replace it",
-                out.display()
-            )));
-        }
+    /// `out` may exist only if prunemem wrote it, or with `overwrite`; only
+    /// prunemem's own files are ever replaced there (`model::owned`).
+    pub fn create(
+        ckpt: &super::Checkpoint,
+        out: &Path,
+        overwrite: bool,
+    ) -> Result<Self, ModelError> {
         let same = |a: &Path, b: &Path| matches!((a.canonicalize(), b.canonicalize()), (Ok(x), Ok(y)) if x == y);
         if same(out, &ckpt.dir) {
             return Err(ModelError::Checkpoint(format!(
@@ -81,6 +88,7 @@ impl PrunedWriter {
                 out.display()
             )));
         }
+        super::owned::check_destination(out, overwrite)?;
         let lock = DestLock::acquire(out)?;
         // Ours alone now: a partial folder left by a killed run goes.
         let tmp = super::convert::tmp_sibling(out);
@@ -104,11 +112,13 @@ impl PrunedWriter {
         }
         Ok(Self {
             out: out.to_path_buf(),
-            tmp,
+            tmp: tmp.clone(),
             files,
             shards,
+            _partial: crate::scratch::Guard::if_empty(tmp.clone()),
             written: Default::default(),
             bytes_written: 0,
+            overwrite,
             _lock: lock,
         })
     }
@@ -246,21 +256,13 @@ impl PrunedWriter {
     }
 
     /// [`PrunedWriter::complete`], then renames the folder into place
-    /// (replacing an older `out`).
+    /// (an older `out` prunemem wrote is replaced entry by entry; nothing it
+    /// did not write is removed: `model::owned`).
     pub fn finish(mut self, ckpt: &super::Checkpoint) -> Result<std::path::PathBuf, ModelError> {
         if !self.files.is_empty() {
             self.complete(ckpt)?;
         }
-        if self.out.exists() {
-            if !self.out.join("config.json").exists() {
-                return Err(ModelError::Checkpoint(format!(
-                    "{} exists and is not a model folder; refusing to replace it",
-                    self.out.display()
-                )));
-            }
-            std::fs::remove_dir_all(&self.out).map_err(|e| ModelError::io(&self.out, e))?;
-        }
-        std::fs::rename(&self.tmp, &self.out).map_err(|e| ModelError::io(&self.out, e))?;
+        super::owned::install(&self.tmp, &self.out, self.overwrite)?;
         for g in std::mem::take(&mut self.shards) {
             g.keep();
         }

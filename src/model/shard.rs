@@ -109,7 +109,7 @@ pub struct TensorEntry {
 pub(crate) fn read_index(
     index: &Path,
 ) -> Result<(Vec<String>, HashMap<String, String>), ModelError> {
-    let text = std::fs::read_to_string(index).map_err(|e| ModelError::io(index, e))?;
+    let text = crate::input::read_string(index, crate::input::JSON_LIMIT, "a safetensors index")?;
     let json: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| ModelError::Checkpoint(format!("{}: not valid JSON: {e}", index.display())))?;
     let map = json
@@ -147,7 +147,7 @@ pub fn map_shard(
     path: &Path,
     index: usize,
 ) -> Result<(Shard, Vec<(String, TensorEntry)>), ModelError> {
-    let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+    let file = crate::input::open(path, u64::MAX, "a safetensors file")?;
     // SAFETY: the mapping is read-only; prunemem never writes its inputs. A
     // file truncated by another process while mapped would fault, as it would
     // for any mmap reader (transformers and candle included).

@@ -15,6 +15,7 @@ use serde_json::{Value, json};
 use super::ModelError;
 use super::gguf::GgufFile;
 use super::tokenizer_size::TokenizerSize;
+use crate::input;
 use crate::memory::tag::{self, Category};
 
 /// Text to token ids, as `tokenizer(text)` does in transformers (special
@@ -26,22 +27,39 @@ pub struct Tokenizer {
     size: Option<TokenizerSize>,
 }
 
+/// The tokenizers crate's parser, its panics on malformed files (a decoder
+/// of the wrong shape) turned into errors.
+fn parse(text: &str) -> Result<tokenizers::Tokenizer, tokenizers::Error> {
+    match input::caught(|| text.parse::<tokenizers::Tokenizer>()) {
+        Ok(parsed) => parsed,
+        Err(why) => Err(format!("the tokenizers library failed on it ({why})").into()),
+    }
+}
+
 impl Tokenizer {
     pub fn from_file(path: &Path) -> Result<Self, ModelError> {
-        if !path.is_file() {
-            return Err(ModelError::Tokenizer(format!(
-                "{} does not exist",
-                path.display()
-            )));
-        }
         // Its vocabulary and merges live as long as the run (6.1 MiB for
         // SmolLM2's 49 152 tokens): charged to the tokenizer, not untagged.
         let _tag = tag::tag(Category::Tokenizer);
         let err =
             |e: &dyn std::fmt::Display| ModelError::Tokenizer(format!("{}: {e}", path.display()));
         // Read once: the tokenizer and the estimator's counter parse the same text.
-        let text = std::fs::read_to_string(path).map_err(|e| err(&e))?;
-        let inner: tokenizers::Tokenizer = text.parse().map_err(|e| err(&e))?;
+        let text = input::read_string(path, input::TOKENIZER_LIMIT, "a tokenizer.json")?;
+        let inner: tokenizers::Tokenizer = parse(&text).map_err(|e: tokenizers::Error| {
+            let e = e.to_string();
+            // serde's words for "none of the model types matched".
+            if e.contains("untagged enum") {
+                let kind = serde_json::from_str::<Value>(&text)
+                    .ok()
+                    .and_then(|v| v["model"]["type"].as_str().map(input::escape));
+                err(&format!(
+                    "its model ({}) is not one this build reads: BPE, WordPiece, WordLevel or Unigram",
+                    kind.as_deref().unwrap_or("no \"type\"")
+                ))
+            } else {
+                err(&e)
+            }
+        })?;
         let size = TokenizerSize::from_json(&text).ok();
         Ok(Self { inner, size })
     }
@@ -60,8 +78,7 @@ impl Tokenizer {
     }
 
     pub fn from_json(text: &str) -> Result<Self, ModelError> {
-        let inner: tokenizers::Tokenizer = text
-            .parse()
+        let inner: tokenizers::Tokenizer = parse(text)
             .map_err(|e| ModelError::Tokenizer(format!("invalid tokenizer.json: {e}")))?;
         let size = TokenizerSize::from_json(text).ok();
         Ok(Self { inner, size })
@@ -94,6 +111,36 @@ impl Tokenizer {
             }
         }
         Ok(ids)
+    }
+
+    /// The id of its unknown token, where its model has one.
+    pub fn unk_id(&self) -> Option<u32> {
+        use tokenizers::models::ModelWrapper;
+        let token = match self.inner.get_model() {
+            ModelWrapper::BPE(m) => m.get_unk_token().clone()?,
+            ModelWrapper::WordPiece(m) => m.unk_token.clone(),
+            ModelWrapper::WordLevel(m) => m.unk_token.clone(),
+            ModelWrapper::Unigram(_) => return None,
+        };
+        self.inner.token_to_id(&token)
+    }
+
+    /// Refuses a tokenisation that is mostly the unknown token: a tokenizer
+    /// that does not fit the text would give a perplexity near 1 (every
+    /// target the same token) or a calibration of nothing.
+    pub fn check_unknown(&self, ids: &[u32], what: &str) -> Result<(), ModelError> {
+        let Some(unk) = self.unk_id() else {
+            return Ok(());
+        };
+        let unknown = ids.iter().filter(|&&id| id == unk).count();
+        if ids.len() >= 16 && unknown * 2 > ids.len() {
+            return Err(ModelError::Tokenizer(format!(
+                "{unknown} of {} tokens of {what} ({:.1}%) are the unknown token: this tokenizer does not fit the text",
+                ids.len(),
+                100.0 * unknown as f64 / ids.len() as f64
+            )));
+        }
+        Ok(())
     }
 
     /// Its vocabulary, merges and token strings, for the estimator.

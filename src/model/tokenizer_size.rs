@@ -27,7 +27,7 @@ impl TokenizerSize {
     /// Counts `tokenizer.json` at `path`, streaming: nothing of the file is
     /// kept but the counts.
     pub fn read(path: &Path) -> Result<Self, ModelError> {
-        let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
+        let file = crate::input::open(path, crate::input::TOKENIZER_LIMIT, "a tokenizer.json")?;
         let parsed: File = serde_json::from_reader(BufReader::new(file))
             .map_err(|e| ModelError::Tokenizer(format!("{}: {e}", path.display())))?;
         Ok(parsed.size())

@@ -143,6 +143,15 @@ impl TrainConfig {
         if self.grad_accum == 0 {
             return bad("--grad-accum must be at least 1");
         }
+        if self
+            .batch_size
+            .checked_mul(self.grad_accum)
+            .is_none_or(|b| b > 1 << 32)
+        {
+            return bad(
+                "--batch-size × --grad-accum is past any run (at most 2^32 windows a step)",
+            );
+        }
         if self.seqlen == 0 {
             return bad("--seqlen must be at least 1");
         }
@@ -271,7 +280,15 @@ pub fn plan_steps(config: &TrainConfig, windows: usize) -> Result<(usize, usize)
             config.grad_accum
         )));
     }
-    let total = config.steps.unwrap_or(per_epoch * config.epochs);
+    let total = match config.steps {
+        Some(steps) => steps,
+        None => per_epoch.checked_mul(config.epochs).ok_or_else(|| {
+            TrainError::Invalid(format!(
+                "--epochs {} of {per_epoch} steps is more steps than can be counted",
+                config.epochs
+            ))
+        })?,
+    };
     Ok((total, per_epoch))
 }
 

@@ -41,10 +41,19 @@ pub fn read_all(dir: &Path) -> Result<Vec<Event>, WatchError> {
     Ok(events)
 }
 
+/// How long `follow` waits for a log to appear when no run holds the
+/// folder's lock, and how long a log may stay still before its writer's
+/// lock is checked.
+const WAIT_START: Duration = Duration::from_secs(20);
+const STILL: Duration = Duration::from_secs(2);
+
 /// Tails `DIR/events.jsonl`, passing each event to `emit`, until the run's
 /// last event, until `stop` is set, or (when the file stops growing and
 /// `idle_exit` is given) after that long without news. Waits for the file
-/// to appear.
+/// to appear while a run holds the folder's lock, else for [`WAIT_START`].
+/// A log that stops growing while no process holds its lock was left by a
+/// run that died without its final event: an error after its last line,
+/// never a wait forever.
 pub fn follow(
     dir: &Path,
     emit: &mut dyn FnMut(Event),
@@ -61,6 +70,13 @@ pub fn follow(
         let events = match tail.poll().map_err(watch_error)? {
             Some(events) => events,
             None => {
+                if !crate::model::lock::held(dir) && last_news.elapsed() > WAIT_START {
+                    return Err(WatchError::Invalid(format!(
+                        "no run wrote {} in {} s",
+                        crate::input::shown(tail.path()),
+                        WAIT_START.as_secs()
+                    )));
+                }
                 if !announced {
                     emit(Event::Message {
                         level: Level::Info,
@@ -76,6 +92,12 @@ pub fn follow(
         if events.is_empty() {
             if idle_exit.is_some_and(|d| last_news.elapsed() > d) {
                 return Ok(());
+            }
+            if last_news.elapsed() > STILL && !crate::model::lock::held(dir) {
+                return Err(WatchError::Invalid(format!(
+                    "{}: the run that wrote it is not running and left no final event (killed?); followed to its last line",
+                    crate::input::shown(tail.path())
+                )));
             }
             std::thread::sleep(POLL);
             continue;
@@ -114,9 +136,11 @@ pub fn replay(
     emit: &mut dyn FnMut(Event),
     stop: &AtomicBool,
 ) -> Result<(), WatchError> {
-    if !(speed > 0.0 && speed.is_finite()) {
+    // Below a thousandth of real time a replay of a minute's run takes
+    // most of a day: a typo, not a request.
+    if !(speed >= 1e-3 && speed <= 1e9) {
         return Err(WatchError::Invalid(format!(
-            "--speed must be positive, got {speed}"
+            "--speed must be between 0.001 and 1e9, got {speed}"
         )));
     }
     let start_at = match from {
@@ -148,7 +172,7 @@ pub fn replay(
             return Ok(());
         }
         if let Some(t) = event_time(e).filter(|t| *t > start_at) {
-            let due = Duration::from_secs_f64((t - start_at) / speed);
+            let due = crate::timing::duration((t - start_at) / speed);
             while clock.elapsed() < due {
                 if stop.load(Ordering::SeqCst) {
                     return Ok(());

@@ -392,7 +392,7 @@ fn write_config(
     sparsity: Option<(SparseFormat, f64)>,
 ) -> Result<(), ModelError> {
     let path = src.join("config.json");
-    let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
+    let text = crate::input::read_string(&path, crate::input::JSON_LIMIT, "a config.json")?;
     let mut v: Value = serde_json::from_str(&text)
         .map_err(|e| ModelError::Checkpoint(format!("{}: {e}", path.display())))?;
     let Some(obj) = v.as_object_mut() else {
@@ -465,18 +465,15 @@ pub fn fitting_format(ckpt: &dyn Dense) -> Result<SparseFormat, ModelError> {
     Ok(SparseFormat::TwoFour)
 }
 
-/// Writes `out` (replaced if it exists) under a temporary name, renamed
-/// into place once complete.
+/// Writes `out` under a temporary name, moved into place once complete;
+/// an existing `out` only where prunemem wrote it or `overwrite` says so,
+/// and then only its own files are replaced (`model::owned`).
 fn write_folder(
     out: &Path,
+    overwrite: bool,
     write: impl FnOnce(&Path) -> Result<CompressReport, ModelError>,
 ) -> Result<CompressReport, ModelError> {
-    if out.exists() && !out.join("config.json").exists() {
-        return Err(ModelError::Checkpoint(format!(
-            "{} exists and is not a model folder; refusing to replace it",
-            out.display()
-        )));
-    }
+    super::owned::check_destination(out, overwrite)?;
     let _lock = super::lock::DestLock::acquire(out)?;
     let tmp = super::convert::tmp_sibling(out);
     if tmp.exists() {
@@ -485,10 +482,7 @@ fn write_folder(
     std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
     let guard = crate::scratch::Guard::new(tmp.clone());
     let mut report = write(&tmp)?;
-    if out.exists() {
-        std::fs::remove_dir_all(out).map_err(|e| ModelError::io(out, e))?;
-    }
-    std::fs::rename(&tmp, out).map_err(|e| ModelError::io(out, e))?;
+    super::owned::install(&tmp, out, overwrite)?;
     guard.keep();
     report.out = out.to_path_buf();
     Ok(report)
@@ -503,12 +497,13 @@ pub fn rewrite_compressed(
     model: &Path,
     out: &Path,
     format: Option<SparseFormat>,
+    overwrite: bool,
 ) -> Result<CompressReport, ModelError> {
     let format = match format {
         Some(f) => f,
         None => fitting_format(ckpt)?,
     };
-    write_folder(out, |dir| {
+    write_folder(out, overwrite, |dir| {
         copy_side_files(model, dir)?;
         let mut r = compress(ckpt, dir, format)?;
         // The config comes from the model's folder, not a scratch copy.
@@ -519,8 +514,12 @@ pub fn rewrite_compressed(
 }
 
 /// `convert --model DIR --to dense`: a compressed folder written dense.
-pub fn rewrite_dense(model: &Path, out: &Path) -> Result<CompressReport, ModelError> {
-    write_folder(out, |dir| {
+pub fn rewrite_dense(
+    model: &Path,
+    out: &Path,
+    overwrite: bool,
+) -> Result<CompressReport, ModelError> {
+    write_folder(out, overwrite, |dir| {
         copy_side_files(model, dir)?;
         decompress(model, dir)
     })
