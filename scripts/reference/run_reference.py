@@ -78,9 +78,18 @@ def main():
                     "torch.cuda.max_memory_allocated / max_memory_reserved")
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--save-model")
+    ap.add_argument("--memory-checkpoints", action="store_true",
+                    help="print prunemem's Memory Checkpoint blocks at prunemem's stage names "
+                         "(the probe: python/prunemem; for `prunemem watch` and `report compare`)")
     ap.add_argument("--dsnot", action="store_true")
     ap.add_argument("--dsnot-repo")
     a = ap.parse_args()
+    if a.memory_checkpoints:
+        sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "python"))
+        from prunemem import checkpoint
+    else:
+        def checkpoint(name):
+            pass
     torch.set_num_threads(a.threads)
     t_start = time.time()
 
@@ -99,6 +108,7 @@ def main():
     tok = AutoTokenizer.from_pretrained(a.model)
     t_loaded = time.time()
     rss_loaded = rss_kib("VmRSS:")
+    checkpoint("02_model_loaded")
 
     def get_loaders(name, nsamples=128, seed=0, seqlen=2048, tokenizer=None):
         text = select(open(a.calib_text, encoding="utf-8", newline="").read(), a.calib_lines)
@@ -136,6 +146,7 @@ def main():
     th.start()
     if a.device == "cuda":
         torch.cuda.reset_peak_memory_stats()
+    checkpoint("03_before_pruning")
     t0 = time.time()
     with torch.no_grad():
         if a.dsnot:
@@ -148,6 +159,7 @@ def main():
             P.prune_sparsegpt(args, model, tok, device, prune_n=prune_n, prune_m=prune_m)
     sync()
     prune_seconds = time.time() - t0
+    checkpoint("04_after_pruning")
     done.set()
     th.join()
     prune_rss_peak = max(peak["rss"], rss_kib("VmRSS:"))
@@ -163,6 +175,7 @@ def main():
         n = ids.shape[1] // a.seqlen
         if a.eval_windows:
             n = min(n, a.eval_windows)
+        checkpoint("05_before_eval")
         t = time.time()
         losses = []
         with torch.no_grad():
@@ -173,6 +186,7 @@ def main():
         result["perplexity"] = math.exp(sum(losses) / len(losses))
         result["eval_seconds"] = time.time() - t
         result["eval_windows"] = n
+        checkpoint("06_after_eval")
     if a.save_model:
         model.save_pretrained(a.save_model)
         tok.save_pretrained(a.save_model)

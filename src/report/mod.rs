@@ -10,6 +10,7 @@ pub mod charts;
 pub mod charts_area;
 #[cfg(feature = "charts")]
 pub mod charts_stacked;
+pub mod compare;
 pub mod estimate;
 pub mod load;
 mod sections;

@@ -143,6 +143,7 @@ pub fn markdown(
     let bars = super::breakdown::bars(run, check);
     super::sections::categories(&mut s, run, charts);
     super::sections::time(&mut s, run);
+    super::sections::device(&mut s, run);
     super::sections::ranks(&mut s, run);
     super::sections::breakdown(&mut s, &bars, charts);
     if let (Some((min, how)), Some(p)) = (theoretical_minimum(run), run.peak_rss()) {
@@ -368,7 +369,11 @@ pub fn compare_markdown(runs: &[RunData], charts: bool) -> String {
     }
     let differs = configuration(&mut s, runs, &names);
     training_rows(&mut s, runs);
-    aligned_stages(&mut s, runs, &names);
+    match runs {
+        // Two runs, perhaps by two approaches: every reading side by side.
+        [a, b] => s.push_str(&super::compare::between(a, b)),
+        _ => aligned_stages(&mut s, runs, &names),
+    }
     explanation(&mut s, runs, &names, &differs);
     s
 }
@@ -401,7 +406,9 @@ fn configuration(s: &mut String, runs: &[RunData], names: &[&str]) -> Vec<&'stat
         // "n/a" is unknown (a memory_log.csv records no plan), not a
         // difference; the scope is always known.
         let known: Vec<&String> = vals.iter().filter(|v| *v != "n/a").collect();
-        if known.len() == vals.len() && vals.iter().any(|v| v != &vals[0]) {
+        // A watched script's "method" is `watch`: not a method that differs.
+        let watched = k == "method" && vals.iter().any(|v| v == "watch");
+        if known.len() == vals.len() && vals.iter().any(|v| v != &vals[0]) && !watched {
             differs.push(k);
         }
         let _ = writeln!(s, "| {k} | {} |", vals.join(" | "));

@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use super::WatchError;
 use super::command::{
-    Emit, Probe, WatchOptions, finish, is_warning, lock, parse_marker, send, watch_plan,
+    Emit, Probe, WatchOptions, finish, flush_pending, lock, on_line, send, watch_plan,
 };
 use crate::events::{Event, RunStatus, stages};
 use crate::memory::process::TreeProbe;
@@ -64,21 +64,7 @@ fn follow_thread(
                 Ok(_) => {}
             }
             let line = std::mem::take(&mut pending);
-            let elapsed_s = lock(&probe).start.elapsed().as_secs_f64();
-            if let Some(stage) = parse_marker(&line) {
-                let snapshot = lock(&probe).snapshot(&stage);
-                send(&emit, Event::Stage { snapshot });
-            } else if let Some(level) = is_warning(&line) {
-                let text = line.trim_end().to_string();
-                send(
-                    &emit,
-                    Event::Message {
-                        level,
-                        text,
-                        elapsed_s,
-                    },
-                );
-            }
+            on_line(line.trim_end_matches('\n'), &probe, &emit);
         }
     })
 }
@@ -109,6 +95,7 @@ pub fn attach(
         start: Instant::now(),
         peak: None,
         gpu_peak: None,
+        pending: None,
     }));
     let mut argv = vec![
         "prunemem".to_string(),
@@ -126,7 +113,7 @@ pub fn attach(
     let done = Arc::new(AtomicBool::new(false));
     let follower =
         follow.map(|p| follow_thread(p.to_path_buf(), probe.clone(), emit.clone(), done.clone()));
-    let period = Duration::from_secs_f64(1.0 / options.hz);
+    let period = crate::timing::duration(1.0 / options.hz);
     let detached = loop {
         if !alive(pid) {
             break false;
@@ -134,6 +121,7 @@ pub fn attach(
         if detach.swap(0, Ordering::SeqCst) != 0 {
             break true;
         }
+        flush_pending(&probe, &emit, false);
         let snapshot = lock(&probe).snapshot(stages::SAMPLE);
         send(&emit, Event::Sample { snapshot });
         std::thread::sleep(period);

@@ -10,9 +10,10 @@ use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use super::WatchError;
+use super::checkpoint::{self, Figures};
 use crate::events::{Event, HostInfo, Level, RunPlan, RunStatus, RunSummary, stages};
 use crate::memory::process::TreeProbe;
 use crate::memory::{MemorySnapshot, gpu, unix_ms_now};
@@ -39,6 +40,101 @@ pub fn parse_marker(line: &str) -> Option<String> {
     (!name.is_empty()).then(|| name.to_string())
 }
 
+/// Whether `line` is a memory-logging script's `Memory Checkpoint:` header
+/// (its figures follow on the next lines).
+fn is_checkpoint_header(line: &str) -> bool {
+    line.contains("Memory Checkpoint:")
+}
+
+/// How long a checkpoint's block may pause before its stage is emitted
+/// with the figures read so far.
+const BLOCK_WAIT: std::time::Duration = std::time::Duration::from_millis(300);
+
+/// A `Memory Checkpoint` stage waiting for the figures printed under it.
+pub(super) struct Pending {
+    snapshot: MemorySnapshot,
+    figures: Figures,
+    last_line: Instant,
+}
+
+impl Pending {
+    /// The stage, with the script's allocator figures where it printed a
+    /// block (the card's NVML figures, when there are any, are kept).
+    fn into_stage(self) -> Event {
+        let mut s = self.snapshot;
+        let f = self.figures;
+        if f.any() {
+            s.device_allocated = f.allocated;
+            s.device_reserved = f.reserved;
+            s.device_peak = f.peak;
+            if s.gpu_total.is_none() {
+                s.gpu_total = f.total;
+                s.gpu_free = f.free;
+            }
+        }
+        Event::Stage { snapshot: s }
+    }
+}
+
+/// One line of the watched program's output: a stage marker, a line of a
+/// checkpoint's block, a warning, or nothing to us.
+pub(super) fn on_line(line: &str, probe: &Arc<Mutex<Probe>>, emit: &Emit) {
+    let mut p = lock(probe);
+    if let Some(pending) = p.pending.as_mut() {
+        if parse_marker(line).is_none() && checkpoint::read_line(line, &mut pending.figures) {
+            pending.last_line = Instant::now();
+            return;
+        }
+        let done = p.pending.take();
+        drop(p);
+        if let Some(done) = done {
+            send(emit, done.into_stage());
+        }
+        p = lock(probe);
+    }
+    let elapsed_s = p.start.elapsed().as_secs_f64();
+    if let Some(stage) = parse_marker(line) {
+        let snapshot = p.snapshot(&stage);
+        if is_checkpoint_header(line) {
+            p.pending = Some(Pending {
+                snapshot,
+                figures: Figures::default(),
+                last_line: Instant::now(),
+            });
+        } else {
+            drop(p);
+            send(emit, Event::Stage { snapshot });
+        }
+    } else if let Some(level) = is_warning(line) {
+        drop(p);
+        let text = line.trim_end().to_string();
+        send(
+            emit,
+            Event::Message {
+                level,
+                text,
+                elapsed_s,
+            },
+        );
+    }
+}
+
+/// Emits a checkpoint whose block has paused for [`BLOCK_WAIT`] (or any,
+/// with `all`: the program ended).
+pub(super) fn flush_pending(probe: &Arc<Mutex<Probe>>, emit: &Emit, all: bool) {
+    let done = {
+        let mut p = lock(probe);
+        let stale = p
+            .pending
+            .as_ref()
+            .is_some_and(|d| all || d.last_line.elapsed() > BLOCK_WAIT);
+        if stale { p.pending.take() } else { None }
+    };
+    if let Some(done) = done {
+        send(emit, done.into_stage());
+    }
+}
+
 /// Whether a line of the command's output deserves the message pane.
 pub(super) fn is_warning(line: &str) -> Option<Level> {
     let l = line.to_ascii_lowercase();
@@ -57,6 +153,8 @@ pub(super) struct Probe {
     pub(super) start: Instant,
     pub(super) peak: Option<u64>,
     pub(super) gpu_peak: Option<u64>,
+    /// A checkpoint header's stage, until its block ends.
+    pub(super) pending: Option<Pending>,
 }
 
 impl Probe {
@@ -119,20 +217,7 @@ fn reader_thread(
                     let _ = writeln!(std::io::stdout(), "{line}");
                 }
             }
-            let elapsed_s = lock(&probe).start.elapsed().as_secs_f64();
-            if let Some(stage) = parse_marker(&line) {
-                let snapshot = lock(&probe).snapshot(&stage);
-                send(&emit, Event::Stage { snapshot });
-            } else if let Some(level) = is_warning(&line) {
-                send(
-                    &emit,
-                    Event::Message {
-                        level,
-                        text: line,
-                        elapsed_s,
-                    },
-                );
-            }
+            on_line(&line, &probe, &emit);
         }
     })
 }
@@ -145,6 +230,7 @@ pub(super) fn finish(
     status: RunStatus,
     results: std::collections::BTreeMap<String, serde_json::Value>,
 ) {
+    flush_pending(probe, emit, true);
     let (wall_s, peak, gpu_peak) = {
         let p = lock(probe);
         (p.start.elapsed().as_secs_f64(), p.peak, p.gpu_peak)
@@ -226,6 +312,7 @@ pub fn watch_command(
         start: Instant::now(),
         peak: None,
         gpu_peak: None,
+        pending: None,
     }));
     let mut full_argv = vec!["prunemem".to_string(), "watch".into(), "--".into()];
     full_argv.extend(argv.iter().cloned());
@@ -244,7 +331,7 @@ pub fn watch_command(
             .take()
             .map(|s| reader_thread(s, true, options.echo, probe.clone(), emit.clone())),
     ];
-    let period = Duration::from_secs_f64(1.0 / options.hz);
+    let period = crate::timing::duration(1.0 / options.hz);
     let mut signalled = false;
     let status = loop {
         if let Some(status) = child.try_wait().map_err(|source| WatchError::Io {
@@ -259,6 +346,7 @@ pub fn watch_command(
             unsafe { libc::kill(child.id() as libc::pid_t, sig) };
             signalled = true;
         }
+        flush_pending(&probe, &emit, false);
         let snapshot = lock(&probe).snapshot(stages::SAMPLE);
         send(&emit, Event::Sample { snapshot });
         std::thread::sleep(period);

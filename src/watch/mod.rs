@@ -5,6 +5,7 @@
 //! process already running ([`attach`]).
 
 pub mod attach;
+pub mod checkpoint;
 pub mod command;
 pub mod follow;
 
