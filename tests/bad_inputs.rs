@@ -5,27 +5,10 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-
-/// Every path under `dir`, recursively.
-fn listing(dir: &Path) -> BTreeSet<PathBuf> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.is_dir() {
-                stack.push(p.clone());
-            }
-            out.insert(p);
-        }
-    }
-    out
-}
 
 /// A copy of the model folder with `config.json` edited by `edit`.
 fn variant(root: &Path, name: &str, edit: impl Fn(&mut serde_json::Value)) -> PathBuf {
@@ -352,7 +335,7 @@ fn cases(f: &Fixture) -> Vec<(&'static str, Vec<String>)> {
 fn every_bad_input_is_one_line_exit_2_and_leaves_nothing() {
     let f = fixture();
     let tmp = tempfile::tempdir().unwrap();
-    let before = listing(&f.root);
+    let before = support::listing(&f.root);
     let mut table = Vec::new();
     let mut failures = Vec::new();
     let all = cases(&f);
@@ -378,12 +361,12 @@ fn every_bad_input_is_one_line_exit_2_and_leaves_nothing() {
         if err.contains("internal error") || err.contains("panicked") {
             why.push("panic".into());
         }
-        let after = listing(&f.root);
+        let after = support::listing(&f.root);
         if after != before {
             let new: Vec<_> = after.difference(&before).collect();
             why.push(format!("left {new:?}"));
         }
-        let left = listing(tmp.path());
+        let left = support::listing(tmp.path());
         if !left.is_empty() {
             why.push(format!("left in TMPDIR {left:?}"));
         }

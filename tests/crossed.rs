@@ -12,7 +12,6 @@
 
 mod support;
 
-use std::collections::BTreeSet;
 use std::ffi::OsString;
 use std::os::unix::ffi::OsStringExt;
 use std::os::unix::process::CommandExt;
@@ -36,22 +35,6 @@ const VALUES: [&str; 8] = [
 /// A case's wall-clock bound, and the grace after SIGTERM.
 const BOUND: Duration = Duration::from_secs(30);
 const GRACE: Duration = Duration::from_secs(20);
-
-/// Every path under `dir`, recursively.
-fn listing(dir: &Path) -> BTreeSet<PathBuf> {
-    let mut out = BTreeSet::new();
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
-            let p = e.path();
-            if p.symlink_metadata().is_ok_and(|m| m.is_dir()) {
-                stack.push(p.clone());
-            }
-            out.insert(p);
-        }
-    }
-    out
-}
 
 struct Fixture {
     _dir: tempfile::TempDir,
@@ -443,7 +426,7 @@ fn every_flag_crossed_with_hostile_values_ends_clean() {
     let f = fixture();
     let all = cases(&f);
     assert!(all.len() >= 400, "the table has {} cases", all.len());
-    let before = listing(&f.root);
+    let before = support::listing(&f.root);
     let tmp = tempfile::tempdir().unwrap();
     let (mut table, mut failures) = (Vec::new(), Vec::new());
     // Two at a time: CI has two cores.
@@ -488,9 +471,9 @@ fn every_flag_crossed_with_hostile_values_ends_clean() {
             failures.push(format!("{}: {}", case.name, why.join("; ")));
         }
     }
-    let after = listing(&f.root);
+    let after = support::listing(&f.root);
     let left: Vec<_> = after.difference(&before).collect();
-    let in_tmp: Vec<_> = listing(tmp.path())
+    let in_tmp: Vec<_> = support::listing(tmp.path())
         .into_iter()
         .filter(|p| !p.starts_with(tmp.path().join("cache")))
         .collect();

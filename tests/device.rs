@@ -1101,18 +1101,7 @@ impl OnDevice for SweepAgainstHost {
             .iter()
             .map(|v| (v * 8.0).round() / 8.0)
             .collect();
-        let base = rng.vec(n * cols, 1.0);
-        let x: Vec<f32> = (0..n * cols)
-            .map(|t| base[t] + 0.8 * base[(t / cols) * cols])
-            .collect();
-        let mut h = vec![0f32; cols * cols];
-        for s in 0..n {
-            for i in 0..cols {
-                for j in 0..cols {
-                    h[i * cols + j] += 2.0 / n as f32 * x[s * cols + i] * x[s * cols + j];
-                }
-            }
-        }
+        let (h, _) = prunemem::model::synthetic::correlated_hessian(&mut rng, cols, n);
         let mut out = Vec::new();
         for pattern in [Pattern::Unstructured, Pattern::NM { n: 2, m: 4 }] {
             let options = SparseGptOptions {

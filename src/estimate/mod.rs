@@ -10,6 +10,7 @@
 //! accounting (`training`).
 
 pub mod against;
+pub mod bounds;
 pub mod catalog;
 pub mod fit;
 pub mod forecast;
@@ -35,7 +36,7 @@ use crate::model::{ComputeDtype, LlamaConfig};
 pub enum EstimateError {
     #[error("{0}")]
     Invalid(String),
-    /// A workload whose bytes pass [`MAX_BYTES`]: refused before any sum
+    /// A workload whose bytes pass [`bounds::MAX_BYTES`]: refused before any sum
     /// could wrap (`--fit` reads it as "does not fit").
     #[error("{0}")]
     TooLarge(String),
@@ -446,51 +447,10 @@ pub(crate) fn calibration_phase(w: &Workload) -> Phase {
     )
 }
 
-/// The most bytes any one term of an estimate may reach, 64 PiB: past
-/// every machine by orders of magnitude, and 256× below `u64::MAX`, so the
-/// estimator's sums of terms (each a product of small constants and the
-/// bounded sizes) cannot wrap.
-pub const MAX_BYTES: f64 = (1u64 << 56) as f64;
-
-/// The largest terms an estimate forms, in f64 (which cannot wrap), each
-/// with the flags that drive it; generous by a constant factor on purpose.
-fn envelope(arch: &Arch, w: &Workload) -> [(f64, &'static str); 8] {
-    let f = |v: u64| v as f64;
-    let tokens = f(w.batch_size) * f(w.seqlen);
-    // Calibration windows held at once: nsamples (Wanda, SparseGPT), or
-    // GradProbe's batches of windows.
-    let calib = f(w.nsamples).max(f(w.num_batches) * f(w.batch_size)) * f(w.seqlen);
-    [
-        (f(arch.params) * 32.0, "--params (or the model's size)"),
-        (calib * f(arch.hidden) * 16.0, "--nsamples × --seqlen"),
-        (calib * f(arch.intermediate) * 16.0, "--nsamples × --seqlen"),
-        (tokens * f(arch.vocab) * 16.0, "--batch-size × --seqlen"),
-        (
-            tokens * f(arch.hidden) * f(arch.layers) * 64.0,
-            "--batch-size × --seqlen",
-        ),
-        (
-            tokens * f(w.seqlen) * f(arch.heads) * 16.0,
-            "--batch-size × --seqlen²",
-        ),
-        (
-            f(w.eval_windows) * f(w.seqlen) * f(arch.hidden.max(arch.intermediate)) * 16.0,
-            "--eval-windows × --seqlen",
-        ),
-        (f(w.text_bytes) * 64.0, "the text's size"),
-    ]
-}
-
 /// Validates a workload against an architecture.
 pub fn validate(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     let bad = |m: String| Err(EstimateError::Invalid(m));
-    for (bytes, driver) in envelope(arch, w) {
-        if !(bytes <= MAX_BYTES) {
-            return Err(EstimateError::TooLarge(format!(
-                "this workload needs more than 64 PiB (driven by {driver}): no machine holds it"
-            )));
-        }
-    }
+    bounds::check(arch, w)?;
     if w.seqlen == 0 {
         return bad("--seqlen must be at least 1".into());
     }
@@ -598,119 +558,4 @@ fn saved_weights(arch: &Arch, w: &Workload, notes: &mut Vec<String>) -> Option<S
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every component any estimate names belongs to a measured category,
-    /// so no prediction lands in "untagged".
-    #[test]
-    fn every_component_has_a_category() {
-        let arch = presets::all().into_iter().next().expect("a preset");
-        let tasks = [
-            Task::Magnitude,
-            Task::Wanda,
-            Task::SparseGpt,
-            Task::GradProbe,
-            Task::Ria,
-            Task::Inference,
-            Task::Train,
-        ];
-        for task in tasks {
-            for engine in [Engine::Prunemem, Engine::Reference] {
-                for device in [Device::Cpu, Device::Cuda, Device::Wgpu] {
-                    for (resident, eval) in [(false, 0), (true, 8), (false, 8)] {
-                        let mut w = Workload::new(task);
-                        (w.engine, w.device, w.resident, w.eval_windows) =
-                            (engine, device, resident, eval);
-                        w.text_bytes = 1 << 20;
-                        let Ok(e) = estimate(&arch, &w) else {
-                            assert_eq!(device, Device::Wgpu, "{task:?} {engine:?}");
-                            continue;
-                        };
-                        for c in e.phases.iter().flat_map(|p| &p.components) {
-                            assert_ne!(c.category, Category::Untagged, "{c:?} in {task:?}");
-                        }
-                    }
-                }
-            }
-        }
-        assert_eq!(category_of("weights (one layer)"), Category::Weights);
-        assert_eq!(category_of("OBS sweep transient"), Category::Statistics);
-        assert_eq!(category_of("embedding maxima (f32)"), Category::Statistics);
-        assert_eq!(category_of("something new"), Category::Untagged);
-    }
-
-    /// Sizes doubled up to u64::MAX never wrap: every estimate either grows
-    /// with the size or is refused as too large, and the largest is refused
-    /// (a batch of u64::MAX once estimated less than a batch of 1).
-    #[test]
-    fn absurd_sizes_are_refused_never_wrapped() {
-        let arch = presets::load("llama-3.1-8b").expect("a preset");
-        type Set = fn(&mut Workload, u64);
-        let sizes: [(&str, Set); 5] = [
-            ("batch", |w, v| w.batch_size = v),
-            ("seqlen", |w, v| w.seqlen = v),
-            ("nsamples", |w, v| w.nsamples = v),
-            ("eval", |w, v| w.eval_windows = v),
-            ("text", |w, v| w.text_bytes = v),
-        ];
-        let tasks = [
-            Task::Magnitude,
-            Task::Wanda,
-            Task::SparseGpt,
-            Task::Ria,
-            Task::GradProbe,
-            Task::Train,
-            Task::Inference,
-        ];
-        for task in tasks {
-            for device in [Device::Cpu, Device::Cuda, Device::Wgpu] {
-                for engine in [Engine::Prunemem, Engine::Reference] {
-                    for (name, set) in sizes {
-                        let mut last = 0;
-                        let mut refused = false;
-                        for k in 0..=64u32 {
-                            let mut w = Workload::new(task);
-                            (w.engine, w.device) = (engine, device);
-                            set(&mut w, 1u64.checked_shl(k).unwrap_or(u64::MAX).max(1));
-                            if k == 64 {
-                                set(&mut w, u64::MAX);
-                            }
-                            match estimate(&arch, &w) {
-                                Ok(e) => {
-                                    assert!(!refused, "{name} {k}: accepted after a refusal");
-                                    assert!(e.peak() >= last, "{task:?} {name} 2^{k}: shrank");
-                                    last = e.peak();
-                                }
-                                Err(EstimateError::TooLarge(_)) => refused = true,
-                                // Not a workload prunemem estimates (wgpu's reference).
-                                Err(EstimateError::Invalid(_)) if device == Device::Wgpu => {
-                                    refused = true;
-                                    break;
-                                }
-                                Err(e) => panic!("{task:?} {name} 2^{k}: {e}"),
-                            }
-                        }
-                        assert!(refused, "{task:?} {engine:?} {name}: u64::MAX accepted");
-                    }
-                }
-            }
-        }
-    }
-
-    #[test]
-    fn categories_of_a_phase_sum_to_its_total() {
-        let p = Phase::new("x", &[])
-            .add("weights", 5)
-            .add("embeddings", 7)
-            .add("logits chunk", 3);
-        assert_eq!(
-            p.by_category(),
-            vec![(Category::Weights, 12), (Category::Logits, 3)]
-        );
-        assert_eq!(
-            p.by_category().iter().map(|(_, b)| b).sum::<u64>(),
-            p.total()
-        );
-    }
-}
+mod tests;

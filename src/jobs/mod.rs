@@ -25,6 +25,7 @@ mod ranks;
 pub mod snapshot;
 pub mod text;
 pub mod train;
+mod waiting;
 pub mod watch;
 
 use thiserror::Error;

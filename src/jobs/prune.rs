@@ -14,7 +14,6 @@ use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::exec::OnDevice;
 use crate::model::Checkpoint;
-use crate::model::kept::{Kept, Place};
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 use crate::model::save::PrunedWriter;
 use crate::model::tokenizer::Tokenizer;
@@ -367,29 +366,10 @@ fn prune_and_eval<B: Compute>(
         let sparsities = owl_sparsities(job, owl, ckpt, &source, &config, &calib, run, device)?;
         config.layer_sparsity = Some(sparsities);
     }
-    // The evaluation after a streamed device prune reads the pruned layers
-    // from where they were kept (device or host memory); on the CPU, or
-    // when they fit neither, from the save folder or a scratch copy.
-    let place = keep_place::<B>(job, opened, eval_wins.is_some() && model.is_none(), run);
-    let mut kept = match place {
-        Some(p @ (Place::Device | Place::Host)) => Some(Kept::<B>::new(p)),
-        _ => None,
-    };
-    if let Some(at) = place {
-        run.result("pruned_layers_kept", at.name());
-        p.message(
-            Level::Info,
-            format!(
-                "the pruned layers wait for the evaluation on the {}",
-                at.name()
-            ),
-        );
-    }
-    let mut scratch =
-        match eval_wins.is_some() && model.is_none() && writer.is_none() && kept.is_none() {
-            true => Some(scratch_writer(ckpt, &p)?),
-            false => None,
-        };
+    // Where the pruned layers wait for the evaluation (`jobs::waiting`).
+    let streamed_eval = eval_wins.is_some() && model.is_none();
+    let (mut kept, mut scratch) =
+        super::waiting::choose::<B>(job, opened, streamed_eval, writer.is_some(), run)?;
     let source = match model.as_mut() {
         Some(m) => Source::Resident(m),
         None => Source::Streamed,
@@ -560,47 +540,8 @@ fn dense_eval<B: Compute>(
     Ok(())
 }
 
-/// Where a streamed device prune keeps its pruned layers for the
-/// evaluation (`None`: nothing to keep — a CPU run, a resident model, or no
-/// evaluation): the device when the run's predicted device peak plus every
-/// layer fits its memory (`--device-memory`, or a CUDA card's), host memory
-/// when they fit what is available, else disk.
-fn keep_place<B: Compute>(
-    job: &PruneJob,
-    opened: &Opened,
-    evaluates: bool,
-    run: &Run,
-) -> Option<Place> {
-    if !B::is_device() || !evaluates {
-        return None;
-    }
-    let c = &opened.ckpt.config;
-    let layers = crate::model::kept::all_layers_bytes(c, job.dtype);
-    let peak = run.predicted_peak().unwrap_or(0);
-    let host = crate::memory::process::available_memory();
-    Some(Place::choose(layers, peak, run.exec.memory_cap(), host))
-}
-
 fn internal(what: &str) -> JobError {
     crate::prune::PruneError::Invalid(format!("internal: {what}")).into()
-}
-
-/// A writer into a scratch folder (removed on every exit path) for
-/// evaluating a streamed prune that is not saved.
-fn scratch_writer(
-    ckpt: &Checkpoint,
-    p: &Profiler,
-) -> Result<(crate::scratch::Guard, PrunedWriter), JobError> {
-    let dir = crate::scratch::dir("pruned").map_err(|e| JobError::io(&std::env::temp_dir(), e))?;
-    let w = PrunedWriter::create(ckpt, &dir.path().join("model"), false)?;
-    p.message(
-        Level::Info,
-        format!(
-            "evaluation streams the pruned layers from {}",
-            dir.path().display()
-        ),
-    );
-    Ok((dir, w))
 }
 
 /// The JSON line `prune --json` prints.

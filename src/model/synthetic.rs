@@ -82,6 +82,26 @@ impl Normal {
     }
 }
 
+/// SparseGPT's test problem: `n` correlated calibration inputs of `cols`
+/// features drawn from `rng` (each row leans on its first feature, so the
+/// OBS update matters) and the Hessian `2/n · XᵀX` accumulated from them.
+/// Returns `(h, x)`; shared by the host and device SparseGPT tests.
+pub fn correlated_hessian(rng: &mut Normal, cols: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
+    let base = rng.vec(n * cols, 1.0);
+    let x: Vec<f32> = (0..n * cols)
+        .map(|t| base[t] + 0.8 * base[(t / cols) * cols])
+        .collect();
+    let mut h = vec![0f32; cols * cols];
+    for s in 0..n {
+        for i in 0..cols {
+            for j in 0..cols {
+                h[i * cols + j] += 2.0 / n as f32 * x[s * cols + i] * x[s * cols + j];
+            }
+        }
+    }
+    (h, x)
+}
+
 /// config.json for a spec.
 pub fn config_json(s: &SyntheticSpec) -> serde_json::Value {
     json!({

@@ -257,18 +257,7 @@ mod tests {
     fn problem(rows: usize, cols: usize, n: usize) -> (Vec<f32>, Vec<f32>) {
         let mut rng = crate::model::synthetic::Normal::new(5);
         let w = rng.vec(rows * cols, 1.0);
-        let base = rng.vec(n * cols, 1.0);
-        let x: Vec<f32> = (0..n * cols)
-            .map(|t| base[t] + 0.8 * base[(t / cols) * cols])
-            .collect();
-        let mut h = vec![0f32; cols * cols];
-        for s in 0..n {
-            for i in 0..cols {
-                for j in 0..cols {
-                    h[i * cols + j] += 2.0 / n as f32 * x[s * cols + i] * x[s * cols + j];
-                }
-            }
-        }
+        let (h, _) = crate::model::synthetic::correlated_hessian(&mut rng, cols, n);
         (w, h)
     }
 

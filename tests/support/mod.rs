@@ -195,6 +195,23 @@ pub fn run_prunemem(args: &[&str]) -> (Option<i32>, String, String) {
 }
 
 /// A path as the `&str` a command line takes.
+/// Every path under `dir`, recursively (links are listed, not followed), to
+/// check that a run left nothing behind.
+pub fn listing(dir: &Path) -> std::collections::BTreeSet<PathBuf> {
+    let mut out = std::collections::BTreeSet::new();
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).into_iter().flatten().flatten() {
+            let p = e.path();
+            if p.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+                stack.push(p.clone());
+            }
+            out.insert(p);
+        }
+    }
+    out
+}
+
 pub fn s(p: &Path) -> &str {
     p.to_str().expect("test paths are UTF-8")
 }

@@ -1,0 +1,59 @@
+//! The estimator's own invariants: every component has a measured category,
+//! and a phase's categories sum to its total.
+
+use super::*;
+
+/// Every component any estimate names belongs to a measured category,
+/// so no prediction lands in "untagged".
+#[test]
+fn every_component_has_a_category() {
+    let arch = presets::all().into_iter().next().expect("a preset");
+    let tasks = [
+        Task::Magnitude,
+        Task::Wanda,
+        Task::SparseGpt,
+        Task::GradProbe,
+        Task::Ria,
+        Task::Inference,
+        Task::Train,
+    ];
+    for task in tasks {
+        for engine in [Engine::Prunemem, Engine::Reference] {
+            for device in [Device::Cpu, Device::Cuda, Device::Wgpu] {
+                for (resident, eval) in [(false, 0), (true, 8), (false, 8)] {
+                    let mut w = Workload::new(task);
+                    (w.engine, w.device, w.resident, w.eval_windows) =
+                        (engine, device, resident, eval);
+                    w.text_bytes = 1 << 20;
+                    let Ok(e) = estimate(&arch, &w) else {
+                        assert_eq!(device, Device::Wgpu, "{task:?} {engine:?}");
+                        continue;
+                    };
+                    for c in e.phases.iter().flat_map(|p| &p.components) {
+                        assert_ne!(c.category, Category::Untagged, "{c:?} in {task:?}");
+                    }
+                }
+            }
+        }
+    }
+    assert_eq!(category_of("weights (one layer)"), Category::Weights);
+    assert_eq!(category_of("OBS sweep transient"), Category::Statistics);
+    assert_eq!(category_of("embedding maxima (f32)"), Category::Statistics);
+    assert_eq!(category_of("something new"), Category::Untagged);
+}
+
+#[test]
+fn categories_of_a_phase_sum_to_its_total() {
+    let p = Phase::new("x", &[])
+        .add("weights", 5)
+        .add("embeddings", 7)
+        .add("logits chunk", 3);
+    assert_eq!(
+        p.by_category(),
+        vec![(Category::Weights, 12), (Category::Logits, 3)]
+    );
+    assert_eq!(
+        p.by_category().iter().map(|(_, b)| b).sum::<u64>(),
+        p.total()
+    );
+}
