@@ -1149,3 +1149,129 @@ fn the_sparsegpt_sweep_kernel_gives_the_hosts_weights() {
         assert!(zeros >= 96 * 300 / 2, "{pattern}: {zeros}");
     }
 }
+
+/// The per-output selection kernel and the evaluation's loss kernel
+/// (`exec::kernels`, one launch each on wgpu) against plain host
+/// computations: the `k` smallest of every column by a stable sort (keys
+/// with many ties, read in both layouts), and each row's `logsumexp - x[t]`
+/// in f64 over a vocabulary wider than cubecl's reductions reach.
+struct KernelsAgainstHost;
+
+impl OnDevice for KernelsAgainstHost {
+    /// (case, positions that differ or worst relative error, kernel ran).
+    type Output = Vec<(String, f64, bool)>;
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        use burn::prelude::{Int, Tensor, TensorData};
+        use burn::tensor::FloatDType;
+        let mut out = Vec::new();
+        let mut rng = prunemem::model::synthetic::Normal::new(11);
+        let (rows, cols) = (300usize, 70usize);
+        // Non-negative keys, a few hundred distinct values: ties everywhere.
+        let keys: Vec<i32> = rng
+            .vec(rows * cols, 1.0)
+            .iter()
+            .map(|v| ((v.abs() * 64.0).round() as i32) * 1000)
+            .collect();
+        for k in [1, 150, 299] {
+            let mut expected = vec![false; rows * cols];
+            for c in 0..cols {
+                let mut order: Vec<usize> = (0..rows).collect();
+                order.sort_by_key(|&r| keys[r * cols + c]);
+                for &r in &order[..k] {
+                    expected[r * cols + c] = true;
+                }
+            }
+            let straight =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(keys.clone(), [rows, cols]), device);
+            let mut t = vec![0i32; rows * cols];
+            for r in 0..rows {
+                for c in 0..cols {
+                    t[c * rows + r] = keys[r * cols + c];
+                }
+            }
+            let transposed =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(t, [cols, rows]), device)
+                    .transpose();
+            for (layout, keys) in [("[rows, cols]", straight), ("transposed", transposed)] {
+                let (differ, ran) = match B::smallest_per_column(keys, k) {
+                    Ok(mask) => {
+                        let got: Vec<bool> = mask.into_data().iter::<bool>().collect();
+                        let differ = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
+                        (differ as f64, true)
+                    }
+                    Err(_) => (f64::NAN, false),
+                };
+                out.push((format!("select k={k} {layout}"), differ, ran));
+            }
+        }
+        let mut sorted = keys.clone();
+        sorted.sort();
+        for k in [1, 777, rows * cols] {
+            let t =
+                Tensor::<B, 2, Int>::from_data(TensorData::new(keys.clone(), [rows, cols]), device);
+            let (miss, ran) = match B::kth_smallest(&t.transpose(), k) {
+                Some(got) => {
+                    let got = got.into_data().iter::<i64>().next().unwrap_or(-1);
+                    ((got - sorted[k - 1] as i64).abs() as f64, true)
+                }
+                None => (f64::NAN, false),
+            };
+            out.push((format!("select kth k={k}"), miss, ran));
+        }
+        let (rows, vocab, skip) = (37usize, 70_000usize, 5usize);
+        let logits: Vec<f32> = rng.vec(rows * vocab, 3.0);
+        let targets: Vec<i64> = (0..rows).map(|r| ((r * 7919) % vocab) as i64).collect();
+        for dtype in [FloatDType::F32, FloatDType::F16] {
+            let x =
+                Tensor::<B, 2>::from_data(TensorData::new(logits.clone(), [rows, vocab]), device)
+                    .cast(dtype);
+            let seen: Vec<f32> = x
+                .clone()
+                .cast(FloatDType::F32)
+                .into_data()
+                .iter::<f32>()
+                .collect();
+            let t =
+                Tensor::<B, 1, Int>::from_data(TensorData::new(targets.clone(), [rows]), device);
+            let (worst, ran) = match B::row_nll(x, t, skip) {
+                Ok(nll) => {
+                    let got: Vec<f32> = nll.into_data().iter::<f32>().collect();
+                    let worst = (0..rows)
+                        .map(|r| {
+                            let row = &seen[r * vocab..(r + 1) * vocab];
+                            let max = row.iter().fold(f64::MIN, |a, v| a.max(*v as f64));
+                            let lse = max
+                                + row
+                                    .iter()
+                                    .map(|v| (*v as f64 - max).exp())
+                                    .sum::<f64>()
+                                    .ln();
+                            let want = if r < skip {
+                                0.0
+                            } else {
+                                lse - row[targets[r] as usize] as f64
+                            };
+                            (got[r] as f64 - want).abs() / want.abs().max(1.0)
+                        })
+                        .fold(0f64, f64::max);
+                    (worst, true)
+                }
+                Err(_) => (f64::NAN, false),
+            };
+            out.push((format!("nll {dtype:?}"), worst, ran));
+        }
+        out
+    }
+}
+
+#[test]
+fn the_selection_and_loss_kernels_give_the_hosts_answers() {
+    for (case, miss, ran) in wgpu().run(KernelsAgainstHost) {
+        println!("{case}: kernel ran {ran}, miss {miss}");
+        assert!(ran, "{case}: the wgpu backend must take the kernel");
+        match case.starts_with("select") {
+            true => assert_eq!(miss, 0.0, "{case}: positions differ"),
+            false => assert!(miss < 1e-5, "{case}: relative error {miss}"),
+        }
+    }
+}

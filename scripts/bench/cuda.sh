@@ -14,7 +14,8 @@
 # wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
 # METHOD:TOOL pairs; TOOL prunemem-warm is prunemem again, its kernels
-# compiled by the run before and loaded from the cache) with NSAMPLES × SEQLEN (default the benchmark protocol's
+# compiled by the run before and loaded from the cache; prunemem-host is
+# that with --keep-pruned host) with NSAMPLES × SEQLEN (default the benchmark protocol's
 # 32 × 512) and EVAL_WINDOWS windows, in f16. Every step has its own time
 # limit (STEP_TIMEOUT seconds, default 150), and after every step the whole
 # OUTDIR is packed into ARCHIVE (when set) and the table printed
@@ -93,8 +94,8 @@ EOF
 }
 
 prunemem_run() {
-  local model=$1 method=$2 run=$3
-  timed "$out/$run.time" "$BIN" prune --model "$model" --method "$method" --device cuda "${common[@]}" \
+  local model=$1 method=$2 run=$3; shift 3
+  timed "$out/$run.time" "$BIN" prune --model "$model" --method "$method" --device cuda "${common[@]}" "$@" \
       --ui none --json --log-memory "$out/$run" >"$out/$run.json" 2>"$out/$run.err"
   local rc=$?
   echo "prunemem $run: rc $rc $(tail -1 "$out/$run.time")"
@@ -133,6 +134,8 @@ for shape in $SHAPES; do
       prunemem) step "$shape-$method" prunemem_run "$model" "$method" "$shape-$method" ;;
       # The same again: cubecl's compiled kernels are now in the cache.
       prunemem-warm) step "$shape-$method-warm" prunemem_run "$model" "$method" "$shape-$method-warm" ;;
+      # Again, the pruned layers waiting in host memory (the least device memory).
+      prunemem-host) step "$shape-$method-host" prunemem_run "$model" "$method" "$shape-$method-host" --keep-pruned host ;;
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
       *) echo "unknown tool $tool in RUNS" >&2 ;;
     esac

@@ -77,6 +77,9 @@ pub struct PruneArgs {
     /// Keep the calibration activations in host memory between layers, uploading one batch at a time (for models whose activations do not fit on the device)
     #[arg(long)]
     pub offload_activations: bool,
+    /// Where a device run's pruned layers wait for the evaluation: auto (the device when the predicted peak plus every layer fits, else host memory, else disk), device, host (the least device memory: each layer uploaded again for the evaluation) or disk
+    #[arg(long, default_value = "auto")]
+    pub keep_pruned: KeepPruned,
     /// Compute dtype (default: f32 on the CPU, f16 on a GPU device, as the reference scripts)
     #[arg(long)]
     pub dtype: Option<ComputeDtype>,
@@ -239,6 +242,7 @@ impl PruneArgs {
             overwrite: self.overwrite,
             resident: self.resident,
             offload_activations: self.offload_activations,
+            keep_pruned: self.keep_pruned.0,
             // GradProbe's gradients are f32 on every device.
             dtype: match self.method {
                 Method::GradProbe => self.dtype.unwrap_or(ComputeDtype::F32),
@@ -322,5 +326,19 @@ pub fn print_outcome(o: &jobs::prune::Outcome) {
     }
     if let Some(l) = &o.logs {
         println!("memory logs in {}", l.display());
+    }
+}
+
+/// `--keep-pruned`: `auto` (`None`) or a place.
+#[derive(Debug, Clone, Copy)]
+pub struct KeepPruned(Option<crate::model::kept::Place>);
+
+impl std::str::FromStr for KeepPruned {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(KeepPruned(None)),
+            other => other.parse().map(|p| KeepPruned(Some(p))),
+        }
     }
 }

@@ -36,6 +36,53 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
     y
 }
 
+/// A device linear with the matmul strategy `exec::matmul` names (Burn's
+/// own when none is named, or when the named kernel cannot take these
+/// shapes), then a look at the pool while input and output are alive.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_linear {
+    ($runtime:ty, $cuda:expr, $linear:expr, $x:expr) => {{
+        use burn::cubecl::Runtime;
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let (linear, x) = ($linear, $x);
+        let tma = $cuda
+            && !<$runtime>::client(&x.device())
+                .properties()
+                .features
+                .tma
+                .is_empty();
+        let default = crate::exec::matmul::measured_default(tma);
+        let Some(strategy) = crate::exec::matmul::chosen(default) else {
+            return watched_linear(linear, x);
+        };
+        let [b, s, i] = x.dims();
+        let w = linear.weight.val();
+        let [_, o] = w.dims();
+        let out = Tensor::<Self, 2>::empty([b * s, o], (&x.device(), x.dtype()));
+        let xp = x.clone().reshape([b * s, i]).into_primitive().tensor();
+        let wp = w.into_primitive().tensor();
+        let op = out.into_primitive().tensor();
+        let launched = crate::exec::matmul::launch(
+            &strategy,
+            &op.client,
+            (xp.clone().binding(), xp.dtype.into()),
+            (wp.clone().binding(), wp.dtype.into()),
+            (op.clone().binding(), op.dtype.into()),
+        );
+        if launched.is_err() {
+            return watched_linear(linear, x);
+        }
+        let y = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(op)).reshape([b, s, o]);
+        let y = match &linear.bias {
+            Some(bias) => y + bias.val().unsqueeze::<3>(),
+            None => y,
+        };
+        super::watch::after_op();
+        drop(x);
+        y
+    }};
+}
+
 /// The largest allocation cubecl's pool takes on `device` (wgpu: the
 /// adapter's storage-binding limit; CUDA: a quarter of the card).
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -107,12 +154,139 @@ macro_rules! cube_obs_sweep {
     }};
 }
 
+/// [`super::Compute::smallest_per_column`] on a cube backend: the kernel
+/// of `exec::kernels` on the keys' own buffer (read in its layout, `[in,
+/// out]` or its transpose), the flags into a new contiguous i32 tensor.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_smallest_per_column {
+    ($keys:expr, $k:expr) => {{
+        use burn::tensor::{DType, Int, Tensor};
+        let (keys, k) = ($keys, $k);
+        let [rows, cols] = keys.dims();
+        let device = keys.device();
+        let prim = keys.into_primitive();
+        let strides = {
+            let s = prim.meta.strides();
+            (s[0], s[1])
+        };
+        let laid_out = strides == (cols, 1) || strides == (1, rows);
+        let fits = rows < i32::MAX as usize && rows * cols < u32::MAX as usize;
+        if prim.dtype != DType::I32
+            || !laid_out
+            || !prim.is_contiguous_buffer()
+            || !fits
+            || k == 0
+            || k >= rows
+        {
+            return Err(Tensor::from_primitive(prim));
+        }
+        let flags = Tensor::<Self, 2, Int>::empty([rows, cols], &device);
+        let fp = flags.into_primitive();
+        if fp.dtype != DType::I32 || !fp.is_contiguous() {
+            return Err(Tensor::from_primitive(prim));
+        }
+        crate::exec::kernels::launch_smallest_per_column(
+            &prim.client,
+            (prim.handle.clone(), rows * cols),
+            fp.handle.clone(),
+            rows,
+            cols,
+            strides,
+            k,
+        );
+        Ok(Tensor::<Self, 2, Int>::from_primitive(fp).equal_elem(1))
+    }};
+}
+
+/// [`super::Compute::kth_smallest`] on a cube backend: the kernel of
+/// `exec::kernels` over the keys' whole buffer (any layout).
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_kth_smallest {
+    ($keys:expr, $k:expr) => {{
+        use burn::tensor::{DType, Int, Tensor};
+        let (keys, k) = ($keys, $k);
+        let [rows, cols] = keys.dims();
+        let len = rows * cols;
+        let prim = keys.clone().into_primitive();
+        if prim.dtype != DType::I32
+            || !prim.is_contiguous_buffer()
+            || k == 0
+            || k > len
+            || len >= u32::MAX as usize
+        {
+            return None;
+        }
+        let out = Tensor::<Self, 2, Int>::empty([1, 1], &keys.device());
+        let op = out.into_primitive();
+        if op.dtype != DType::I32 {
+            return None;
+        }
+        crate::exec::kernels::launch_kth_smallest(
+            &prim.client,
+            prim.handle.clone(),
+            op.handle.clone(),
+            len,
+            k,
+        );
+        Some(Tensor::<Self, 2, Int>::from_primitive(op))
+    }};
+}
+
+/// [`super::Compute::row_nll`] on a cube backend: the kernel of
+/// `exec::kernels` for the logits' dtype (f32, f16, bf16), on contiguous
+/// buffers, one cube per row.
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+macro_rules! cube_row_nll {
+    ($runtime:ty, $logits:expr, $targets:expr, $skip:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (logits, targets, skip) = ($logits, $targets, $skip);
+        let [rows, vocab] = logits.dims();
+        let device = logits.device();
+        let nll = Tensor::<Self, 1>::empty([rows], &device);
+        let lp = logits.into_primitive().tensor();
+        let tp = targets.into_primitive();
+        let np = nll.into_primitive().tensor();
+        let ok = lp.is_contiguous()
+            && tp.is_contiguous()
+            && np.is_contiguous()
+            && tp.dtype == DType::I32
+            && np.dtype == DType::F32
+            && rows <= 65_535
+            && rows * vocab < u32::MAX as usize;
+        let give_back = |lp, tp| {
+            Err((
+                Tensor::from_primitive(TensorPrimitive::Float(lp)),
+                Tensor::from_primitive(tp),
+            ))
+        };
+        if !ok {
+            return give_back(lp, tp);
+        }
+        let launch = match lp.dtype {
+            DType::F32 => crate::exec::kernels::launch_row_nll::<$runtime, f32>,
+            DType::F16 => crate::exec::kernels::launch_row_nll::<$runtime, half::f16>,
+            DType::BF16 => crate::exec::kernels::launch_row_nll::<$runtime, half::bf16>,
+            _ => return give_back(lp, tp),
+        };
+        launch(
+            &lp.client,
+            lp.handle.clone(),
+            tp.handle.clone(),
+            np.handle.clone(),
+            rows,
+            vocab,
+            skip,
+        );
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(np)))
+    }};
+}
+
 /// The `Compute` of a cubecl backend: wgpu and CUDA share one body (the
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 macro_rules! cube_compute {
-    ($backend:ty, $runtime:ty) => {
+    ($backend:ty, $runtime:ty, $cuda:expr) => {
         impl super::Compute for $backend {
             fn obs_sweep(
                 w: burn::tensor::Tensor<Self, 2>,
@@ -125,6 +299,37 @@ macro_rules! cube_compute {
                 burn::tensor::Tensor<Self, 2>,
             > {
                 cube_obs_sweep!(w, row0, hinv1, prune, nm)
+            }
+
+            fn smallest_per_column(
+                keys: burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+                k: usize,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 2, burn::tensor::Bool>,
+                burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+            > {
+                cube_smallest_per_column!(keys, k)
+            }
+
+            fn kth_smallest(
+                keys: &burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+                k: usize,
+            ) -> Option<burn::tensor::Tensor<Self, 2, burn::tensor::Int>> {
+                cube_kth_smallest!(keys, k)
+            }
+
+            fn row_nll(
+                logits: burn::tensor::Tensor<Self, 2>,
+                targets: burn::tensor::Tensor<Self, 1, burn::tensor::Int>,
+                skip: usize,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 1>,
+                (
+                    burn::tensor::Tensor<Self, 2>,
+                    burn::tensor::Tensor<Self, 1, burn::tensor::Int>,
+                ),
+            > {
+                cube_row_nll!($runtime, logits, targets, skip)
             }
 
             fn is_device() -> bool {
@@ -145,16 +350,16 @@ macro_rules! cube_compute {
                 linear: &burn::nn::Linear<Self>,
                 x: burn::tensor::Tensor<Self, 3>,
             ) -> burn::tensor::Tensor<Self, 3> {
-                watched_linear(linear, x)
+                cube_linear!($runtime, $cuda, linear, x)
             }
         }
     };
 }
 
 #[cfg(feature = "wgpu")]
-cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime);
+cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime, false);
 #[cfg(feature = "cuda")]
-cube_compute!(Cuda, burn::cubecl::cuda::CudaRuntime);
+cube_compute!(Cuda, burn::cubecl::cuda::CudaRuntime, true);
 
 /// A device that was opened, with what its backend needs.
 #[derive(Clone)]

@@ -81,6 +81,43 @@ pub trait Compute: Backend {
         Err(w)
     }
 
+    /// For each column of `keys` (`[rows, cols]`, the bit patterns of
+    /// non-negative f32, [`Self::float_bits`]), the `k` smallest (`1 <= k <
+    /// rows`), ties in row order: the per-output selection in one kernel
+    /// launch (`exec::kernels`). `Err(keys)` where the backend has no such
+    /// kernel (the caller bisects with Burn's ops).
+    #[allow(clippy::type_complexity)]
+    fn smallest_per_column(
+        keys: Tensor<Self, 2, Int>,
+        k: usize,
+    ) -> Result<Tensor<Self, 2, burn::tensor::Bool>, Tensor<Self, 2, Int>> {
+        let _ = k;
+        Err(keys)
+    }
+
+    /// The smallest of `keys` (any shape, the bit patterns of non-negative
+    /// f32) with at least `k` keys at or below it (`1 <= k <= numel`), as a
+    /// `[1, 1]` tensor: a per-matrix threshold in one kernel launch
+    /// (`exec::kernels`). `None` where the backend has no such kernel.
+    fn kth_smallest(keys: &Tensor<Self, 2, Int>, k: usize) -> Option<Tensor<Self, 2, Int>> {
+        let _ = (keys, k);
+        None
+    }
+
+    /// Each row's `logsumexp(row) - row[target]` (f32, `[rows]`) of
+    /// `logits` (`[rows, vocab]`, the compute dtype), 0 for the rows before
+    /// `skip`, in one kernel launch (`exec::kernels`). `Err` gives the
+    /// arguments back where the backend has no such kernel.
+    #[allow(clippy::type_complexity)]
+    fn row_nll(
+        logits: Tensor<Self, 2>,
+        targets: Tensor<Self, 1, Int>,
+        skip: usize,
+    ) -> Result<Tensor<Self, 1>, (Tensor<Self, 2>, Tensor<Self, 1, Int>)> {
+        let _ = skip;
+        Err((logits, targets))
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

@@ -17,6 +17,7 @@ pub mod dist;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernels;
 pub mod launch;
+pub mod matmul;
 #[cfg(feature = "mpi")]
 mod mpi;
 pub mod reduce;

@@ -259,6 +259,9 @@ pub struct PruneJob {
     pub resident: bool,
     /// Keep the calibration activations in host memory between layers.
     pub offload_activations: bool,
+    /// Where a device run's pruned layers wait for the evaluation
+    /// (`None`: chosen from the predicted peak and the budgets).
+    pub keep_pruned: Option<crate::model::kept::Place>,
     pub dtype: ComputeDtype,
     /// Windows per forward pass (default 8; GradProbe: per gradient batch, 1).
     pub batch_size: Option<usize>,
@@ -306,6 +309,7 @@ impl PruneJob {
             overwrite: false,
             resident: false,
             offload_activations: false,
+            keep_pruned: None,
             dtype: ComputeDtype::F32,
             batch_size: None,
             percdamp: 0.01,

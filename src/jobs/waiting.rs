@@ -54,7 +54,8 @@ pub(super) fn choose<B: Compute>(
 /// evaluation (`None`: nothing to keep — a CPU run, a resident model, or no
 /// evaluation): the device when the run's predicted device peak plus every
 /// layer fits its memory (`--device-memory`, or a CUDA card's), host memory
-/// when they fit what is available, else disk.
+/// when they fit what is available, else disk; or where `--keep-pruned`
+/// says.
 fn keep_place<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
@@ -63,6 +64,9 @@ fn keep_place<B: Compute>(
 ) -> Option<Place> {
     if !B::is_device() || !evaluates {
         return None;
+    }
+    if let Some(place) = job.keep_pruned {
+        return Some(place);
     }
     let c = &opened.ckpt.config;
     let layers = crate::model::kept::all_layers_bytes(c, job.dtype);

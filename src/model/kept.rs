@@ -29,6 +29,20 @@ pub enum Place {
     Disk,
 }
 
+impl std::str::FromStr for Place {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "device" => Ok(Place::Device),
+            "host" => Ok(Place::Host),
+            "disk" => Ok(Place::Disk),
+            other => Err(format!(
+                "unknown place '{other}' (expected auto, device, host or disk)"
+            )),
+        }
+    }
+}
+
 impl Place {
     pub fn name(self) -> &'static str {
         match self {

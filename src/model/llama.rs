@@ -518,6 +518,8 @@ pub struct Llama<B: Backend> {
 /// The output projection: a separate head, or the embeddings transposed.
 pub enum Head<'a, B: Backend> {
     Linear(&'a Linear<B>),
+    /// A `[vocab, hidden]` table multiplied transposed: the tied
+    /// embedding, or an untied head kept in its stored layout.
     Tied(&'a Embedding<B>),
     /// A table past the device's largest buffer, in row shards
     /// (`model::vocab`).
@@ -534,6 +536,7 @@ impl<'a, B: Compute> Head<'a, B> {
         use super::vocab::{Embed, LmHead};
         match (lm_head, embed) {
             (Some(LmHead::Whole(l)), _) => Head::Linear(l),
+            (Some(LmHead::Rows(e)), _) => Head::Tied(e),
             (Some(LmHead::Sharded(s)), _) | (None, Embed::Sharded(s)) => Head::Sharded(s),
             (None, Embed::Whole(e)) => Head::Tied(e),
         }

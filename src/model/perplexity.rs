@@ -117,10 +117,11 @@ pub fn window_nll<B: Compute>(
 
 /// [`window_nll`] on a device: log-softmax, the target's logit and the
 /// sum stay on the device, chunk by chunk of the same rows as the host
-/// path; one f32 per window comes back, once per batch. The f32 logits
-/// are shifted and exponentiated in their own buffer (Burn reuses a
-/// tensor it alone holds), so a chunk's high-water mark is the host
-/// path's: the chunk in its dtype beside its f32 copy.
+/// path; one f32 per window comes back, once per batch. Each chunk's
+/// losses are one kernel launch over the logits in their own dtype
+/// (`Compute::row_nll`), so a chunk's high-water mark is the chunk alone;
+/// a backend without the kernel takes Burn's ops ([`ops_nll`]: the chunk
+/// beside its f32 copy).
 fn device_window_nll<B: Compute>(
     h: Tensor<B, 3>,
     windows: &[Vec<u32>],
@@ -140,6 +141,7 @@ fn device_window_nll<B: Compute>(
         let targets: Vec<i64> = tokens[1..s].iter().map(|t| *t as i64).collect();
         crate::exec::transfer::uploaded(targets.len() as u64 * 4);
         let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [s - 1]), &device);
+        let in_vocab = fits_vocab(&tokens[1..s], vocab);
         let mut total: Option<Tensor<B, 1>> = None;
         let mut counted = 0;
         while counted < s - 1 {
@@ -148,24 +150,23 @@ fn device_window_nll<B: Compute>(
             let skip = counted - row;
             let _tag = tag::tag(Category::Logits);
             let logits = head.logits(hj.clone().slice([row..end, 0..d]));
-            let logits = if logits.dtype() == DType::F32 {
-                logits
-            } else {
-                let f32s = logits.cast(FloatDType::F32);
-                // The chunk in both dtypes: the evaluation's high-water mark.
-                crate::exec::watch::after_op();
-                f32s
+            let chunk_targets = targets.clone().slice([row..end]);
+            let nll = match in_vocab {
+                // One launch over the chunk in its own dtype
+                // (`exec::kernels`): no f32 copy, no reductions in pieces.
+                true => match B::row_nll(logits, chunk_targets, skip) {
+                    Ok(rows) => {
+                        crate::exec::watch::after_op();
+                        Ok(reduce::sum_all(rows).reshape([1]))
+                    }
+                    Err(back) => Err(back),
+                },
+                false => Err((logits, chunk_targets)),
             };
-            let _span = timing::work(Work::Logits);
-            let picked = logits
-                .clone()
-                .gather(1, targets.clone().slice([row..end]).reshape([end - row, 1]));
-            // Over the vocabulary in pieces: cubecl's reductions stop short
-            // on axes past 65 532 (`exec::reduce`).
-            let max = reduce::max_dim(logits.clone(), 1);
-            let lse = reduce::sum_dim((logits - max.clone()).exp(), 1).log() + max;
-            let rows = (lse - picked).slice([skip..chunk, 0..1]);
-            let nll = reduce::sum_all(rows).reshape([1]);
+            let nll = match nll {
+                Ok(nll) => nll,
+                Err((logits, chunk_targets)) => ops_nll(logits, chunk_targets, skip),
+            };
             total = Some(match total {
                 Some(t) => t + nll,
                 None => nll,
@@ -180,6 +181,38 @@ fn device_window_nll<B: Compute>(
     let data = Tensor::cat(totals, 0).into_data();
     crate::exec::transfer::read_back(data.bytes.len() as u64);
     data.iter::<f32>().map(f64::from).collect()
+}
+
+/// Whether every token of `tokens` is a row of the vocabulary (a kernel
+/// reads the target's logit without a bounds check).
+fn fits_vocab(tokens: &[u32], vocab: usize) -> bool {
+    tokens.iter().all(|t| (*t as usize) < vocab)
+}
+
+/// The summed loss of the rows `skip..` of `logits` (`[rows, vocab]`) with
+/// Burn's ops, where the backend has no `row_nll` kernel: the chunk cast
+/// to f32, log-softmax over the vocabulary in pieces (cubecl's reductions
+/// stop short on axes past 65 532, `exec::reduce`), the targets gathered.
+fn ops_nll<B: Compute>(
+    logits: Tensor<B, 2>,
+    targets: Tensor<B, 1, Int>,
+    skip: usize,
+) -> Tensor<B, 1> {
+    let [rows, _] = logits.dims();
+    let logits = if logits.dtype() == DType::F32 {
+        logits
+    } else {
+        let f32s = logits.cast(FloatDType::F32);
+        // The chunk in both dtypes: this path's high-water mark.
+        crate::exec::watch::after_op();
+        f32s
+    };
+    let _span = timing::work(Work::Logits);
+    let picked = logits.clone().gather(1, targets.reshape([rows, 1]));
+    let max = reduce::max_dim(logits.clone(), 1);
+    let lse = reduce::sum_dim((logits - max.clone()).exp(), 1).log() + max;
+    let rows = (lse - picked).slice([skip..rows, 0..1]);
+    reduce::sum_all(rows).reshape([1])
 }
 
 /// Perplexity of `windows` (all of one length).

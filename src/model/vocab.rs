@@ -37,6 +37,11 @@ pub enum Embed<B: Backend> {
 /// An untied output head, whole or in shards.
 pub enum LmHead<B: Backend> {
     Whole(Box<Linear<B>>),
+    /// On a device: the checkpoint's `[vocab, hidden]` rows as they are
+    /// stored, multiplied transposed (the tied head's product). Loading it
+    /// as a Burn `Linear` transposed 1 GiB on one host core: 5 s of an 8B
+    /// shape's evaluation on an H100's host (docs/gpu.md).
+    Rows(Embedding<B>),
     Sharded(Shards<B>),
 }
 
@@ -173,6 +178,7 @@ fn shard_limit<B: Compute>(
 /// its first layer on an H100.
 fn device_table<B: Compute>(
     ckpt: &Checkpoint,
+    name: &str,
     dtype: ComputeDtype,
     device: &B::Device,
 ) -> Result<Embedding<B>, ModelError> {
@@ -180,7 +186,7 @@ fn device_table<B: Compute>(
     let data = {
         let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
         let _io = crate::timing::work(crate::timing::Work::Io);
-        ckpt.read_converted("model.embed_tokens.weight", dtype)?
+        ckpt.read_converted(name, dtype)?
     };
     crate::exec::transfer::uploaded(data.bytes.len() as u64);
     let mut e = burn::nn::EmbeddingConfig::new(c.vocab_size, c.hidden_size).init(device);
@@ -204,7 +210,12 @@ impl<B: Compute> Embed<B> {
                 limit,
                 device,
             )?),
-            None if B::is_device() => Embed::Whole(device_table(ckpt, dtype, device)?),
+            None if B::is_device() => Embed::Whole(device_table(
+                ckpt,
+                "model.embed_tokens.weight",
+                dtype,
+                device,
+            )?),
             None => Embed::Whole(ckpt.load_embedding(dtype, device)?),
         })
     }
@@ -233,6 +244,12 @@ impl<B: Compute> LmHead<B> {
                 "lm_head.weight",
                 dtype,
                 limit,
+                device,
+            )?))),
+            None if untied && B::is_device() => Ok(Some(LmHead::Rows(device_table(
+                ckpt,
+                "lm_head.weight",
+                dtype,
                 device,
             )?))),
             None => Ok(ckpt

@@ -141,56 +141,98 @@ pub fn cholesky_lower(a: &mut [f32], n: usize) -> Result<(), NotPositiveDefinite
 }
 
 /// Inverse of a lower-triangular `l` (`n × n`, row-major), itself lower.
+/// Each block column of `X = L⁻¹` depends on `L` alone, so the block
+/// columns are solved in parallel (one thread each, every core busy: an
+/// H100 host spent 10 s of a 1B shape's SparseGPT layer here at 3 of 16
+/// cores when they were solved in turn).
 pub fn invert_lower(l: &[f32], n: usize) -> Vec<f32> {
     let mut x = vec![0f32; n * n];
-    // Solve L X = I one block column at a time.
-    let mut j = 0;
-    while j < n {
-        let jb = NB.min(n - j);
-        // Diagonal block: X_jj = inv(L_jj), by forward substitution.
-        for c in 0..jb {
-            for r in c..jb {
-                let mut s = if r == c { 1.0f64 } else { 0.0 };
-                for p in c..r {
-                    s -= l[(j + r) * n + j + p] as f64 * x[(j + p) * n + j + c] as f64;
-                }
-                x[(j + r) * n + j + c] = (s / l[(j + r) * n + j + r] as f64) as f32;
-            }
-        }
-        // Block rows below: X_ij = -L_ii⁻¹ · Σ_{k=j}^{i-1} L_ik X_kj.
-        let mut i = j + jb;
-        while i < n {
-            let ib = NB.min(n - i);
-            let mut t = vec![0f32; ib * jb];
-            let tp = t.as_mut_ptr();
-            // t = -(L[i, j..i] · X[j..i, j..j+jb])
-            gemm_sub(
-                ib,
-                jb,
-                i - j,
-                tp,
-                jb,
-                l[i * n + j..].as_ptr(),
-                n,
-                x[j * n + j..].as_ptr(),
-                n,
-                false,
-            );
-            // X_ij = L_ii⁻¹ t by forward substitution.
-            for c in 0..jb {
-                for r in 0..ib {
-                    let mut s = t[r * jb + c] as f64;
-                    for p in 0..r {
-                        s -= l[(i + r) * n + i + p] as f64 * x[(i + p) * n + j + c] as f64;
-                    }
-                    x[(i + r) * n + j + c] = (s / l[(i + r) * n + i + r] as f64) as f32;
-                }
-            }
-            i += ib;
-        }
-        j += jb;
-    }
+    let out = SharedOut(x.as_mut_ptr());
+    let starts: Vec<usize> = (0..n).step_by(NB).collect();
+    starts.par_iter().for_each(|&j| {
+        let out = &out;
+        // SAFETY: the task for block column `j` writes only columns
+        // `j..j + jb` of `x` (and reads only those), so no two tasks touch
+        // the same element; `x` outlives the scope.
+        unsafe { invert_block_column(l, n, j, out.0) }
+    });
     x
+}
+
+/// `x`'s buffer, shared by the block-column tasks of [`invert_lower`].
+struct SharedOut(*mut f32);
+// SAFETY: the tasks write disjoint columns (see `invert_lower`).
+unsafe impl Sync for SharedOut {}
+
+/// Block column `j..j + jb` of `L⁻¹` into `x` (row-major `n × n`): the
+/// diagonal block by forward substitution, then each block row below as
+/// `X_ij = -L_ii⁻¹ · Σ_{k=j}^{i-1} L_ik X_kj`. Rows are finished in order
+/// and each row's entries are updated together (row-wise, cache-friendly);
+/// every entry sums its terms in the order of the column-wise recurrence.
+///
+/// # Safety
+/// `x` is a live `n × n` buffer whose columns `j..j + jb` no other thread
+/// touches meanwhile.
+unsafe fn invert_block_column(l: &[f32], n: usize, j: usize, x: *mut f32) {
+    let jb = NB.min(n - j);
+    let at = |r: usize, c: usize| r * n + c;
+    let mut s = [0f64; NB];
+    // Diagonal block: row r of X_jj from rows p < r.
+    for r in 0..jb {
+        for (c, v) in s.iter_mut().enumerate().take(r + 1) {
+            *v = if c == r { 1.0 } else { 0.0 };
+        }
+        for p in 0..r {
+            let coef = l[at(j + r, j + p)] as f64;
+            for (c, v) in s.iter_mut().enumerate().take(p + 1) {
+                // SAFETY: row j + p < n, column j + c < j + jb.
+                *v -= coef * unsafe { *x.add(at(j + p, j + c)) } as f64;
+            }
+        }
+        let d = l[at(j + r, j + r)] as f64;
+        for (c, v) in s.iter().enumerate().take(r + 1) {
+            // SAFETY: as above.
+            unsafe { *x.add(at(j + r, j + c)) = (v / d) as f32 };
+        }
+    }
+    let mut i = j + jb;
+    let mut t = vec![0f32; NB * jb];
+    while i < n {
+        let ib = NB.min(n - i);
+        t[..ib * jb].fill(0.0);
+        // t = -(L[i, j..i] · X[j..i, j..j+jb])
+        gemm_sub(
+            ib,
+            jb,
+            i - j,
+            t.as_mut_ptr(),
+            jb,
+            l[at(i, j)..].as_ptr(),
+            n,
+            // SAFETY: rows j..i of this task's columns, already written.
+            unsafe { x.add(at(j, j)) },
+            n,
+            false,
+        );
+        for r in 0..ib {
+            for (c, v) in s.iter_mut().enumerate().take(jb) {
+                *v = t[r * jb + c] as f64;
+            }
+            for p in 0..r {
+                let coef = l[at(i + r, i + p)] as f64;
+                for (c, v) in s.iter_mut().enumerate().take(jb) {
+                    // SAFETY: row i + p < n, column j + c < j + jb.
+                    *v -= coef * unsafe { *x.add(at(i + p, j + c)) } as f64;
+                }
+            }
+            let d = l[at(i + r, i + r)] as f64;
+            for (c, v) in s.iter().enumerate().take(jb) {
+                // SAFETY: as above.
+                unsafe { *x.add(at(i + r, j + c)) = (v / d) as f32 };
+            }
+        }
+        i += ib;
+    }
 }
 
 /// Upper-triangular `U` with `Uᵀ U = H⁻¹`, for symmetric positive-definite

@@ -1,6 +1,3 @@
-//! prunemem's own cubecl kernels, for the device backends (the CPU's own
-//! kernels are `model::host`'s).
-//!
 //! SparseGPT's column sweep over one block as a single cubecl kernel: one
 //! unit per output, walking the block's inputs in order. Written with Burn's
 //! ops the sweep costs about six launches per input (an H100 spent over 150
@@ -18,10 +15,6 @@
 //! The host path (`prune::sparsegpt::fasterprune`) and the Burn-ops path
 //! (`prune::sparsegpt_device`, on backends without this kernel) remain the
 //! references: `tests/device.rs` compares them on lavapipe.
-
-// cubecl's language declares a branch's variable before assigning it in
-// every arm; rustc sees the first value unread.
-#![allow(unused_assignments)]
 
 use cubecl::prelude::*;
 

@@ -1,0 +1,121 @@
+//! How fast each of cubecl's matmul kernels runs a linear of the model's
+//! shapes (`exec::matmul`): for every strategy name, the same f16 linears
+//! as prunemem runs them (`Compute::linear`, Burn's `[in, out]` weight),
+//! timed over repeated calls after a warm-up, in TFLOP/s. A strategy that
+//! cannot take a shape falls back to Burn's matmul and is marked so.
+//!
+//!   cargo run --release --features cuda --example matmul_rate -- cuda [TOKENS] [NAMES...]
+//!
+//! Defaults: 4096 tokens (8 windows of 512), a Llama-3.2-1B layer's
+//! shapes and its head's, every name in `exec::matmul::NAMES`.
+
+use std::time::Instant;
+
+use burn::nn::LinearConfig;
+use burn::prelude::*;
+use burn::tensor::FloatDType;
+use prunemem::exec::{Compute, DeviceSpec, Exec, OnDevice, WgpuSelect};
+
+struct Rates {
+    tokens: usize,
+    names: Vec<String>,
+}
+
+/// Seconds per call of `linear` on `x` (after two calls to compile and
+/// warm up), synchronised by reading one value back.
+fn per_call<B: Compute>(linear: &burn::nn::Linear<B>, x: &Tensor<B, 3>, calls: usize) -> f64 {
+    let sync = |y: Tensor<B, 3>| {
+        let _ = y.slice([0..1, 0..1, 0..1]).into_data();
+    };
+    for _ in 0..2 {
+        sync(<B as Compute>::linear(linear, x.clone()));
+    }
+    let t = Instant::now();
+    let mut last = None;
+    for _ in 0..calls {
+        last = Some(<B as Compute>::linear(linear, x.clone()));
+    }
+    if let Some(y) = last {
+        sync(y);
+    }
+    t.elapsed().as_secs_f64() / calls as f64
+}
+
+impl OnDevice for Rates {
+    type Output = ();
+    fn run<B: Compute>(self, device: &B::Device) {
+        let shapes = [
+            (2048, 2048),
+            (2048, 512),
+            (2048, 8192),
+            (8192, 2048),
+            (2048, 128_256),
+        ];
+        for (inp, out) in shapes {
+            // The head's shape only at a real token count (it is 137
+            // GFLOP a call: minutes on lavapipe).
+            if out > 100_000 && self.tokens < 1024 {
+                continue;
+            }
+            let rows = if out > 100_000 { 261 } else { self.tokens };
+            let mut linear = LinearConfig::new(inp, out)
+                .with_bias(false)
+                .init::<B>(device);
+            linear.weight = linear.weight.map(|w| w.cast(FloatDType::F16));
+            let x =
+                Tensor::<B, 3>::random([1, rows, inp], burn::tensor::Distribution::Default, device)
+                    .cast(FloatDType::F16);
+            let flop = 2.0 * (rows * inp * out) as f64;
+            let mut reference = None;
+            for name in &self.names {
+                if !prunemem::exec::matmul::set(name) {
+                    println!("{name}: unknown");
+                    continue;
+                }
+                let before = prunemem::exec::matmul::fell_back();
+                let y = <B as Compute>::linear(&linear, x.clone()).cast(FloatDType::F32);
+                let own = prunemem::exec::matmul::fell_back() == before;
+                let base = Tensor::<B, 3>::zeros(y.dims(), device);
+                let want = reference.get_or_insert_with(|| y.clone()).clone();
+                let err: f32 = (y - want).abs().max().into_scalar().elem();
+                let scale: f32 = (base + 1.0).max().into_scalar().elem();
+                let s = per_call(&linear, &x, 10);
+                println!(
+                    "{rows}x{inp} · {inp}x{out} {name}{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}{}",
+                    if own {
+                        ""
+                    } else {
+                        " (cannot take it: Burn's matmul ran)"
+                    },
+                    s * 1e3,
+                    flop / s / 1e12,
+                    err / scale,
+                    if err > 0.1 { " (DIFFERS)" } else { "" }
+                );
+            }
+        }
+        prunemem::exec::matmul::set("auto");
+    }
+}
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let spec = match args.next().as_deref() {
+        Some("cuda") => DeviceSpec::Cuda(0),
+        _ => DeviceSpec::Wgpu(WgpuSelect::Default),
+    };
+    let tokens = args.next().and_then(|a| a.parse().ok()).unwrap_or(4096);
+    let names: Vec<String> = args.collect();
+    let names = if names.is_empty() {
+        prunemem::exec::matmul::NAMES
+            .iter()
+            .map(|n| n.to_string())
+            .collect()
+    } else {
+        names
+    };
+    match Exec::open(spec, None) {
+        Ok(exec) => exec.run(Rates { tokens, names }),
+        Err(e) => eprintln!("{e}"),
+    }
+}
