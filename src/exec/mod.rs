@@ -13,6 +13,8 @@ pub mod backends;
 mod compute;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+mod cube_compute;
 pub mod dist;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernels;

@@ -1,0 +1,342 @@
+//! The `Compute` of Burn's cubecl backends (wgpu and CUDA share one body,
+//! differing only in their runtime): prunemem's kernels (`exec::kernels`)
+//! on the tensors' own buffers, the in-place f32 bit view, the linear with
+//! the matmul strategy `exec::matmul` chooses, and a look at the pool after
+//! each linear. Each kernel's wrapper checks dtype, layout and sizes and
+//! hands the tensors back where the kernel cannot take them, so the caller
+//! runs Burn's ops instead.
+
+#[cfg(feature = "cuda")]
+use super::backends::Cuda;
+#[cfg(feature = "wgpu")]
+use super::backends::Wgpu;
+
+/// A device backend's linear: Burn's op, then a look at the pool while the
+/// input and the output are both alive (the pass's high-water mark,
+/// [`super::watch`]).
+fn watched_linear<B: burn::tensor::backend::Backend>(
+    linear: &burn::nn::Linear<B>,
+    x: burn::tensor::Tensor<B, 3>,
+) -> burn::tensor::Tensor<B, 3> {
+    let y = linear.forward(x.clone());
+    super::watch::after_op();
+    drop(x);
+    y
+}
+
+/// A device linear with the matmul strategy `exec::matmul` names (Burn's
+/// own when none is named, or when the named kernel cannot take these
+/// shapes), then a look at the pool while input and output are alive.
+macro_rules! cube_linear {
+    ($runtime:ty, $cuda:expr, $linear:expr, $x:expr) => {{
+        use burn::cubecl::Runtime;
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let (linear, x) = ($linear, $x);
+        let tma = $cuda
+            && !<$runtime>::client(&x.device())
+                .properties()
+                .features
+                .tma
+                .is_empty();
+        let default = crate::exec::matmul::measured_default(tma);
+        let Some(strategy) = crate::exec::matmul::chosen(default) else {
+            return watched_linear(linear, x);
+        };
+        let [b, s, i] = x.dims();
+        let w = linear.weight.val();
+        let [_, o] = w.dims();
+        let out = Tensor::<Self, 2>::empty([b * s, o], (&x.device(), x.dtype()));
+        let xp = x.clone().reshape([b * s, i]).into_primitive().tensor();
+        let wp = w.into_primitive().tensor();
+        let op = out.into_primitive().tensor();
+        let launched = crate::exec::matmul::launch(
+            &strategy,
+            &op.client,
+            (xp.clone().binding(), xp.dtype.into()),
+            (wp.clone().binding(), wp.dtype.into()),
+            (op.clone().binding(), op.dtype.into()),
+        );
+        if launched.is_err() {
+            return watched_linear(linear, x);
+        }
+        let y = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(op)).reshape([b, s, o]);
+        let y = match &linear.bias {
+            Some(bias) => y + bias.val().unsqueeze::<3>(),
+            None => y,
+        };
+        super::watch::after_op();
+        drop(x);
+        y
+    }};
+}
+
+/// The largest allocation cubecl's pool takes on `device` (wgpu: the
+/// adapter's storage-binding limit; CUDA: a quarter of the card).
+fn cube_max_buffer<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<u64> {
+    Some(R::client(device).properties().memory.max_page_size)
+}
+
+/// A cube tensor's f32 bits as an i32 tensor of the same shape: the
+/// buffer is shared, only the dtype it is read as changes (the Int element
+/// of Burn's wgpu and CUDA backends is i32).
+macro_rules! cube_float_bits {
+    ($t:expr) => {{
+        use burn::tensor::{DType, FloatDType};
+        let t = $t;
+        let t = match t.dtype() {
+            DType::F32 => t,
+            _ => t.cast(FloatDType::F32),
+        };
+        let mut prim = t.into_primitive().tensor();
+        prim.dtype = DType::I32;
+        burn::tensor::Tensor::from_primitive(prim)
+    }};
+}
+
+/// [`super::Compute::obs_sweep`] on a cube backend: the kernel of
+/// `exec::kernels` on the tensors' own buffers, when every one is
+/// contiguous f32.
+macro_rules! cube_obs_sweep {
+    ($w:expr, $row0:expr, $hinv1:expr, $prune:expr, $nm:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (w, row0, hinv1, prune, nm) = ($w, $row0, $hinv1, $prune, $nm);
+        let [rows, out] = w.dims();
+        let [count, _] = hinv1.dims();
+        let device = w.device();
+        let mask = match prune {
+            Some(p) => p.clone().float(),
+            None => Tensor::zeros([1, 1], &device),
+        };
+        let err = Tensor::<Self, 2>::empty([count, out], &device);
+        let f32s = [&w, hinv1, &mask, &err]
+            .iter()
+            .all(|t| t.dtype() == DType::F32);
+        let wp = w.into_primitive().tensor();
+        let hp = hinv1.clone().into_primitive().tensor();
+        let mp = mask.into_primitive().tensor();
+        let ep = err.into_primitive().tensor();
+        let contiguous = [&wp, &hp, &mp, &ep].iter().all(|t| t.is_contiguous());
+        if !f32s || !contiguous || row0 + count > rows {
+            return Err(Tensor::from_primitive(TensorPrimitive::Float(wp)));
+        }
+        let mask_len = mp.meta.num_elements();
+        crate::exec::kernels::launch_obs_sweep(
+            &wp.client,
+            (wp.handle.clone(), rows * out),
+            (hp.handle.clone(), count * count),
+            (mp.handle.clone(), mask_len),
+            (ep.handle.clone(), count * out),
+            row0,
+            out,
+            count,
+            nm,
+        );
+        Ok((
+            Tensor::from_primitive(TensorPrimitive::Float(wp)),
+            Tensor::from_primitive(TensorPrimitive::Float(ep)),
+        ))
+    }};
+}
+
+/// [`super::Compute::smallest_per_column`] on a cube backend: the kernel
+/// of `exec::kernels` on the keys' own buffer (read in its layout, `[in,
+/// out]` or its transpose), the flags into a new contiguous i32 tensor.
+macro_rules! cube_smallest_per_column {
+    ($keys:expr, $k:expr) => {{
+        use burn::tensor::{DType, Int, Tensor};
+        let (keys, k) = ($keys, $k);
+        let [rows, cols] = keys.dims();
+        let device = keys.device();
+        let prim = keys.into_primitive();
+        let strides = {
+            let s = prim.meta.strides();
+            (s[0], s[1])
+        };
+        let laid_out = strides == (cols, 1) || strides == (1, rows);
+        let fits = rows < i32::MAX as usize && rows * cols < u32::MAX as usize;
+        if prim.dtype != DType::I32
+            || !laid_out
+            || !prim.is_contiguous_buffer()
+            || !fits
+            || k == 0
+            || k >= rows
+        {
+            return Err(Tensor::from_primitive(prim));
+        }
+        let flags = Tensor::<Self, 2, Int>::empty([rows, cols], &device);
+        let fp = flags.into_primitive();
+        if fp.dtype != DType::I32 || !fp.is_contiguous() {
+            return Err(Tensor::from_primitive(prim));
+        }
+        crate::exec::kernels::launch_smallest_per_column(
+            &prim.client,
+            (prim.handle.clone(), rows * cols),
+            fp.handle.clone(),
+            rows,
+            cols,
+            strides,
+            k,
+        );
+        Ok(Tensor::<Self, 2, Int>::from_primitive(fp).equal_elem(1))
+    }};
+}
+
+/// [`super::Compute::kth_smallest`] on a cube backend: the kernel of
+/// `exec::kernels` over the keys' whole buffer (any layout).
+macro_rules! cube_kth_smallest {
+    ($keys:expr, $k:expr) => {{
+        use burn::tensor::{DType, Int, Tensor};
+        let (keys, k) = ($keys, $k);
+        let [rows, cols] = keys.dims();
+        let len = rows * cols;
+        let prim = keys.clone().into_primitive();
+        if prim.dtype != DType::I32
+            || !prim.is_contiguous_buffer()
+            || k == 0
+            || k > len
+            || len >= u32::MAX as usize
+        {
+            return None;
+        }
+        let out = Tensor::<Self, 2, Int>::empty([1, 1], &keys.device());
+        let op = out.into_primitive();
+        if op.dtype != DType::I32 {
+            return None;
+        }
+        crate::exec::kernels::launch_kth_smallest(
+            &prim.client,
+            prim.handle.clone(),
+            op.handle.clone(),
+            len,
+            k,
+        );
+        Some(Tensor::<Self, 2, Int>::from_primitive(op))
+    }};
+}
+
+/// [`super::Compute::row_nll`] on a cube backend: the kernel of
+/// `exec::kernels` for the logits' dtype (f32, f16, bf16), on contiguous
+/// buffers, one cube per row.
+macro_rules! cube_row_nll {
+    ($runtime:ty, $logits:expr, $targets:expr, $skip:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (logits, targets, skip) = ($logits, $targets, $skip);
+        let [rows, vocab] = logits.dims();
+        let device = logits.device();
+        let nll = Tensor::<Self, 1>::empty([rows], &device);
+        let lp = logits.into_primitive().tensor();
+        let tp = targets.into_primitive();
+        let np = nll.into_primitive().tensor();
+        let ok = lp.is_contiguous()
+            && tp.is_contiguous()
+            && np.is_contiguous()
+            && tp.dtype == DType::I32
+            && np.dtype == DType::F32
+            && rows <= 65_535
+            && rows * vocab < u32::MAX as usize;
+        let give_back = |lp, tp| {
+            Err((
+                Tensor::from_primitive(TensorPrimitive::Float(lp)),
+                Tensor::from_primitive(tp),
+            ))
+        };
+        if !ok {
+            return give_back(lp, tp);
+        }
+        let launch = match lp.dtype {
+            DType::F32 => crate::exec::kernels::launch_row_nll::<$runtime, f32>,
+            DType::F16 => crate::exec::kernels::launch_row_nll::<$runtime, half::f16>,
+            DType::BF16 => crate::exec::kernels::launch_row_nll::<$runtime, half::bf16>,
+            _ => return give_back(lp, tp),
+        };
+        launch(
+            &lp.client,
+            lp.handle.clone(),
+            tp.handle.clone(),
+            np.handle.clone(),
+            rows,
+            vocab,
+            skip,
+        );
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(np)))
+    }};
+}
+
+/// The `Compute` of a cubecl backend: wgpu and CUDA share one body (the
+/// device kernels of `exec::kernels`, the in-place bit view, the watched
+/// linear), differing only in their runtime.
+macro_rules! cube_compute {
+    ($backend:ty, $runtime:ty, $cuda:expr) => {
+        impl super::Compute for $backend {
+            fn obs_sweep(
+                w: burn::tensor::Tensor<Self, 2>,
+                row0: usize,
+                hinv1: &burn::tensor::Tensor<Self, 2>,
+                prune: Option<&burn::tensor::Tensor<Self, 2, burn::tensor::Bool>>,
+                nm: Option<(usize, usize)>,
+            ) -> Result<
+                (burn::tensor::Tensor<Self, 2>, burn::tensor::Tensor<Self, 2>),
+                burn::tensor::Tensor<Self, 2>,
+            > {
+                cube_obs_sweep!(w, row0, hinv1, prune, nm)
+            }
+
+            fn smallest_per_column(
+                keys: burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+                k: usize,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 2, burn::tensor::Bool>,
+                burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+            > {
+                cube_smallest_per_column!(keys, k)
+            }
+
+            fn kth_smallest(
+                keys: &burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+                k: usize,
+            ) -> Option<burn::tensor::Tensor<Self, 2, burn::tensor::Int>> {
+                cube_kth_smallest!(keys, k)
+            }
+
+            fn row_nll(
+                logits: burn::tensor::Tensor<Self, 2>,
+                targets: burn::tensor::Tensor<Self, 1, burn::tensor::Int>,
+                skip: usize,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 1>,
+                (
+                    burn::tensor::Tensor<Self, 2>,
+                    burn::tensor::Tensor<Self, 1, burn::tensor::Int>,
+                ),
+            > {
+                cube_row_nll!($runtime, logits, targets, skip)
+            }
+
+            fn is_device() -> bool {
+                true
+            }
+
+            fn float_bits<const D: usize>(
+                t: burn::tensor::Tensor<Self, D>,
+            ) -> burn::tensor::Tensor<Self, D, burn::tensor::Int> {
+                cube_float_bits!(t)
+            }
+
+            fn max_buffer(device: &Self::Device) -> Option<u64> {
+                cube_max_buffer::<$runtime>(device)
+            }
+
+            fn linear(
+                linear: &burn::nn::Linear<Self>,
+                x: burn::tensor::Tensor<Self, 3>,
+            ) -> burn::tensor::Tensor<Self, 3> {
+                cube_linear!($runtime, $cuda, linear, x)
+            }
+        }
+    };
+}
+
+#[cfg(feature = "wgpu")]
+cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime, false);
+#[cfg(feature = "cuda")]
+cube_compute!(Cuda, burn::cubecl::cuda::CudaRuntime, true);
