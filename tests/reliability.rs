@@ -30,6 +30,28 @@ fn slow_model(root: &Path) -> (PathBuf, PathBuf) {
     (model, text)
 }
 
+/// A SparseGPT prune of the slow model long enough to be signalled in the
+/// middle, logging into `logs`.
+fn slow_prune<'a>(model: &'a Path, text: &'a Path, logs: &'a Path) -> Vec<&'a str> {
+    vec![
+        "prune",
+        "--model",
+        s(model),
+        "--method",
+        "sparsegpt",
+        "--nsamples",
+        "32",
+        "--seqlen",
+        "128",
+        "--calib-text",
+        s(text),
+        "--ui",
+        "none",
+        "--log-memory",
+        s(logs),
+    ]
+}
+
 fn spawn(args: &[&str], env: &[(&str, &Path)]) -> Child {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_prunemem"));
     cmd.args(args).stdout(Stdio::null()).stderr(Stdio::null());
@@ -72,26 +94,7 @@ fn sigkill_leaves_every_stage_up_to_the_last_layer_and_a_partial_report() {
     let dir = tempfile::tempdir().unwrap();
     let (model, text) = slow_model(dir.path());
     let logs = dir.path().join("logs");
-    let mut child = spawn(
-        &[
-            "prune",
-            "--model",
-            s(&model),
-            "--method",
-            "sparsegpt",
-            "--nsamples",
-            "32",
-            "--seqlen",
-            "128",
-            "--calib-text",
-            s(&text),
-            "--ui",
-            "none",
-            "--log-memory",
-            s(&logs),
-        ],
-        &[],
-    );
+    let mut child = spawn(&slow_prune(&model, &text, &logs), &[]);
     let jsonl = logs.join("events.jsonl");
     wait_for(&mut child, &jsonl, &stages::layer_pruned(3));
     signal(&child, libc::SIGKILL);
@@ -328,25 +331,8 @@ fn sighup_finishes_the_logs_and_a_busy_log_folder_is_refused() {
     let (model, text) = slow_model(dir.path());
     let logs = dir.path().join("logs");
     let save = dir.path().join("pruned");
-    let args = [
-        "prune",
-        "--model",
-        s(&model),
-        "--method",
-        "sparsegpt",
-        "--nsamples",
-        "32",
-        "--seqlen",
-        "128",
-        "--calib-text",
-        s(&text),
-        "--ui",
-        "none",
-        "--log-memory",
-        s(&logs),
-        "--save",
-        s(&save),
-    ];
+    let mut args = slow_prune(&model, &text, &logs);
+    args.extend(["--save", s(&save)]);
     let mut child = spawn(&args, &[]);
     let jsonl = logs.join("events.jsonl");
     wait_for(&mut child, &jsonl, &stages::layer_pruned(1));

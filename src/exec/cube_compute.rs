@@ -32,20 +32,21 @@ macro_rules! cube_linear {
         use burn::cubecl::Runtime;
         use burn::tensor::{Tensor, TensorPrimitive};
         let (linear, x) = ($linear, $x);
-        let tma = $cuda
-            && !<$runtime>::client(&x.device())
-                .properties()
-                .features
-                .tma
-                .is_empty();
-        let default = crate::exec::matmul::measured_default(tma);
+        // The strategy is settled on the first linear; the device's
+        // features are read only then.
+        let device = x.device();
+        let default = || {
+            let client = <$runtime>::client(&device);
+            let tma = !client.properties().features.tma.is_empty();
+            crate::exec::matmul::measured_default($cuda && tma)
+        };
         let Some(strategy) = crate::exec::matmul::chosen(default) else {
             return watched_linear(linear, x);
         };
         let [b, s, i] = x.dims();
         let w = linear.weight.val();
         let [_, o] = w.dims();
-        let out = Tensor::<Self, 2>::empty([b * s, o], (&x.device(), x.dtype()));
+        let out = Tensor::<Self, 2>::empty([b * s, o], (&device, x.dtype()));
         let xp = x.clone().reshape([b * s, i]).into_primitive().tensor();
         let wp = w.into_primitive().tensor();
         let op = out.into_primitive().tensor();

@@ -78,14 +78,14 @@ pub fn measured_default(cuda_with_tma: bool) -> &'static str {
 }
 
 /// The name in use: `PRUNEMEM_MATMUL`'s, or the last [`set`], else
-/// `default`; `auto` (Burn's matmul) for an unknown `PRUNEMEM_MATMUL`
-/// (said once on stderr).
-pub fn chosen_name_or(default: &'static str) -> &'static str {
+/// `default()` (asked once, on the first call); `auto` (Burn's matmul) for
+/// an unknown `PRUNEMEM_MATMUL` (said once on stderr).
+pub fn chosen_name_or(default: impl FnOnce() -> &'static str) -> &'static str {
     let mut i = CHOSEN.load(Ordering::Relaxed);
     if i == usize::MAX {
         let name = std::env::var("PRUNEMEM_MATMUL").unwrap_or_default();
         let unset = name.is_empty();
-        let name = if unset { default.to_string() } else { name };
+        let name = if unset { default().to_string() } else { name };
         i = NAMES.iter().position(|n| *n == name).unwrap_or(0);
         if !unset && i == 0 && name != "auto" {
             eprintln!(
@@ -99,15 +99,10 @@ pub fn chosen_name_or(default: &'static str) -> &'static str {
     NAMES[i]
 }
 
-/// [`chosen_name_or`] with `auto` as the default.
-pub fn chosen_name() -> &'static str {
-    chosen_name_or("auto")
-}
-
-/// The strategy in use (`None`: Burn's matmul), `default` when nothing is
-/// named.
+/// The strategy in use (`None`: Burn's matmul), `default()` when nothing
+/// is named.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-pub fn chosen(default: &'static str) -> Option<Strategy> {
+pub fn chosen(default: impl FnOnce() -> &'static str) -> Option<Strategy> {
     strategy(chosen_name_or(default))
 }
 
@@ -179,11 +174,11 @@ mod tests {
     #[test]
     fn names_are_taken_and_unknown_ones_change_nothing() {
         assert!(set("double_cyclic_mma"));
-        assert_eq!(chosen_name(), "double_cyclic_mma");
+        assert_eq!(chosen_name_or(|| "auto"), "double_cyclic_mma");
         assert!(!set("fastest_please"));
-        assert_eq!(chosen_name(), "double_cyclic_mma");
+        assert_eq!(chosen_name_or(|| "auto"), "double_cyclic_mma");
         assert!(set("auto"));
-        assert_eq!(chosen_name(), "auto");
+        assert_eq!(chosen_name_or(|| "auto"), "auto");
         // Every name but auto is a strategy.
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         for name in &NAMES[1..] {
