@@ -395,9 +395,15 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
     let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
-    // The pool's reserved peak, predicted and measured: printed, not yet
-    // asserted (docs/gpu.md: the reserve is modelled for the prune phase only).
-    println!("reserved: {}", cmp["reserved"]);
+    // The pool's reserved peak (what nvidia-smi shows, less the context):
+    // the bytes in use outside a pass and the pages a layer's forward
+    // keeps (`estimate::device_pool`), within 5%.
+    let reserved = &cmp["reserved"];
+    println!("reserved: {reserved}");
+    let error = reserved["error_percent"]
+        .as_f64()
+        .expect("a measured reserve");
+    assert!(error.abs() <= 5.0, "reserved: {reserved}");
     let mut checked = 0;
     for p in cmp["phases"]
         .as_array()
@@ -612,10 +618,7 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
     };
     let fit = &summary.results["fits_device_memory"];
     // The advice is the estimator's, searched against the pool's predicted
-    // reserved bytes (what the cap is on). Whether the advised size then
-    // fits is not asserted: on lavapipe the statistics pass reserves more
-    // than the estimator models (19.6 MiB against a prediction that fit
-    // 19.05; docs/gpu.md), a known miss of issue 42.
+    // reserved bytes (what the cap is on)...
     let Some(Event::RunStarted { plan }) = self::events(&logs).into_iter().next() else {
         panic!("no plan")
     };
@@ -627,6 +630,16 @@ fn a_run_past_its_device_memory_ends_oom_with_complete_logs() {
         "the advice is the estimator's: {fit}"
     );
     assert_eq!(fit["max_nsamples"].as_u64(), limits.max_nsamples, "{fit}");
+    // ... and the advised --seqlen runs under the same cap.
+    let advised = fit["max_seqlen"].as_u64().expect("an advised --seqlen");
+    let advised = advised.to_string();
+    let argv = wanda_on_wgpu(&model, &text, &["--device-memory", &cap]);
+    let (code, stdout, stderr) = run_prunemem(&seqlen(argv, &advised));
+    assert_eq!(
+        code,
+        Some(0),
+        "--seqlen {advised} under {cap}: {stdout}\n{stderr}"
+    );
 }
 
 /// A model wide enough that the pool's per-buffer padding is small beside
@@ -1150,12 +1163,86 @@ fn the_sparsegpt_sweep_kernel_gives_the_hosts_weights() {
     }
 }
 
-/// The per-output selection kernel and the evaluation's loss kernel
+/// The selection kernels and the evaluation's loss kernel
 /// (`exec::kernels`, one launch each on wgpu) against plain host
-/// computations: the `k` smallest of every column by a stable sort (keys
-/// with many ties, read in both layouts), and each row's `logsumexp - x[t]`
+/// computations: the `k` smallest of every column and the `n` smallest of
+/// every group of `m` rows by a stable sort (keys with many ties, read in
+/// both layouts), the per-matrix threshold, and each row's `logsumexp - x[t]`
 /// in f64 over a vocabulary wider than cubecl's reductions reach.
 struct KernelsAgainstHost;
+
+/// `keys` (`[rows, cols]`) on the device in both layouts a weight comes in
+/// (`[in, out]` and its transpose), each through `kernel`, its mask
+/// compared with `expected`: (case, positions that differ, kernel ran).
+fn in_both_layouts<B: Compute>(
+    keys: &[i32],
+    (rows, cols): (usize, usize),
+    device: &B::Device,
+    expected: &[bool],
+    case: &str,
+    kernel: impl Fn(
+        burn::prelude::Tensor<B, 2, burn::prelude::Int>,
+    ) -> Option<burn::prelude::Tensor<B, 2, burn::prelude::Bool>>,
+) -> Vec<(String, f64, bool)> {
+    use burn::prelude::{Int, Tensor, TensorData};
+    let mut t = vec![0i32; rows * cols];
+    for r in 0..rows {
+        for c in 0..cols {
+            t[c * rows + r] = keys[r * cols + c];
+        }
+    }
+    let straight =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(keys.to_vec(), [rows, cols]), device);
+    let transposed =
+        Tensor::<B, 2, Int>::from_data(TensorData::new(t, [cols, rows]), device).transpose();
+    [("[rows, cols]", straight), ("transposed", transposed)]
+        .into_iter()
+        .map(|(layout, k)| {
+            let (differ, ran) = match kernel(k) {
+                Some(mask) => {
+                    let got: Vec<bool> = mask.into_data().iter::<bool>().collect();
+                    let differ = got.iter().zip(expected).filter(|(a, b)| a != b).count();
+                    (differ as f64, true)
+                }
+                None => (f64::NAN, false),
+            };
+            (format!("{case} {layout}"), differ, ran)
+        })
+        .collect()
+}
+
+/// The N:M kernel against a stable sort of each group, in both layouts,
+/// on the first 296 rows of `keys` (`[_, cols]`, heavy ties).
+fn group_cases<B: Compute>(
+    keys: &[i32],
+    cols: usize,
+    device: &B::Device,
+) -> Vec<(String, f64, bool)> {
+    let rows = 296;
+    let keys = &keys[..rows * cols];
+    let mut out = Vec::new();
+    for (n, m) in [(2, 4), (4, 8), (1, 4)] {
+        let mut expected = vec![false; rows * cols];
+        for c in 0..cols {
+            for g in (0..rows).step_by(m) {
+                let mut order: Vec<usize> = (g..g + m).collect();
+                order.sort_by_key(|&r| keys[r * cols + c]);
+                for &r in &order[..n] {
+                    expected[r * cols + c] = true;
+                }
+            }
+        }
+        out.extend(in_both_layouts::<B>(
+            keys,
+            (rows, cols),
+            device,
+            &expected,
+            &format!("select {n}:{m}"),
+            |k| B::smallest_per_group(k, n, m).ok(),
+        ));
+    }
+    out
+}
 
 impl OnDevice for KernelsAgainstHost {
     /// (case, positions that differ or worst relative error, kernel ran).
@@ -1181,29 +1268,16 @@ impl OnDevice for KernelsAgainstHost {
                     expected[r * cols + c] = true;
                 }
             }
-            let straight =
-                Tensor::<B, 2, Int>::from_data(TensorData::new(keys.clone(), [rows, cols]), device);
-            let mut t = vec![0i32; rows * cols];
-            for r in 0..rows {
-                for c in 0..cols {
-                    t[c * rows + r] = keys[r * cols + c];
-                }
-            }
-            let transposed =
-                Tensor::<B, 2, Int>::from_data(TensorData::new(t, [cols, rows]), device)
-                    .transpose();
-            for (layout, keys) in [("[rows, cols]", straight), ("transposed", transposed)] {
-                let (differ, ran) = match B::smallest_per_column(keys, k) {
-                    Ok(mask) => {
-                        let got: Vec<bool> = mask.into_data().iter::<bool>().collect();
-                        let differ = got.iter().zip(&expected).filter(|(a, b)| a != b).count();
-                        (differ as f64, true)
-                    }
-                    Err(_) => (f64::NAN, false),
-                };
-                out.push((format!("select k={k} {layout}"), differ, ran));
-            }
+            out.extend(in_both_layouts::<B>(
+                &keys,
+                (rows, cols),
+                device,
+                &expected,
+                &format!("select k={k}"),
+                |t| B::smallest_per_column(t, k).ok(),
+            ));
         }
+        out.extend(group_cases::<B>(&keys, cols, device));
         let mut sorted = keys.clone();
         sorted.sort();
         for k in [1, 777, rows * cols] {

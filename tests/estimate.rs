@@ -286,7 +286,9 @@ fn table_and_fit() {
             "--json",
         ]);
         let v: serde_json::Value = serde_json::from_str(&out).unwrap();
-        v["peak"].as_u64().unwrap() <= 24 << 30
+        // On a GPU the budget is on what the pool reserves, as the driver's.
+        let reserved = v["estimate"]["device_pool"]["reserved"].as_u64();
+        v["peak"].as_u64().unwrap().max(reserved.unwrap_or(0)) <= 24 << 30
     };
     assert!(fits(nsamples));
     assert!(!fits(nsamples + nsamples / 20 + 1));

@@ -15,7 +15,7 @@
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
 # METHOD:TOOL pairs; TOOL prunemem-warm is prunemem again, its kernels
 # compiled by the run before and loaded from the cache; prunemem-host is
-# that with --keep-pruned host) with NSAMPLES × SEQLEN (default the benchmark protocol's
+# that with --keep-pruned host; prunemem-24 and reference-24 prune 2:4) with NSAMPLES × SEQLEN (default the benchmark protocol's
 # 32 × 512) and EVAL_WINDOWS windows, in f16. Every step has its own time
 # limit (STEP_TIMEOUT seconds, default 150), and after every step the whole
 # OUTDIR is packed into ARCHIVE (when set) and the table printed
@@ -106,9 +106,9 @@ prunemem_run() {
 }
 
 reference_run() {
-  local model=$1 method=$2 run=$3
+  local model=$1 method=$2 run=$3; shift 3
   timed "$out/$run.time" python3 scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" \
-      --model "$model" --method "$method" --device cuda --dtype float16 "${common[@]}" --threads 8 \
+      --model "$model" --method "$method" --device cuda --dtype float16 "${common[@]}" --threads 8 "$@" \
       >"$out/$run.json" 2>"$out/$run.err"
   local rc=$?
   echo "reference $run: rc $rc $(tail -1 "$out/$run.time")"
@@ -137,6 +137,9 @@ for shape in $SHAPES; do
       # Again, the pruned layers waiting in host memory (the least device memory).
       prunemem-host) step "$shape-$method-host" prunemem_run "$model" "$method" "$shape-$method-host" --keep-pruned host ;;
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
+      # N:M (2:4): prunemem's group kernel beside the authors' mask.
+      prunemem-24) step "$shape-$method-24" prunemem_run "$model" "$method" "$shape-$method-24" --sparsity-type 2:4 ;;
+      reference-24) step "ref-$shape-$method-24" reference_run "$model" "$method" "ref-$shape-$method-24" --sparsity-type 2:4 ;;
       *) echo "unknown tool $tool in RUNS" >&2 ;;
     esac
   done

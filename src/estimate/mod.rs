@@ -12,6 +12,7 @@
 pub mod against;
 pub mod bounds;
 pub mod catalog;
+pub mod device_pool;
 pub mod fit;
 pub mod forecast;
 pub mod presets;
@@ -331,6 +332,10 @@ pub struct Phase {
     /// comparisons with measured runs.
     pub stages: Vec<String>,
     pub components: Vec<Component>,
+    /// What a device pool reserves in this phase, where it keeps more than
+    /// the bytes in use (`device_pool`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub reserved: Option<u64>,
 }
 
 impl Phase {
@@ -339,7 +344,14 @@ impl Phase {
             name: name.to_string(),
             stages: stages.iter().map(|s| s.to_string()).collect(),
             components: Vec::new(),
+            reserved: None,
         }
+    }
+
+    /// The pool's reserved bytes in this phase.
+    pub fn reserving(mut self, bytes: u64) -> Self {
+        self.reserved = Some(bytes);
+        self
     }
     pub fn add(mut self, name: &str, bytes: u64) -> Self {
         if bytes > 0 {
@@ -399,8 +411,8 @@ pub struct Estimate {
     /// What the estimate assumed that the user should know.
     pub notes: Vec<String>,
     /// prunemem on a device: what cubecl's pool reserves at its highest and
-    /// what nvidia-smi would show (`prunemem_device::pool`).
-    pub device_pool: Option<prunemem_device::DevicePool>,
+    /// what nvidia-smi would show (`device_pool::pool`).
+    pub device_pool: Option<device_pool::DevicePool>,
 }
 
 impl Estimate {
@@ -424,12 +436,15 @@ impl Estimate {
     }
 
     /// What the run needs of a GPU's usable memory: the peak less any CUDA
-    /// context in it, since the GPU table subtracts each card's own.
+    /// context in it, since the GPU table subtracts each card's own; on
+    /// prunemem's device pool, what the pool reserves if that is more (the
+    /// driver grants reserved bytes, not bytes in use).
     pub fn device_need(&self) -> u64 {
         let Some(p) = self.phases.get(self.peak_phase()) else {
             return 0;
         };
-        p.total() - p.named(reference::CUDA_CONTEXT_NAME)
+        let reserved = self.device_pool.as_ref().map_or(0, |pool| pool.reserved);
+        (p.total() - p.named(reference::CUDA_CONTEXT_NAME)).max(reserved)
     }
 }
 
@@ -510,7 +525,7 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
     let saved_weights = saved_weights(arch, w, &mut notes);
     let device_pool = match (w.engine, w.task) {
         (Engine::Prunemem, Task::Train | Task::GradProbe) => None,
-        (Engine::Prunemem, _) if w.device.is_gpu() => Some(prunemem_device::pool(arch, w, &phases)),
+        (Engine::Prunemem, _) if w.device.is_gpu() => Some(device_pool::pool(w, &phases)),
         _ => None,
     };
     Ok(Estimate {

@@ -23,7 +23,12 @@
 //! `T · (2h + 2i)` values for `T` batch tokens; for SparseGPT, the widest
 //! input's f32 copy and its `Xᵀ X` beside the running Hessian; the
 //! embedding table while the calibration windows are embedded; at the
-//! evaluation's head, a logits chunk in the compute dtype and in f32.
+//! evaluation's head, the normed batch and a logits chunk in the compute
+//! dtype (each row's loss is a kernel over it: no f32 copy).
+//!
+//! What the pool *reserves* beyond these bytes — the pages a layer's
+//! forward leaves in cubecl's persistent pool, the buffers the device
+//! selection frees — is each phase's `reserved` (`device_pool`).
 //!
 //! Not estimated here: OWL's outlier pass (taken as the calibration's
 //! forward), GradProbe (its CPU accounting, see `reference`), and the CUDA
@@ -31,6 +36,7 @@
 //! profiler's device figures do not; the GPU table subtracts it from each
 //! card).
 
+use super::device_pool::{self, Beside};
 use super::{Arch, Device, Phase, Workload};
 use crate::events::stages;
 use crate::prune::Method;
@@ -75,9 +81,10 @@ fn rope(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
 }
 
 /// The f32 statistics of one layer, and the largest moment of their update
-/// beyond the forward's own (SparseGPT: the widest input's f32 copy and
-/// its `Xᵀ X`).
-fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64) -> (u64, u64) {
+/// beyond the forward's own (SparseGPT: the widest input's f32 copy and,
+/// from the second of `batches` on, its `Xᵀ X` beside the Hessian: the
+/// first batch's product becomes the Hessian).
+fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64, batches: u64) -> (u64, u64) {
     let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
     let columns = 2 * h + q + i;
     let norms = match m {
@@ -96,7 +103,8 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64) -> (u64, u64) {
             let hessians = (2 * h * h + q * q + i * i) * 4;
             // At the down projection's input: the residual stream, the
             // input, its f32 copy and the new product.
-            let update = tokens * (h + i) * w.dtype.size() + cast + i * i * 4;
+            let product = if batches > 1 { i * i * 4 } else { 0 };
+            let update = tokens * (h + i) * w.dtype.size() + cast + product;
             (hessians + norms + moments, update)
         }
         _ => (norms + moments, tokens * (h + i) * w.dtype.size() + cast),
@@ -123,67 +131,13 @@ fn sweep_moment(a: &Arch) -> u64 {
         .unwrap_or(0)
 }
 
-/// cubecl's CUDA context and the driver's own allocations, which nvidia-smi
-/// counts beside the pool: nvidia-smi's rise over a run less the pool's
-/// reserved peak was 543, 568 and 640 MiB in three runs on one H100
-/// (2026-11-26: the issue's 7.55 GiB − 7.02 GiB, then 1B-shape Wanda runs
-/// of `scripts/bench/cuda.sh`).
-pub const CUDA_CONTEXT: u64 = 600 << 20;
-
-/// What cubecl's pool reserves for a prunemem run, and what nvidia-smi
-/// would show for it.
-#[derive(Debug, Clone, PartialEq, serde::Serialize)]
-pub struct DevicePool {
-    /// The pool's highest reserved bytes: a phase's bytes in use plus the
-    /// buffers freed inside it and kept for reuse (`exec::cube`).
-    pub reserved: u64,
-    /// The phase it is reached in.
-    pub phase: String,
-    /// The CUDA context and driver allocations beside the pool (CUDA only).
-    pub context: Option<u64>,
-    /// `reserved + context`: nvidia-smi's `memory.used` for the process.
-    pub nvidia_smi: Option<u64>,
-}
-
-/// The pool's reserve over `phases` (their bytes in use): the engine gives
-/// free buffers back at every layer, linear and phase boundary, and every
-/// logits chunk has one shape, so what stays reserved beyond the bytes in
-/// use is what an operation frees just before the pool's reading: the
-/// device selection's comparison flags (`prune::on_device`: one flag per
-/// weight of the largest linear, 4 bytes on wgpu, 1 on CUDA).
-pub fn pool(a: &Arch, w: &Workload, phases: &[Phase]) -> DevicePool {
-    let flag = if w.device == Device::Cuda { 1 } else { 4 };
-    let selects = matches!(
-        super::prunemem::method(w),
-        Some(Method::Magnitude | Method::Wanda | Method::Ria)
-    ) && !w.dsnot;
-    let (reserved, phase) = phases
-        .iter()
-        .map(|p| {
-            let extra = match (p.name.as_str(), selects) {
-                ("prune", true) => a.largest_linear() * flag,
-                _ => 0,
-            };
-            (p.total() + extra, p.name.clone())
-        })
-        .max_by_key(|(b, _)| *b)
-        .unwrap_or((0, String::new()));
-    let context = (w.device == Device::Cuda).then_some(CUDA_CONTEXT);
-    DevicePool {
-        reserved,
-        phase,
-        context,
-        nvidia_smi: context.map(|c| c + reserved),
-    }
-}
-
 /// What a CUDA estimate of the device pool leaves out, and what checked it.
 fn cuda_note(w: &Workload, notes: &mut Vec<String>) {
     if w.device == Device::Cuda {
         notes.push(
             "device figures are cubecl's pool; the CUDA context lives outside it (nvidia-smi counts it, \
-             the GPU table subtracts it); checked on lavapipe and on one H100 (docs/gpu.md: Llama-3.2-1B +0.0%, \
-             SmolLM2-135M -16.1%)"
+             the GPU table subtracts it); checked against the logs of H100 runs (docs/gpu.md: 1B and 8B shapes, \
+             in use within 0.6%, reserved within 0.11%) and on lavapipe"
                 .into(),
         );
     }
@@ -311,7 +265,7 @@ fn prune_phase(
         0
     };
     let (stats, update) = if calibrated {
-        let (stats, update) = statistics(a, w, m, tokens);
+        let (stats, update) = statistics(a, w, m, tokens, n.div_ceil(batch));
         (stats, update - in_place)
     } else {
         (0, 0)
@@ -322,15 +276,14 @@ fn prune_phase(
         0
     };
     // The mask is chosen on the device (`prune::on_device`) for magnitude,
-    // Wanda and RIA: at its widest, the largest linear's f32 metric beside
-    // the i32 counts of its first bisection step (N:M: the metric alone);
-    // otherwise the host's pruned weight goes up beside the one it
-    // replaces.
+    // Wanda and RIA: at its widest, the largest linear's f32 metric (the
+    // selection kernels take it as keys in its own buffer and hand back a
+    // mask as the keys go); otherwise the host's pruned weight goes up
+    // beside the one it replaces.
     let moment = match (m, w.dsnot) {
-        (Method::Magnitude | Method::Wanda | Method::Ria, false) => (
-            "selection: f32 metric and counts (mask)",
-            a.largest_linear() * if w.nm { 4 } else { 8 },
-        ),
+        (Method::Magnitude | Method::Wanda | Method::Ria, false) => {
+            ("selection: f32 metric (mask)", a.largest_linear() * 4)
+        }
         (Method::SparseGpt, false) if calibrated => (
             "SparseGPT sweep: f32 weight and Hinv (statistics)",
             sweep_moment(a).saturating_sub(stats),
@@ -345,6 +298,11 @@ fn prune_phase(
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
+    let rope = match calibrated {
+        true => rope(a, w, batch, n),
+        false => rope(a, w, 0, 0),
+    };
+    let reserved = prune_reserve(a, w, m, n, weights.1 + acts + rope + stats, t);
     Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
         .add(weights.0, weights.1)
         .add(
@@ -355,16 +313,40 @@ fn prune_phase(
             },
             acts,
         )
-        .add(
-            "rotary tables",
-            // Built for every run; expanded per batch shape once windows run.
-            match calibrated {
-                true => rope(a, w, batch, n),
-                false => rope(a, w, 0, 0),
-            },
-        )
+        // Built for every run; expanded per batch shape once windows run.
+        .add("rotary tables", rope)
         .add("statistics", stats)
         .add(t_name, t)
+        .reserving(reserved)
+}
+
+/// What the pool reserves in the prune phase: at the statistics pass, what
+/// the phase holds outside it (`held`) and the pages of a layer's forward
+/// (`device_pool`); at the device selection, once the largest linear's
+/// pruned weight has replaced it, what is held, that weight and, freed but
+/// kept, the selection's f32 keys and its mask (on wgpu a 4-byte bool
+/// written over the kernel's i32 flags; on CUDA a 1-byte bool beside
+/// them); otherwise the phase's bytes in use (`held` and `moment`).
+fn prune_reserve(a: &Arch, w: &Workload, m: Method, n: u64, held: u64, moment: u64) -> u64 {
+    let selects = matches!(m, Method::Magnitude | Method::Wanda | Method::Ria) && !w.dsnot;
+    let per_weight = match (selects, w.device) {
+        (false, _) => 0,
+        (true, Device::Cuda) => w.dtype.size() + 4 + 4 + 1,
+        (true, _) => w.dtype.size() + 4 + 4,
+    };
+    let outside = (held + moment).max(held + a.largest_linear() * per_weight);
+    if n == 0 {
+        return outside;
+    }
+    let batch = w.batch_size.min(n);
+    let beside = match m {
+        Method::SparseGpt => Beside::Hessians {
+            batches: n.div_ceil(batch),
+        },
+        _ if m != Method::Magnitude || w.dsnot => Beside::Norms,
+        _ => Beside::Nothing,
+    };
+    outside.max(held + device_pool::forward(a, w, batch, beside))
 }
 
 /// An evaluation on the device: the embedding table (and an untied head),
@@ -383,9 +365,10 @@ fn eval_phase(
     let head = if a.tied { 0 } else { embed };
     let rows =
         (crate::model::perplexity::device_chunk_rows(a.vocab as usize) as u64).min(w.seqlen - 1);
-    let f32_copy = if s.c == 4 { 0 } else { rows * a.vocab * 4 };
-    // The head runs after the last layer: the normed batch and its chunk.
-    let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c + f32_copy;
+    // The head runs after the last layer: the normed batch and its chunk
+    // (each row's loss is one kernel over the chunk in its own dtype, with
+    // no f32 copy: `Compute::row_nll`).
+    let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c;
     // Each batch's hidden states are moved through the layers, held by
     // nothing else: the residual stream is added in place.
     let forward = s.forward(eval_batch * w.seqlen) - s.hidden_states(eval_batch);
@@ -406,16 +389,32 @@ fn eval_phase(
         true => ("weights (resident)", a.params * s.c),
         false => ("embeddings and head", embed + head),
     };
+    let kept_bytes = if kept {
+        a.layers * a.layer_params() * s.c
+    } else {
+        0
+    };
+    let tables = rope(a, w, eval_batch, w.eval_windows);
+    // Reserved: the layers' pass (every window's hidden states, a layer,
+    // a forward's pages) or the head's after the pool is emptied (the
+    // batches still waiting, the head's pages).
+    let base = weights + kept_bytes + tables;
+    let streamed = if resident || kept {
+        0
+    } else {
+        a.layer_params() * s.c
+    };
+    let reserved = (base
+        + s.hidden_states(w.eval_windows)
+        + streamed
+        + device_pool::forward(a, w, eval_batch, Beside::Nothing))
+    .max(
+        base + s.hidden_states(w.eval_windows - eval_batch)
+            + device_pool::head(a, w, eval_batch, rows),
+    );
     Phase::new(name, &stages)
         .add(weights_name, weights)
-        .add(
-            "weights (pruned layers kept)",
-            if kept {
-                a.layers * a.layer_params() * s.c
-            } else {
-                0
-            },
-        )
+        .add("weights (pruned layers kept)", kept_bytes)
         .add("weights (one layer)", layer)
         .add(
             "hidden states",
@@ -428,8 +427,9 @@ fn eval_phase(
                 (false, _) => s.hidden_states(w.eval_windows),
             },
         )
-        .add("rotary tables", rope(a, w, eval_batch, w.eval_windows))
+        .add("rotary tables", tables)
         .add(t_name, t)
+        .reserving(reserved)
 }
 
 #[cfg(test)]

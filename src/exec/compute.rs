@@ -95,6 +95,22 @@ pub trait Compute: Backend {
         Err(keys)
     }
 
+    /// The N:M mask of `keys` (`[rows, cols]`, the bit patterns of
+    /// non-negative f32, `rows` a multiple of `m`, `1 <= n < m`): in every
+    /// group of `m` consecutive rows of a column, the `n` smallest, ties to
+    /// the lower row, in one kernel launch (`exec::kernels`). `Err(keys)`
+    /// where the backend has no such kernel (the caller ranks with Burn's
+    /// ops).
+    #[allow(clippy::type_complexity)]
+    fn smallest_per_group(
+        keys: Tensor<Self, 2, Int>,
+        n: usize,
+        m: usize,
+    ) -> Result<Tensor<Self, 2, burn::tensor::Bool>, Tensor<Self, 2, Int>> {
+        let _ = (n, m);
+        Err(keys)
+    }
+
     /// The smallest of `keys` (any shape, the bit patterns of non-negative
     /// f32) with at least `k` keys at or below it (`1 <= k <= numel`), as a
     /// `[1, 1]` tensor: a per-matrix threshold in one kernel launch

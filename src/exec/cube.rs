@@ -11,8 +11,10 @@
 //! size (aligned) and a freed one is reused only by a tensor of the same
 //! size — the engine's tensors repeat their shapes batch after batch and
 //! layer after layer — and the engine releases what is free at every
-//! layer and phase boundary ([`super::release_free`]). Reserved then stays within
-//! the bytes in use plus the freed buffers of the current layer.
+//! layer and phase boundary ([`super::release_free`]) and where a pass's
+//! batch shape changes ([`super::BatchShapes`]). Reserved then stays within
+//! the bytes in use plus the freed buffers of the current pass, which
+//! `estimate::device_pool` names.
 //!
 //! **Compiled kernels** are kept between runs ([`kernel_cache`]): cubecl
 //! compiles each kernel the first time a process launches it (NVRTC on

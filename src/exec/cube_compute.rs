@@ -139,13 +139,15 @@ macro_rules! cube_obs_sweep {
     }};
 }
 
-/// [`super::Compute::smallest_per_column`] on a cube backend: the kernel
-/// of `exec::kernels` on the keys' own buffer (read in its layout, `[in,
-/// out]` or its transpose), the flags into a new contiguous i32 tensor.
-macro_rules! cube_smallest_per_column {
-    ($keys:expr, $k:expr) => {{
+/// A selection kernel on a cube backend (`exec::kernels`): `$launch` runs
+/// on the keys' own buffer (read in its layout, `[in, out]` or its
+/// transpose) and writes i32 flags into a new contiguous tensor, handed
+/// back as the mask. The keys come back where the kernel cannot take them
+/// (`$takes` false, another dtype or layout, or sizes past u32).
+macro_rules! cube_select {
+    ($keys:expr, $takes:expr, $launch:path, $arg:expr) => {{
         use burn::tensor::{DType, Int, Tensor};
-        let (keys, k) = ($keys, $k);
+        let keys = $keys;
         let [rows, cols] = keys.dims();
         let device = keys.device();
         let prim = keys.into_primitive();
@@ -155,12 +157,7 @@ macro_rules! cube_smallest_per_column {
         };
         let laid_out = strides == (cols, 1) || strides == (1, rows);
         let fits = rows < i32::MAX as usize && rows * cols < u32::MAX as usize;
-        if prim.dtype != DType::I32
-            || !laid_out
-            || !prim.is_contiguous_buffer()
-            || !fits
-            || k == 0
-            || k >= rows
+        if prim.dtype != DType::I32 || !laid_out || !prim.is_contiguous_buffer() || !fits || !$takes
         {
             return Err(Tensor::from_primitive(prim));
         }
@@ -169,14 +166,14 @@ macro_rules! cube_smallest_per_column {
         if fp.dtype != DType::I32 || !fp.is_contiguous() {
             return Err(Tensor::from_primitive(prim));
         }
-        crate::exec::kernels::launch_smallest_per_column(
+        $launch(
             &prim.client,
             (prim.handle.clone(), rows * cols),
             fp.handle.clone(),
             rows,
             cols,
             strides,
-            k,
+            $arg,
         );
         Ok(Tensor::<Self, 2, Int>::from_primitive(fp).equal_elem(1))
     }};
@@ -289,7 +286,30 @@ macro_rules! cube_compute {
                 burn::tensor::Tensor<Self, 2, burn::tensor::Bool>,
                 burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
             > {
-                cube_smallest_per_column!(keys, k)
+                let rows = keys.dims()[0];
+                cube_select!(
+                    keys,
+                    k > 0 && k < rows,
+                    crate::exec::kernels::launch_smallest_per_column,
+                    k
+                )
+            }
+
+            fn smallest_per_group(
+                keys: burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+                n: usize,
+                m: usize,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 2, burn::tensor::Bool>,
+                burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
+            > {
+                let rows = keys.dims()[0];
+                cube_select!(
+                    keys,
+                    n > 0 && n < m && m <= 64 && rows % m == 0,
+                    crate::exec::kernels::launch_smallest_per_group,
+                    (n, m)
+                )
             }
 
             fn kth_smallest(

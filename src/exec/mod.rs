@@ -132,6 +132,28 @@ pub fn release_free<B: burn::tensor::backend::Backend>(device: &B::Device) {
     B::memory_cleanup(device);
 }
 
+/// Watches the batches of one pass and gives the pool's free buffers back
+/// when the batch shape changes (the shorter last batch, and the first
+/// full one after it): cubecl's persistent pool reuses a freed buffer
+/// only for a tensor of its own size, so otherwise the last batch's
+/// buffers would be reserved beside the full batches' (`exec::cube`).
+#[derive(Default)]
+pub struct BatchShapes {
+    last: Option<Vec<usize>>,
+}
+
+impl BatchShapes {
+    /// Called before each batch with its dims.
+    pub fn next<B: burn::tensor::backend::Backend>(&mut self, dims: &[usize], device: &B::Device) {
+        if self.last.as_deref().is_some_and(|last| last != dims) {
+            release_free::<B>(device);
+        }
+        if self.last.as_deref() != Some(dims) {
+            self.last = Some(dims.to_vec());
+        }
+    }
+}
+
 /// A job's device-specific part, run on whichever backend the context
 /// holds. `run` is instantiated once per compiled backend.
 pub trait OnDevice {

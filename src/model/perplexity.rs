@@ -383,6 +383,9 @@ fn streamed_nll<B: Compute>(
         Category::Weights,
         head_linear.as_ref().map_or(0, |_| embed_bytes),
     );
+    // One watch over every layer: a layer's first batch follows the last
+    // layer's last.
+    let mut shapes = crate::exec::BatchShapes::default();
     for i in 0..c.num_layers {
         crate::memory::alloc::trim();
         let layer_bytes = c.layer_param_count() * dtype.size();
@@ -407,7 +410,13 @@ fn streamed_nll<B: Compute>(
             }
         };
         let _tag = tag::tag(Category::Activations);
-        xs = xs.into_iter().map(|x| layer.forward(x, &rope)).collect();
+        xs = xs
+            .into_iter()
+            .map(|x| {
+                shapes.next::<B>(&x.dims(), device);
+                layer.forward(x, &rope)
+            })
+            .collect();
         if let Some(p) = profiler {
             p.device_tick(|| format!("eval model.layers.{i}"))?;
             p.progress(
@@ -418,15 +427,18 @@ fn streamed_nll<B: Compute>(
             );
         }
     }
-    // The last layer's freed buffers go back before the head's
-    // logits, as every layer's do before the next.
+    // The layers' freed buffers (one forward's, reused from layer to
+    // layer since the batches keep their shapes) go back before the head's
+    // logits.
     crate::memory::alloc::trim();
     crate::exec::release_free::<B>(device);
     let norm = ckpt.load_norm::<B>(dtype, device)?;
     let head = Head::of(head_linear.as_ref(), &embed);
     // The head over every batch is its own sequence: on a large
     // vocabulary it takes as long as the layers.
+    let mut shapes = crate::exec::BatchShapes::default();
     for (k, (x, batch)) in xs.into_iter().zip(batches).enumerate() {
+        shapes.next::<B>(&x.dims(), device);
         // The batches still waiting stay held; this one is the head's.
         xs_held.set(sizes[k + 1..].iter().sum());
         nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));

@@ -338,8 +338,11 @@ impl<B: Compute> LayerPass<'_, B> {
         if let Some(stats) = stats.as_mut() {
             let _phase = timing::phase(timing::Phase::StatsPass);
             let _tag = tag::tag(Category::Activations);
+            let mut shapes = crate::exec::BatchShapes::default();
             for j in 0..inps.len() {
-                let _ = layer.forward_traced(inps.get(j), &self.rope, &mut |k, t| {
+                let x = inps.get(j);
+                shapes.next::<B>(&x.dims(), device);
+                let _ = layer.forward_traced(x, &self.rope, &mut |k, t| {
                     let _tag = tag::tag(Category::Statistics);
                     let _span = timing::work(Work::Statistics);
                     stats.observe(k, t)
@@ -380,8 +383,11 @@ impl<B: Compute> LayerPass<'_, B> {
         if self.kind.is_some() && i + 1 < c.num_layers {
             let _phase = timing::phase(timing::Phase::OutputPass);
             let _tag = tag::tag(Category::Activations);
+            let mut shapes = crate::exec::BatchShapes::default();
             for j in 0..inps.len() {
-                let y = layer.forward(inps.get(j), &self.rope);
+                let x = inps.get(j);
+                shapes.next::<B>(&x.dims(), device);
+                let y = layer.forward(x, &self.rope);
                 inps.set(j, y);
                 profiler.device_tick(|| format!("model.layers.{i} output pass"))?;
             }

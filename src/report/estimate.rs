@@ -109,7 +109,7 @@ fn phases(est: &Estimate, device: Device) -> String {
     }
     if let Some(pool) = &est.device_pool {
         s += &format!(
-            "\nThe device pool reserves at most {} (in {}: bytes in use and the buffers freed just before a reading)",
+            "\nThe device pool reserves at most {} (in {}: the bytes in use outside its passes and the buffers they keep)",
             format_bytes(pool.reserved),
             pool.phase
         );

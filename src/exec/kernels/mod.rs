@@ -2,7 +2,8 @@
 //! kernels are `model::host`'s). Each replaces a sequence of Burn ops whose
 //! launches, not arithmetic, dominated an H100's time (cubecl's per-kernel
 //! profile in docs/gpu.md): SparseGPT's sweep, the per-output selection's
-//! bisection, and the evaluation's log-softmax over the vocabulary.
+//! bisection, the evaluation's log-softmax over the vocabulary; and the
+//! N:M selection, whose ops kept 27–43 bytes per weight reserved.
 //!
 //! Every kernel has a Burn-ops path beside it (the reference the tests
 //! compare it with, and what a backend without it runs).
@@ -11,10 +12,12 @@
 // every arm; rustc sees the first value unread.
 #![allow(unused_assignments)]
 
+mod group;
 mod nll;
 mod obs_sweep;
 mod select;
 
+pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;
 pub use obs_sweep::launch_obs_sweep;
 pub use select::{launch_kth_smallest, launch_smallest_per_column};

@@ -1,0 +1,234 @@
+//! What cubecl's pool reserves for prunemem's engine on a GPU beyond the
+//! bytes in use, and what nvidia-smi shows for it.
+//!
+//! prunemem runs cubecl's persistent pool (`exec::cube`): every buffer is
+//! allocated at its own size, a freed one is reused only by a tensor of
+//! the same size, and what is free goes back to the driver at every layer
+//! and phase boundary. Inside a pass the pool therefore keeps, for each
+//! buffer size, as many buffers as the pass ever had alive at once: a
+//! layer's forward leaves its norms' f32 copies, its attention scores and
+//! its MLP products all reserved, though they are never alive together.
+//! Reserved is the bytes in use outside the pass plus those pages.
+//!
+//! The pages of one layer's forward were counted from cubecl's own memory
+//! log (`[memory.logger] level = "basic"` in a `cubecl.toml` lists the
+//! pool's buffers by size at every new one) on lavapipe, cubecl 0.10, for
+//! two synthetic shapes (64 and 96 wide, f16 and f32, Wanda and
+//! SparseGPT); docs/gpu.md has the counts and the runs they were checked
+//! on. Buffers of equal size share pages, so a size keeps the largest
+//! count any of its buffers needs, not their sum.
+
+use super::{Arch, Device, Phase, Workload};
+
+/// cubecl's CUDA context and the driver's own allocations, which nvidia-smi
+/// counts beside the pool: nvidia-smi's rise over a run less the pool's
+/// reserved peak was 543, 568 and 640 MiB in three runs on one H100
+/// (2026-11-26: the 7.55 GiB − 7.02 GiB, then 1B-shape Wanda runs
+/// of `scripts/bench/cuda.sh`).
+pub const CUDA_CONTEXT: u64 = 600 << 20;
+
+/// What cubecl's pool reserves for a prunemem run, and what nvidia-smi
+/// would show for it.
+#[derive(Debug, Clone, PartialEq, serde::Serialize)]
+pub struct DevicePool {
+    /// The pool's highest reserved bytes: a phase's bytes in use outside
+    /// its passes plus the pages its passes keep (`Phase::reserved`).
+    pub reserved: u64,
+    /// The phase it is reached in.
+    pub phase: String,
+    /// The CUDA context and driver allocations beside the pool (CUDA only).
+    pub context: Option<u64>,
+    /// `reserved + context`: nvidia-smi's `memory.used` for the process.
+    pub nvidia_smi: Option<u64>,
+}
+
+/// The pool's reserve over `phases`: each phase's reserved bytes (its
+/// bytes in use where it has none of its own).
+pub fn pool(w: &Workload, phases: &[Phase]) -> DevicePool {
+    let (reserved, phase) = phases
+        .iter()
+        .map(|p| (p.reserved.unwrap_or(0).max(p.total()), p.name.clone()))
+        .max_by_key(|(b, _)| *b)
+        .unwrap_or((0, String::new()));
+    let context = (w.device == Device::Cuda).then_some(CUDA_CONTEXT);
+    DevicePool {
+        reserved,
+        phase,
+        context,
+        nvidia_smi: context.map(|c| c + reserved),
+    }
+}
+
+/// What a pass computes beside the forward.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Beside {
+    /// Nothing: the output pass, an evaluation.
+    Nothing,
+    /// Per-column norms (Wanda, RIA, DSnoT): the down projection's input
+    /// in f32 beside the SiLU's.
+    Norms,
+    /// SparseGPT's Hessians: with more than one batch, each input's `XᵀX`
+    /// beside the Hessian it is added to.
+    Hessians { batches: u64 },
+}
+
+/// Buffer sizes and how many of each a pass keeps; equal sizes share.
+#[derive(Default)]
+struct Pages(Vec<(u64, u64)>);
+
+impl Pages {
+    fn add(mut self, bytes: u64, count: u64) -> Self {
+        if bytes == 0 || count == 0 {
+            return self;
+        }
+        match self.0.iter_mut().find(|(b, _)| *b == bytes) {
+            Some((_, n)) => *n = (*n).max(count),
+            None => self.0.push((bytes, count)),
+        }
+        self
+    }
+
+    fn total(&self) -> u64 {
+        self.0.iter().map(|(b, n)| b * n).sum()
+    }
+}
+
+/// The pages one decoder layer's forward keeps for batches of `batch`
+/// windows, beside what the pass holds anyway (the layer, its inputs, the
+/// rotary tables, the statistics).
+pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
+    let (c, s) = (w.dtype.size(), w.seqlen);
+    let t = batch * s;
+    let (h, kv, i, heads) = (a.hidden, a.kv_dim(), a.intermediate, a.heads);
+    // In f32 the casts to f32 are no copies; their buffers are the
+    // compute dtype's own sizes, which `Pages` merges.
+    let silu_f32 = match beside {
+        Beside::Norms => 2,
+        _ => 1,
+    };
+    let mut pages = Pages::default()
+        // The normed input, q, the rotation, the attention's output and
+        // o_proj's, the residual: four alive at most.
+        .add(t * h * c, 4)
+        // The norm's f32 copy and its square.
+        .add(t * h * 4, 2)
+        // k and v.
+        .add(t * kv * c, 2)
+        // gate, up and their product.
+        .add(t * i * c, 3)
+        // The SiLU in f32 (and the norms' f32 copy of its output).
+        .add(t * i * 4, silu_f32)
+        // The attention scores, its causal mask, the softmax's rows.
+        .add(batch * heads * s * s * c, 1)
+        .add(s * s * 4, 1)
+        .add(batch * heads * s * 4, if c == 4 { 2 } else { 1 })
+        .add(batch * heads * s * c, if c == 4 { 0 } else { 1 })
+        // The norm's mean per token, the positions.
+        .add(t * 4, 1)
+        .add(s * 4, 2);
+    if let Beside::Hessians { batches } = beside
+        && batches > 1
+    {
+        pages = pages.add(h * h * 4, 1).add(i * i * 4, 1);
+    }
+    pages.total()
+}
+
+/// The pages the evaluation's head keeps for a batch of `batch` windows:
+/// the final norm (its f32 copy and square, the normed batch) and, window
+/// by window, a logits chunk of `rows` rows, its losses and the targets.
+pub fn head(a: &Arch, w: &Workload, batch: u64, rows: u64) -> u64 {
+    let (c, s, h) = (w.dtype.size(), w.seqlen, a.hidden);
+    let t = batch * s;
+    Pages::default()
+        .add(t * h * c, 1)
+        .add(t * h * 4, 2)
+        .add(t * 4, 1)
+        .add(rows * a.vocab * c, 1)
+        .add(rows * 4, 1)
+        .add((s - 1) * 4, 1)
+        .total()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::estimate::Task;
+    use crate::model::ComputeDtype;
+
+    fn fixture(hidden: u64, inter: u64, heads: u64, kv_heads: u64) -> Arch {
+        Arch {
+            name: "fixture".into(),
+            params: 0,
+            layers: 2,
+            hidden,
+            intermediate: inter,
+            heads,
+            kv_heads,
+            head_dim: hidden / heads,
+            vocab: 300,
+            tied: true,
+            max_positions: 256,
+        }
+    }
+
+    /// cubecl's memory log on lavapipe at the end of a Wanda statistics
+    /// pass in f16 over a 96-wide layer (6 heads, 2 of k/v, 352
+    /// intermediate), 3 windows of 40 tokens in one batch: every buffer the
+    /// pool held, less the layer's weights, the calibration batch, the
+    /// rotary tables and the statistics, as (bytes, buffers).
+    const LOGGED: [(u64, u64); 11] = [
+        (160, 2),
+        (480, 1),
+        (1440, 1),
+        (2880, 1),
+        (6400, 1),
+        (7680, 2),
+        (23040, 4),
+        (46080, 2),
+        (57600, 1),
+        (84480, 3),
+        (168960, 2),
+    ];
+
+    #[test]
+    fn a_layers_pages_are_the_ones_cubecl_kept() {
+        let a = fixture(96, 352, 6, 2);
+        let mut w = Workload::new(Task::Wanda);
+        (w.dtype, w.seqlen) = (ComputeDtype::F16, 40);
+        let logged: u64 = LOGGED.iter().map(|(b, n)| b * n).sum();
+        assert_eq!(forward(&a, &w, 3, Beside::Norms), logged);
+        // The output pass (the same log): one f32 copy of the SiLU's
+        // input fewer.
+        assert_eq!(forward(&a, &w, 3, Beside::Nothing), logged - 168960);
+    }
+
+    #[test]
+    fn equal_sizes_share_their_pages() {
+        let a = fixture(96, 352, 6, 2);
+        let mut w = Workload::new(Task::Wanda);
+        (w.dtype, w.seqlen) = (ComputeDtype::F32, 40);
+        let t = 120;
+        // In f32 the norm's copy is the hidden states' own size (4 pages,
+        // not 6) and the SiLU's the MLP's (3, not 5).
+        let f32s = forward(&a, &w, 3, Beside::Norms);
+        let counted = 4 * t * 96 * 4
+            + 2 * t * 32 * 4
+            + 3 * t * 352 * 4
+            + 3 * 6 * 40 * 40 * 4
+            + 40 * 40 * 4
+            + 2 * 3 * 6 * 40 * 4
+            + t * 4
+            + 2 * 40 * 4;
+        assert_eq!(f32s, counted);
+    }
+
+    #[test]
+    fn a_second_batch_of_sparsegpt_keeps_a_product_beside_each_hessian() {
+        let a = fixture(96, 352, 6, 2);
+        let w = Workload::new(Task::SparseGpt);
+        let one = forward(&a, &w, 8, Beside::Hessians { batches: 1 });
+        let four = forward(&a, &w, 8, Beside::Hessians { batches: 4 });
+        assert_eq!(four - one, (96 * 96 + 352 * 352) * 4);
+    }
+}
