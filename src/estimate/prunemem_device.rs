@@ -375,13 +375,13 @@ fn eval_phase(
     // Streamed, the layer is gone by the time the head runs; kept on the
     // device, every layer stays and none is uploaded.
     let kept = w.kept_on_device && !resident && name == "eval";
-    let layer = if resident || kept {
+    let streamed = if resident || kept {
         0
     } else {
         a.layer_params() * s.c
     };
-    let (layer, t_name, t) = if layer + forward >= logits {
-        (layer, "activations", forward)
+    let (layer, t_name, t) = if streamed + forward >= logits {
+        (streamed, "activations", forward)
     } else {
         (0, "logits chunk", logits)
     };
@@ -399,11 +399,6 @@ fn eval_phase(
     // a forward's pages) or the head's after the pool is emptied (the
     // batches still waiting, the head's pages).
     let base = weights + kept_bytes + tables;
-    let streamed = if resident || kept {
-        0
-    } else {
-        a.layer_params() * s.c
-    };
     let reserved = (base
         + s.hidden_states(w.eval_windows)
         + streamed

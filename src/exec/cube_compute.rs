@@ -221,32 +221,33 @@ macro_rules! cube_row_nll {
         let (logits, targets, skip) = ($logits, $targets, $skip);
         let [rows, vocab] = logits.dims();
         let device = logits.device();
-        let nll = Tensor::<Self, 1>::empty([rows], &device);
         let lp = logits.into_primitive().tensor();
         let tp = targets.into_primitive();
-        let np = nll.into_primitive().tensor();
-        let ok = lp.is_contiguous()
-            && tp.is_contiguous()
-            && np.is_contiguous()
-            && tp.dtype == DType::I32
-            && np.dtype == DType::F32
-            && rows <= 65_535
-            && rows * vocab < u32::MAX as usize;
         let give_back = |lp, tp| {
             Err((
                 Tensor::from_primitive(TensorPrimitive::Float(lp)),
                 Tensor::from_primitive(tp),
             ))
         };
-        if !ok {
-            return give_back(lp, tp);
-        }
+        let ok = lp.is_contiguous()
+            && tp.is_contiguous()
+            && tp.dtype == DType::I32
+            && rows <= 65_535
+            && rows * vocab < u32::MAX as usize;
         let launch = match lp.dtype {
+            _ if !ok => return give_back(lp, tp),
             DType::F32 => crate::exec::kernels::launch_row_nll::<$runtime, f32>,
             DType::F16 => crate::exec::kernels::launch_row_nll::<$runtime, half::f16>,
             DType::BF16 => crate::exec::kernels::launch_row_nll::<$runtime, half::bf16>,
             _ => return give_back(lp, tp),
         };
+        // The output only once the kernel can run.
+        let np = Tensor::<Self, 1>::empty([rows], &device)
+            .into_primitive()
+            .tensor();
+        if !np.is_contiguous() || np.dtype != DType::F32 {
+            return give_back(lp, tp);
+        }
         launch(
             &lp.client,
             lp.handle.clone(),

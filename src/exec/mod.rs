@@ -145,12 +145,13 @@ pub struct BatchShapes {
 impl BatchShapes {
     /// Called before each batch with its dims.
     pub fn next<B: burn::tensor::backend::Backend>(&mut self, dims: &[usize], device: &B::Device) {
-        if self.last.as_deref().is_some_and(|last| last != dims) {
+        if self.last.as_deref() == Some(dims) {
+            return;
+        }
+        if self.last.is_some() {
             release_free::<B>(device);
         }
-        if self.last.as_deref() != Some(dims) {
-            self.last = Some(dims.to_vec());
-        }
+        self.last = Some(dims.to_vec());
     }
 }
 
