@@ -1244,6 +1244,99 @@ fn group_cases<B: Compute>(
     out
 }
 
+/// Causal attention in f64 on the host: `[b, h, s, d]` row-major.
+fn host_attention(q: &[f32], k: &[f32], v: &[f32], [b, h, s, d]: [usize; 4]) -> Vec<f64> {
+    let mut out = vec![0f64; b * h * s * d];
+    let scale = 1.0 / (d as f64).sqrt();
+    for bh in 0..b * h {
+        let at = |t: &[f32], i: usize, c: usize| t[(bh * s + i) * d + c] as f64;
+        for i in 0..s {
+            let scores: Vec<f64> = (0..=i)
+                .map(|j| (0..d).map(|c| at(q, i, c) * at(k, j, c)).sum::<f64>() * scale)
+                .collect();
+            let max = scores.iter().cloned().fold(f64::MIN, f64::max);
+            let weights: Vec<f64> = scores.iter().map(|x| (x - max).exp()).collect();
+            let total: f64 = weights.iter().sum();
+            for c in 0..d {
+                let mix: f64 = (0..=i).map(|j| weights[j] * at(v, j, c)).sum();
+                out[(bh * s + i) * d + c] = mix / total;
+            }
+        }
+    }
+    out
+}
+
+/// The fused attention against the host's, for shapes a plane does and
+/// does not divide, both dtypes, and a query laid out `[b, s, h, d]` and
+/// swapped (as a layer makes it): the worst error relative to the largest
+/// output.
+fn attention_cases<B: Compute>(
+    rng: &mut prunemem::model::synthetic::Normal,
+    device: &B::Device,
+) -> Vec<(String, f64, bool)> {
+    use burn::prelude::{Tensor, TensorData};
+    use burn::tensor::FloatDType;
+    let mut out = Vec::new();
+    for (shape, dtype) in [
+        ([2, 3, 37, 64], FloatDType::F32),
+        ([2, 3, 37, 64], FloatDType::F16),
+        ([1, 4, 128, 32], FloatDType::F16),
+        ([1, 2, 300, 64], FloatDType::F16),
+    ] {
+        let [b, h, s, d] = shape;
+        let n = b * h * s * d;
+        // The query is made as `[b, s, h, d]` and swapped, as a layer's is.
+        let q_bshd = rng.vec(n, 1.0);
+        let (k, v) = (rng.vec(n, 1.0), rng.vec(n, 1.0));
+        let tensor = |x: &[f32], dims: [usize; 4]| {
+            Tensor::<B, 4>::from_data(TensorData::new(x.to_vec(), dims), device).cast(dtype)
+        };
+        let q = tensor(&q_bshd, [b, s, h, d]).swap_dims(1, 2);
+        let seen = |t: &Tensor<B, 4>| -> Vec<f32> {
+            t.clone()
+                .cast(FloatDType::F32)
+                .into_data()
+                .iter::<f32>()
+                .collect()
+        };
+        let (qt, kt, vt) = (q, tensor(&k, shape), tensor(&v, shape));
+        let want = host_attention(&seen(&qt), &seen(&kt), &seen(&vt), shape);
+        let scale = want.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-12);
+        let error = |got: &Tensor<B, 4>| {
+            seen(got)
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (*g as f64 - w).abs() / scale)
+                .fold(0f64, f64::max)
+        };
+        // Burn's own attention (its separate kernels) on the same inputs,
+        // for the record.
+        let options = burn::tensor::ops::AttentionModuleOptions {
+            scale: None,
+            softcap: None,
+            is_causal: true,
+        };
+        let burns = error(&burn::tensor::module::attention(
+            qt.clone(),
+            kt.clone(),
+            vt.clone(),
+            None,
+            None,
+            options,
+        ));
+        let (worst, ran) = match B::fused_attention(qt, kt, vt) {
+            Ok(got) => (error(&got), true),
+            Err(_) => (f64::NAN, false),
+        };
+        out.push((
+            format!("attention {shape:?} {dtype:?} (Burn's kernels: {burns:.2e})"),
+            worst,
+            ran,
+        ));
+    }
+    out
+}
+
 impl OnDevice for KernelsAgainstHost {
     /// (case, positions that differ or worst relative error, kernel ran).
     type Output = Vec<(String, f64, bool)>;
@@ -1334,6 +1427,7 @@ impl OnDevice for KernelsAgainstHost {
             };
             out.push((format!("nll {dtype:?}"), worst, ran));
         }
+        out.extend(attention_cases::<B>(&mut rng, device));
         out
     }
 }
@@ -1342,9 +1436,27 @@ impl OnDevice for KernelsAgainstHost {
 fn the_selection_and_loss_kernels_give_the_hosts_answers() {
     for (case, miss, ran) in wgpu().run(KernelsAgainstHost) {
         println!("{case}: kernel ran {ran}, miss {miss}");
+        // The flash kernel computes in f16 tiles: f32 keeps Burn's.
+        if case.starts_with("attention") && case.contains("F32") {
+            assert!(!ran, "{case}: the f16 kernel must decline f32");
+            continue;
+        }
         assert!(ran, "{case}: the wgpu backend must take the kernel");
         match case.starts_with("select") {
             true => assert_eq!(miss, 0.0, "{case}: positions differ"),
+            // f16 operands, f32 accumulation: the output's own rounding
+            // (f16 keeps 11 bits: 4.9e-4 of the scale).
+            // And no further from the f64 answer than Burn's own f16
+            // kernels, which it replaces.
+            false if case.starts_with("attention") => {
+                let burns: f64 = case
+                    .split("Burn's kernels: ")
+                    .nth(1)
+                    .and_then(|e| e.trim_end_matches(')').parse().ok())
+                    .unwrap_or(0.0);
+                assert!(miss < 1e-3, "{case}: relative error {miss}");
+                assert!(miss <= burns, "{case}: {miss} past Burn's kernels' error");
+            }
             false => assert!(miss < 1e-5, "{case}: relative error {miss}"),
         }
     }

@@ -15,7 +15,9 @@
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
 # METHOD:TOOL pairs; TOOL prunemem-warm is prunemem again, its kernels
 # compiled by the run before and loaded from the cache; prunemem-host is
-# that with --keep-pruned host; prunemem-24 and reference-24 prune 2:4) with NSAMPLES × SEQLEN (default the benchmark protocol's
+# that with --keep-pruned host; prunemem-24 and reference-24 prune 2:4;
+# prunemem-flash and prunemem-unit take cubek's flash attention on the
+# tensor cores or on plain units, PRUNEMEM_ATTENTION) with NSAMPLES × SEQLEN (default the benchmark protocol's
 # 32 × 512) and EVAL_WINDOWS windows, in f16. Every step has its own time
 # limit (STEP_TIMEOUT seconds, default 150), and after every step the whole
 # OUTDIR is packed into ARCHIVE (when set) and the table printed
@@ -139,6 +141,9 @@ for shape in $SHAPES; do
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
       # N:M (2:4): prunemem's group kernel beside the authors' mask.
       prunemem-24) step "$shape-$method-24" prunemem_run "$model" "$method" "$shape-$method-24" --sparsity-type 2:4 ;;
+      # cubek's flash attention instead of Burn's separate kernels.
+      prunemem-flash) PRUNEMEM_ATTENTION=accelerated step "$shape-$method-flash" prunemem_run "$model" "$method" "$shape-$method-flash" ;;
+      prunemem-unit) PRUNEMEM_ATTENTION=unit step "$shape-$method-unit" prunemem_run "$model" "$method" "$shape-$method-unit" ;;
       reference-24) step "ref-$shape-$method-24" reference_run "$model" "$method" "ref-$shape-$method-24" --sparsity-type 2:4 ;;
       *) echo "unknown tool $tool in RUNS" >&2 ;;
     esac

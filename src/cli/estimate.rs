@@ -155,6 +155,11 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         );
     }
     w.offload_activations = args.offload_activations;
+    // The attention kernel a run on this device would take
+    // (`PRUNEMEM_ATTENTION`, else what was measured there).
+    w.fused_attention = device.is_gpu()
+        && crate::exec::attention::planned(device == Device::Cuda, w.dtype == ComputeDtype::F16)
+            != "fallback";
     w.stored_bytes = w.dtype.size();
     w.nsamples = args.nsamples;
     let (seqlen, warning) =

@@ -112,6 +112,10 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.first_trainable_layer = num("first_trainable_layer", 0);
     w.owl = get("owl_lambda").is_some();
     w.dsnot = get("dsnot_max_cycles").is_some();
+    // Logs from before the flash kernel name none: Burn's attention ran.
+    w.fused_attention = get("attention")
+        .and_then(|v| v.as_str())
+        .is_some_and(|n| n != "fallback");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

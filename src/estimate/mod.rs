@@ -239,6 +239,9 @@ pub struct Workload {
     /// Pruning on a device: the pruned layers wait on the device for the
     /// evaluation (`pruned_layers_kept: device`) instead of streaming.
     pub kept_on_device: bool,
+    /// On a device: attention in one fused (flash) kernel, its scores never
+    /// stored (`exec::attention`; f16 only); else Burn's separate kernels.
+    pub fused_attention: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -274,6 +277,7 @@ impl Workload {
             dsnot: false,
             offload_activations: false,
             kept_on_device: false,
+            fused_attention: false,
             compressed: None,
         }
     }

@@ -143,6 +143,37 @@ fn cuda_note(w: &Workload, notes: &mut Vec<String>) {
     }
 }
 
+/// Which attention the pool model assumes, and what Burn's keeps: one
+/// `[batch, heads, seq, seq]` page of scores per pass, which the flash
+/// kernel (`PRUNEMEM_ATTENTION`, f16) does without.
+fn attention_note(a: &Arch, w: &Workload, batch: u64, notes: &mut Vec<String>) {
+    if !w.device.is_gpu() {
+        return;
+    }
+    let scores = batch * a.heads * w.seqlen * w.seqlen * w.dtype.size();
+    notes.push(
+        match (
+            w.fused_attention,
+            w.dtype == crate::model::ComputeDtype::F16,
+        ) {
+            (true, _) => {
+                "attention in cubek's flash kernel (PRUNEMEM_ATTENTION): no scores in the pool"
+                    .into()
+            }
+            (false, true) => format!(
+                "attention in Burn's separate kernels: a {} page of scores per batch in the pool; \
+             PRUNEMEM_ATTENTION=unit (cubek's flash kernel, f16) keeps none",
+                crate::units::format_bytes(scores)
+            ),
+            (false, false) => format!(
+                "attention in Burn's separate kernels: a {} page of scores per batch in the pool \
+             (the flash kernel takes f16 only)",
+                crate::units::format_bytes(scores)
+            ),
+        },
+    );
+}
+
 /// The load: a resident model uploaded, nothing for a streamed one.
 fn load_phase(a: &Arch, w: &Workload, s: &Sizes) -> Phase {
     Phase::new("load", &[stages::START, stages::MODEL_LOADED]).add(
@@ -168,6 +199,7 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
         (false, false) => ("weights (one layer)", a.layer_params() * s.c),
     };
     cuda_note(w, notes);
+    attention_note(a, w, batch, notes);
     if w.owl {
         notes.push("OWL's outlier pass on a device is taken as one calibration forward".into());
     }
@@ -225,6 +257,7 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
 pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let w = super::prunemem::inference_workload(w, notes);
     cuda_note(&w, notes);
+    attention_note(a, &w, w.batch_size, notes);
     let s = Sizes::of(a, &w);
     vec![
         load_phase(a, &w, &s),

@@ -134,6 +134,21 @@ pub trait Compute: Backend {
         Err((logits, targets))
     }
 
+    /// Causal attention `softmax(q·kᵀ/√d + causal mask)·v` of `q`, `k`, `v`
+    /// (`[batch, heads, seq, head_dim]`, `k` and `v` with `q`'s heads) in
+    /// one fused kernel (`exec::attention` names it), the scores never
+    /// stored. `Err` gives the arguments back where the backend has no
+    /// such kernel or it cannot take these shapes (the caller runs Burn's
+    /// attention).
+    #[allow(clippy::type_complexity)]
+    fn fused_attention(
+        q: Tensor<Self, 4>,
+        k: Tensor<Self, 4>,
+        v: Tensor<Self, 4>,
+    ) -> Result<Tensor<Self, 4>, (Tensor<Self, 4>, Tensor<Self, 4>, Tensor<Self, 4>)> {
+        Err((q, k, v))
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

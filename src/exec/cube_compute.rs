@@ -261,6 +261,64 @@ macro_rules! cube_row_nll {
     }};
 }
 
+/// [`super::Compute::fused_attention`] on a cube backend, in f16: the flash
+/// kernel `exec::attention` names, on contiguous copies of the operands where
+/// they are strided views (the query arrives as `[b, s, h, d]` with its
+/// middle dimensions swapped).
+macro_rules! cube_attention {
+    ($runtime:ty, $cuda:expr, $q:expr, $k:expr, $v:expr) => {{
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let (q, k, v) = ($q, $k, $v);
+        let default = || crate::exec::attention::measured_default($cuda);
+        let Some(strategy) = crate::exec::attention::chosen(default) else {
+            return Err((q, k, v));
+        };
+        let [b, h, s, d] = q.dims();
+        let like_q = |t: &Tensor<Self, 4>| t.dims() == [b, h, s, d] && t.dtype() == q.dtype();
+        // cubek's flash kernels hold q, k, v and the softmax's weights in
+        // f16 tiles whatever the operands' dtype: exact for f16 only (f32
+        // lost 3e-4 of the output's scale on lavapipe; bf16 would lose
+        // range).
+        let f16 = q.dtype() == burn::tensor::DType::F16;
+        if !f16 || !like_q(&k) || !like_q(&v) || s < 2 {
+            return Err((q, k, v));
+        }
+        // Merging the heads with the positions cannot be a view of a
+        // swapped tensor, so Burn copies it into order; the second reshape
+        // is a view of the copy.
+        let laid_out = |t: &Tensor<Self, 4>| {
+            let p = t.clone().into_primitive().tensor();
+            if p.is_contiguous() {
+                return Some(p);
+            }
+            let p = t.clone().reshape([b, h * s, d]).reshape([b, h, s, d]);
+            let p = p.into_primitive().tensor();
+            p.is_contiguous().then_some(p)
+        };
+        let (Some(qp), Some(kp), Some(vp)) = (laid_out(&q), laid_out(&k), laid_out(&v)) else {
+            return Err((q, k, v));
+        };
+        let op = Tensor::<Self, 4>::empty([b, h, s, d], (&q.device(), q.dtype()))
+            .into_primitive()
+            .tensor();
+        let launched = crate::exec::attention::launch::<$runtime>(
+            strategy,
+            &qp.client,
+            [
+                qp.clone().binding(),
+                kp.binding(),
+                vp.binding(),
+                op.clone().binding(),
+            ],
+            qp.dtype.into(),
+        );
+        match launched {
+            Ok(()) => Ok(Tensor::from_primitive(TensorPrimitive::Float(op))),
+            Err(_) => Err((q, k, v)),
+        }
+    }};
+}
+
 /// The `Compute` of a cubecl backend: wgpu and CUDA share one body (the
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
@@ -332,6 +390,21 @@ macro_rules! cube_compute {
                 ),
             > {
                 cube_row_nll!($runtime, logits, targets, skip)
+            }
+
+            fn fused_attention(
+                q: burn::tensor::Tensor<Self, 4>,
+                k: burn::tensor::Tensor<Self, 4>,
+                v: burn::tensor::Tensor<Self, 4>,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 4>,
+                (
+                    burn::tensor::Tensor<Self, 4>,
+                    burn::tensor::Tensor<Self, 4>,
+                    burn::tensor::Tensor<Self, 4>,
+                ),
+            > {
+                cube_attention!($runtime, $cuda, q, k, v)
             }
 
             fn is_device() -> bool {

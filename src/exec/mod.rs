@@ -9,6 +9,7 @@
 //! part to [`Exec::run`] as an [`OnDevice`] value, whose generic method is
 //! instantiated once per compiled backend.
 
+pub mod attention;
 pub mod backends;
 mod compute;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]

@@ -84,6 +84,8 @@ pub struct Run {
     timing: crate::timing::Totals,
     /// What crossed the bus is counted from here (`exec::transfer`).
     traffic: crate::exec::transfer::Traffic,
+    /// The flash attentions run and handed back when the run started.
+    attention: (usize, usize),
     /// The backend and device the run computes with.
     pub exec: Exec,
     /// Reads the device pool after every device op on this (the computing)
@@ -113,6 +115,14 @@ impl Run {
             options.profiler.device = exec.probe();
             plan.settings
                 .insert("adapter".into(), exec.adapter().into());
+            // The attention kernel the run will take (the pool's pages
+            // depend on it: `estimate::device_pool`).
+            let f16 = plan.settings.get("dtype").and_then(|v| v.as_str()) == Some("f16");
+            let cuda = matches!(options.device, DeviceSpec::Cuda(_));
+            plan.settings.insert(
+                "attention".into(),
+                crate::exec::attention::planned(cuda, f16).into(),
+            );
             if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
             }
@@ -181,6 +191,10 @@ impl Run {
             log_dir: options.log_dir,
             timing: crate::timing::Totals::now(),
             traffic: crate::exec::transfer::Traffic::now(),
+            attention: (
+                crate::exec::attention::fused(),
+                crate::exec::attention::fell_back(),
+            ),
             exec,
         })
     }
@@ -201,6 +215,17 @@ impl Run {
         let traffic = crate::exec::transfer::Traffic::now().since(&self.traffic);
         self.results
             .insert("transfers".into(), serde_json::json!(traffic));
+        // Which attention ran: the planned kernel, and how many layers'
+        // attentions it ran or handed back to Burn's.
+        let (fused, fell_back) = self.attention;
+        self.results.insert(
+            "attention".into(),
+            serde_json::json!({
+                "kernel": self.plan.settings.get("attention"),
+                "fused": crate::exec::attention::fused() - fused,
+                "fell_back": crate::exec::attention::fell_back() - fell_back,
+            }),
+        );
         if let Some(r) = self.profiler.device_reserved_peak() {
             self.results.insert("device_reserved_peak".into(), r.into());
         }

@@ -564,6 +564,7 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "device_reserved_peak_phase": s.results.get("device_reserved_peak_phase"),
         "pruned_layers_kept": s.results.get("pruned_layers_kept"),
         "transfers": s.results.get("transfers"),
+        "attention": s.results.get("attention"),
         "gpu_util": s.results.get("gpu_util"),
         "perplexity": o.perplexity.as_ref().map(|p| p.perplexity),
         "eval_windows": o.perplexity.as_ref().map(|p| p.windows),

@@ -339,8 +339,18 @@ impl<B: Compute> LlamaAttention<B> {
             let q = q.swap_dims(1, 2);
             let k = self.repeat_kv(k.swap_dims(1, 2));
             let v = self.repeat_kv(v.swap_dims(1, 2));
-            let mask = window.map(|w| window_mask::<B>(s, w, &q.device()));
-            let out = parallel_attention(q, k, v, mask, window.is_none());
+            let out = match window {
+                // Plain causal attention: the backend's fused kernel where
+                // it has one (the scores never stored), else Burn's op.
+                None => match B::fused_attention(q, k, v) {
+                    Ok(out) => out,
+                    Err((q, k, v)) => parallel_attention(q, k, v, None, true),
+                },
+                Some(w) => {
+                    let mask = window_mask::<B>(s, w, &q.device());
+                    parallel_attention(q, k, v, Some(mask), false)
+                }
+            };
             out.swap_dims(1, 2).reshape([b, s, nh * hd])
         };
         drop(attention_span);

@@ -110,6 +110,18 @@ impl StageTable {
         if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
             out += &format!("{:<16} on the {k}\n", "Pruned layers");
         }
+        if let Some(a) = r.get("attention") {
+            let n = |k: &str| a[k].as_u64().unwrap_or(0);
+            out += &match a["kernel"].as_str() {
+                Some(k) if k != "fallback" => format!(
+                    "{:<16} flash ({k}): {} fused, {} handed back to Burn's\n",
+                    "Attention",
+                    n("fused"),
+                    n("fell_back")
+                ),
+                _ => format!("{:<16} Burn's separate kernels\n", "Attention"),
+            };
+        }
         if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
             out += "Bus traffic      phase: host→device / device→host / kernels\n";
             for (phase, p) in t {
