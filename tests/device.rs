@@ -389,6 +389,15 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
         panic!("no summary")
     };
     assert!(summary.device_peak.is_some_and(|p| p > 0));
+    // The attention the plan named (f16 on wgpu: the flash kernel) ran in
+    // every layer's forward, and the run says so.
+    assert_eq!(plan.settings["attention"], "unit", "{:?}", plan.settings);
+    let attention = &summary.results["attention"];
+    assert_eq!(attention["kernel"], "unit", "{attention}");
+    assert!(attention["fused"].as_u64() > Some(0), "{attention}");
+    assert_eq!(attention["fell_back"], 0, "{attention}");
+    let printed = std::fs::read_to_string(logs.join("summary.txt")).unwrap();
+    assert!(printed.contains("flash (unit)"), "{printed}");
 
     // The estimator predicts this engine's device pool, phase by phase,
     // from its buffers: within 5% of what the run measured.

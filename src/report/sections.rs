@@ -151,6 +151,21 @@ pub fn device(s: &mut String, run: &RunData) {
             "The pruned layers waited for the evaluation on the {k}.\n"
         );
     }
+    if let Some(a) = r.get("attention") {
+        let n = |k: &str| a[k].as_u64().unwrap_or(0);
+        let _ = match a["kernel"].as_str() {
+            Some(k) if k != "fallback" => writeln!(
+                s,
+                "Attention ran as cubek's flash kernel (`{k}`) {} times, no scores stored; {} handed back to Burn's kernels.\n",
+                n("fused"),
+                n("fell_back")
+            ),
+            _ => writeln!(
+                s,
+                "Attention ran as Burn's separate kernels (its `[batch, heads, seq, seq]` scores in the pool).\n"
+            ),
+        };
+    }
     let _ = writeln!(
         s,
         "| phase | host → device | device → host | kernels |\n|---|---|---|---|"
