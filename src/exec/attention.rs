@@ -11,14 +11,16 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::named::Named;
+
 /// The kernels by name, `fallback` first (Burn's separate kernels).
 /// `unit`: cubek's flash attention on plain units (any device with
 /// planes); `accelerated`: on the tensor cores (CUDA's mma), 4 planes a
 /// cube.
 pub const NAMES: &[&str] = &["fallback", "unit", "accelerated"];
 
-/// `usize::MAX`: not read from the environment yet.
-static CHOSEN: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// The kernel in use, by name (`PRUNEMEM_ATTENTION`).
+static CHOICE: Named = Named::new("PRUNEMEM_ATTENTION", NAMES, "Burn's attention");
 
 /// Launches the named kernel could not take (Burn's fallback ran).
 static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
@@ -44,13 +46,7 @@ pub fn count_fallback() {
 
 /// Uses `name` from now on; `false` (nothing changed) for an unknown name.
 pub fn set(name: &str) -> bool {
-    match NAMES.iter().position(|n| *n == name) {
-        Some(i) => {
-            CHOSEN.store(i, Ordering::Relaxed);
-            true
-        }
-        None => false,
-    }
+    CHOICE.set(name)
 }
 
 /// The kernel a device gets when `PRUNEMEM_ATTENTION` is unset, as
@@ -75,25 +71,9 @@ pub fn planned(cuda: bool, f16: bool) -> &'static str {
 }
 
 /// The name in use: `PRUNEMEM_ATTENTION`'s, or the last [`set`], else
-/// `default()` (asked once, on the first call); `fallback` for an unknown
-/// name (said once on stderr).
+/// `default()` (asked once); `fallback` for an unknown name.
 pub fn chosen_name_or(default: impl FnOnce() -> &'static str) -> &'static str {
-    let mut i = CHOSEN.load(Ordering::Relaxed);
-    if i == usize::MAX {
-        let name = std::env::var("PRUNEMEM_ATTENTION").unwrap_or_default();
-        let unset = name.is_empty();
-        let name = if unset { default().to_string() } else { name };
-        i = NAMES.iter().position(|n| *n == name).unwrap_or(0);
-        if !unset && i == 0 && name != "fallback" {
-            eprintln!(
-                "prunemem: PRUNEMEM_ATTENTION={} is not one of {}; Burn's attention is used",
-                crate::input::escape(&name),
-                NAMES.join(", ")
-            );
-        }
-        CHOSEN.store(i, Ordering::Relaxed);
-    }
-    NAMES[i]
+    CHOICE.chosen_or(default)
 }
 
 /// The flash kernel in use (`None`: Burn's fallback).
@@ -177,7 +157,7 @@ mod tests {
         assert!(set("fallback"));
         assert_eq!(chosen_name_or(|| "unit"), "fallback");
         // Unnamed again, for the tests beside this one in the process.
-        CHOSEN.store(usize::MAX, Ordering::Relaxed);
+        CHOICE.reset();
         #[cfg(any(feature = "wgpu", feature = "cuda"))]
         for name in &NAMES[1..] {
             assert!(strategy(name).is_some(), "{name}");

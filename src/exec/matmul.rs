@@ -10,6 +10,8 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
+use super::named::Named;
+
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 use cubek::matmul::launch::Strategy;
 
@@ -48,18 +50,12 @@ pub fn fell_back() -> usize {
     FELL_BACK.load(Ordering::Relaxed)
 }
 
-/// `usize::MAX`: not read from the environment yet.
-static CHOSEN: AtomicUsize = AtomicUsize::new(usize::MAX);
+/// The strategy in use, by name (`PRUNEMEM_MATMUL`).
+static CHOICE: Named = Named::new("PRUNEMEM_MATMUL", NAMES, "Burn's matmul");
 
 /// Uses `name` from now on; `false` (nothing changed) for an unknown name.
 pub fn set(name: &str) -> bool {
-    match NAMES.iter().position(|n| *n == name) {
-        Some(i) => {
-            CHOSEN.store(i, Ordering::Relaxed);
-            true
-        }
-        None => false,
-    }
+    CHOICE.set(name)
 }
 
 /// The strategy a device gets when `PRUNEMEM_MATMUL` is unset, as
@@ -81,22 +77,7 @@ pub fn measured_default(cuda_with_tma: bool) -> &'static str {
 /// `default()` (asked once, on the first call); `auto` (Burn's matmul) for
 /// an unknown `PRUNEMEM_MATMUL` (said once on stderr).
 pub fn chosen_name_or(default: impl FnOnce() -> &'static str) -> &'static str {
-    let mut i = CHOSEN.load(Ordering::Relaxed);
-    if i == usize::MAX {
-        let name = std::env::var("PRUNEMEM_MATMUL").unwrap_or_default();
-        let unset = name.is_empty();
-        let name = if unset { default().to_string() } else { name };
-        i = NAMES.iter().position(|n| *n == name).unwrap_or(0);
-        if !unset && i == 0 && name != "auto" {
-            eprintln!(
-                "prunemem: PRUNEMEM_MATMUL={} is not one of {}; Burn's matmul is used",
-                crate::input::escape(&name),
-                NAMES.join(", ")
-            );
-        }
-        CHOSEN.store(i, Ordering::Relaxed);
-    }
-    NAMES[i]
+    CHOICE.chosen_or(default)
 }
 
 /// The strategy in use (`None`: Burn's matmul), `default()` when nothing

@@ -23,6 +23,7 @@ pub mod launch;
 pub mod matmul;
 #[cfg(feature = "mpi")]
 mod mpi;
+mod named;
 pub mod reduce;
 mod spec;
 pub mod transfer;
