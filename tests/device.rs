@@ -1437,8 +1437,70 @@ impl OnDevice for KernelsAgainstHost {
             out.push((format!("nll {dtype:?}"), worst, ran));
         }
         out.extend(attention_cases::<B>(&mut rng, device));
+        out.extend(swiglu_cases::<B>(&mut rng, device));
         out
     }
+}
+
+/// The MLP's `silu(gate) · up` kernel against f64 on the host, in each
+/// dtype, over more elements than one grid's pass (the units stride).
+fn swiglu_cases<B: Compute>(
+    rng: &mut prunemem::model::synthetic::Normal,
+    device: &B::Device,
+) -> Vec<(String, f64, bool)> {
+    use burn::prelude::{Tensor, TensorData};
+    use burn::tensor::FloatDType;
+    let dims = [3, 700, 601];
+    let n = dims.iter().product::<usize>();
+    let (g, u) = (rng.vec(n, 3.0), rng.vec(n, 1.0));
+    let mut out = Vec::new();
+    for dtype in [FloatDType::F32, FloatDType::F16] {
+        let t = |x: &[f32]| {
+            Tensor::<B, 3>::from_data(TensorData::new(x.to_vec(), dims), device).cast(dtype)
+        };
+        let seen = |t: Tensor<B, 3>| -> Vec<f32> {
+            t.cast(FloatDType::F32).into_data().iter::<f32>().collect()
+        };
+        let (gt, ut) = (t(&g), t(&u));
+        let (gs, us) = (seen(gt.clone()), seen(ut.clone()));
+        // Each output's own rounding: f32 or f16.
+        let ulp = if dtype == FloatDType::F32 {
+            1.2e-7
+        } else {
+            9.8e-4
+        };
+        let error = |h: Tensor<B, 3>| {
+            let h = seen(h);
+            (0..n)
+                .map(|i| {
+                    let (g, u) = (gs[i] as f64, us[i] as f64);
+                    let want = g / (1.0 + (-g).exp()) * u;
+                    (h[i] as f64 - want).abs() / (want.abs().max(1e-3) * ulp)
+                })
+                .fold(0f64, f64::max)
+        };
+        // Burn's ops on the same inputs, for the record.
+        let burns = error(burn::tensor::activation::silu(gt.clone()) * ut.clone());
+        let (worst, ran) = match B::swiglu(gt, ut) {
+            Ok(h) => (error(h), true),
+            Err(_) => (f64::NAN, false),
+        };
+        out.push((
+            format!("swiglu {dtype:?} (worst error in output ulps; Burn's ops: {burns:.2})"),
+            worst,
+            ran,
+        ));
+    }
+    out
+}
+
+/// The error of Burn's own path that a case's label records after `key`
+/// (0 where it records none).
+fn burns_error(case: &str, key: &str) -> f64 {
+    case.split(key)
+        .nth(1)
+        .and_then(|e| e.trim_end_matches(')').parse().ok())
+        .unwrap_or(0.0)
 }
 
 #[test]
@@ -1453,16 +1515,19 @@ fn the_selection_and_loss_kernels_give_the_hosts_answers() {
         assert!(ran, "{case}: the wgpu backend must take the kernel");
         match case.starts_with("select") {
             true => assert_eq!(miss, 0.0, "{case}: positions differ"),
+            // Rounded once from f32 registers: within a few of the
+            // output dtype's units, and no worse than Burn's ops.
+            false if case.starts_with("swiglu") => {
+                let burns = burns_error(&case, "Burn's ops: ");
+                assert!(miss <= 8.0, "{case}: {miss}");
+                assert!(miss <= burns.max(1.0), "{case}: {miss} past Burn's ops");
+            }
             // f16 operands, f32 accumulation: the output's own rounding
             // (f16 keeps 11 bits: 4.9e-4 of the scale).
             // And no further from the f64 answer than Burn's own f16
             // kernels, which it replaces.
             false if case.starts_with("attention") => {
-                let burns: f64 = case
-                    .split("Burn's kernels: ")
-                    .nth(1)
-                    .and_then(|e| e.trim_end_matches(')').parse().ok())
-                    .unwrap_or(0.0);
+                let burns = burns_error(&case, "Burn's kernels: ");
                 assert!(miss < 1e-3, "{case}: relative error {miss}");
                 assert!(miss <= burns, "{case}: {miss} past Burn's kernels' error");
             }

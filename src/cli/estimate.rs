@@ -160,6 +160,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     w.fused_attention = device.is_gpu()
         && crate::exec::attention::planned(device == Device::Cuda, w.dtype == ComputeDtype::F16)
             != "fallback";
+    w.swiglu_kernel = device.is_gpu();
     w.stored_bytes = w.dtype.size();
     w.nsamples = args.nsamples;
     let (seqlen, warning) =

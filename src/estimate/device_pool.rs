@@ -102,9 +102,16 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
     let (h, kv, i, heads) = (a.hidden, a.kv_dim(), a.intermediate, a.heads);
     // In f32 the casts to f32 are no copies; their buffers are the
     // compute dtype's own sizes, which `Pages` merges.
+    // A statistic over the down projection's input takes it in f32 (the
+    // norms: a copy and its square; SparseGPT: the copy `XᵀX` is made
+    // from), in pages the SiLU's f32 copy shared; without a statistic the
+    // page is the SiLU's alone, and prunemem's kernel keeps none (cubecl's
+    // log on lavapipe: 110 KiB fewer on the 96-wide fixture's magnitude
+    // run, the Wanda run's the same).
     let silu_f32 = match beside {
         Beside::Norms => 2,
-        _ => 1,
+        Beside::Hessians { .. } => 1,
+        Beside::Nothing => 1 - u64::from(w.swiglu_kernel),
     };
     let mut pages = Pages::default()
         // The normed input, q, the rotation, the attention's output and
@@ -116,7 +123,7 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
         .add(t * kv * c, 2)
         // gate, up and their product.
         .add(t * i * c, 3)
-        // The SiLU in f32 (and the norms' f32 copy of its output).
+        // The f32 pages above.
         .add(t * i * 4, silu_f32)
         // The norm's mean per token.
         .add(t * 4, 1);

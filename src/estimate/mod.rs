@@ -242,6 +242,9 @@ pub struct Workload {
     /// On a device: attention in one fused (flash) kernel, its scores never
     /// stored (`exec::attention`; f16 only); else Burn's separate kernels.
     pub fused_attention: bool,
+    /// On a device: the MLP's `silu(gate) · up` in one kernel
+    /// (`exec::kernels`), with no f32 copy of the gate.
+    pub swiglu_kernel: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -278,6 +281,7 @@ impl Workload {
             offload_activations: false,
             kept_on_device: false,
             fused_attention: false,
+            swiglu_kernel: false,
             compressed: None,
         }
     }

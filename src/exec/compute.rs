@@ -149,6 +149,18 @@ pub trait Compute: Backend {
         Err((q, k, v))
     }
 
+    /// The MLP's `silu(gate) · up` (same shapes and dtype) in one kernel
+    /// launch, computed in f32 and written in the operands' dtype
+    /// (`exec::kernels`). `Err` gives the arguments back where the backend
+    /// has no such kernel (the caller runs Burn's ops).
+    #[allow(clippy::type_complexity)]
+    fn swiglu(
+        gate: Tensor<Self, 3>,
+        up: Tensor<Self, 3>,
+    ) -> Result<Tensor<Self, 3>, (Tensor<Self, 3>, Tensor<Self, 3>)> {
+        Err((gate, up))
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

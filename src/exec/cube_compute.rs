@@ -319,6 +319,48 @@ macro_rules! cube_attention {
     }};
 }
 
+/// [`super::Compute::swiglu`] on a cube backend: one launch over the
+/// contiguous operands' buffers.
+macro_rules! cube_swiglu {
+    ($runtime:ty, $gate:expr, $up:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (gate, up) = ($gate, $up);
+        let dims = gate.dims();
+        let n = dims.iter().product::<usize>();
+        let (gp, upr) = (
+            gate.clone().into_primitive().tensor(),
+            up.clone().into_primitive().tensor(),
+        );
+        let ok = up.dims() == dims
+            && gp.dtype == upr.dtype
+            && gp.is_contiguous()
+            && upr.is_contiguous()
+            && n > 0
+            && n < u32::MAX as usize;
+        let launch = match gp.dtype {
+            _ if !ok => return Err((gate, up)),
+            DType::F32 => crate::exec::kernels::launch_swiglu::<$runtime, f32>,
+            DType::F16 => crate::exec::kernels::launch_swiglu::<$runtime, half::f16>,
+            DType::BF16 => crate::exec::kernels::launch_swiglu::<$runtime, half::bf16>,
+            _ => return Err((gate, up)),
+        };
+        let op = Tensor::<Self, 3>::empty(dims, (&gate.device(), gate.dtype()))
+            .into_primitive()
+            .tensor();
+        if !op.is_contiguous() {
+            return Err((gate, up));
+        }
+        launch(
+            &gp.client,
+            gp.handle.clone(),
+            upr.handle.clone(),
+            op.handle.clone(),
+            n,
+        );
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(op)))
+    }};
+}
+
 /// The `Compute` of a cubecl backend: wgpu and CUDA share one body (the
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
@@ -405,6 +447,16 @@ macro_rules! cube_compute {
                 ),
             > {
                 cube_attention!($runtime, $cuda, q, k, v)
+            }
+
+            fn swiglu(
+                gate: burn::tensor::Tensor<Self, 3>,
+                up: burn::tensor::Tensor<Self, 3>,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 3>,
+                (burn::tensor::Tensor<Self, 3>, burn::tensor::Tensor<Self, 3>),
+            > {
+                cube_swiglu!($runtime, gate, up)
             }
 
             fn is_device() -> bool {

@@ -123,6 +123,8 @@ impl Run {
                 "attention".into(),
                 crate::exec::attention::planned(cuda, f16).into(),
             );
+            // The MLP's gate runs prunemem's kernel on every cube device.
+            plan.settings.insert("swiglu".into(), "kernel".into());
             if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
             }

@@ -443,7 +443,11 @@ impl<B: Compute> LlamaMlp<B> {
             cpu_ops::swiglu_in_place(&mut g, &host::values(up));
             host::tensor(g, dims, &device)
         } else {
-            silu(gate) * up
+            // A device's kernel (no f32 copy of the gate), else Burn's ops.
+            match B::swiglu(gate, up) {
+                Ok(h) => h,
+                Err((gate, up)) => silu(gate) * up,
+            }
         };
         trace(LinearInput::Down, &h);
         gemm(&self.down_proj, h)

@@ -3,7 +3,8 @@
 //! launches, not arithmetic, dominated an H100's time (cubecl's per-kernel
 //! profile in docs/gpu.md): SparseGPT's sweep, the per-output selection's
 //! bisection, the evaluation's log-softmax over the vocabulary; and the
-//! N:M selection, whose ops kept 27–43 bytes per weight reserved.
+//! N:M selection, whose ops kept 27–43 bytes per weight reserved; and the
+//! MLP's `silu(gate) · up`, whose ops kept an f32 copy of the gate.
 //!
 //! Every kernel has a Burn-ops path beside it (the reference the tests
 //! compare it with, and what a backend without it runs).
@@ -16,8 +17,10 @@ mod group;
 mod nll;
 mod obs_sweep;
 mod select;
+mod swiglu;
 
 pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;
 pub use obs_sweep::launch_obs_sweep;
 pub use select::{launch_kth_smallest, launch_smallest_per_column};
+pub use swiglu::launch_swiglu;
