@@ -290,7 +290,7 @@ pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
     job.validate().map_err(|e| job_error(e.into()))?;
     let outcome = jobs::prune::run(&job, args.run.run_options()?).map_err(job_error)?;
     if args.json {
-        println!("{}", jobs::prune::json_line(&job, &outcome));
+        println!("{}", jobs::prune_output::json_line(&job, &outcome));
     } else {
         print_outcome(&outcome);
     }
@@ -299,7 +299,7 @@ pub fn run(args: PruneArgs, argv: Vec<String>) -> CliResult<i32> {
 
 /// The lines a finished prune prints (also the demo's).
 pub fn print_outcome(o: &jobs::prune::Outcome) {
-    print!("{}", jobs::prune::sparsity_lines(&o.prune));
+    print!("{}", jobs::prune_output::sparsity_lines(&o.prune));
     if let Some(ppl) = &o.perplexity {
         println!(
             "perplexity {:.4} ({} windows × {} tokens)",

@@ -39,11 +39,6 @@ pub fn fell_back() -> usize {
     FELL_BACK.load(Ordering::Relaxed)
 }
 
-/// Counts one attention handed back to Burn's fallback.
-pub fn count_fallback() {
-    FELL_BACK.fetch_add(1, Ordering::Relaxed);
-}
-
 /// Uses `name` from now on; `false` (nothing changed) for an unknown name.
 pub fn set(name: &str) -> bool {
     CHOICE.set(name)
@@ -138,7 +133,7 @@ pub fn launch<R: cubecl::Runtime>(
             Ok(())
         }
         Err(e) => {
-            count_fallback();
+            FELL_BACK.fetch_add(1, Ordering::Relaxed);
             Err(format!("{e:?}"))
         }
     }

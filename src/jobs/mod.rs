@@ -20,6 +20,7 @@ pub mod eval;
 mod gradprobe;
 pub mod preflight;
 pub mod prune;
+pub mod prune_output;
 mod pruned;
 mod ranks;
 pub mod snapshot;

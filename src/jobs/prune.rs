@@ -5,7 +5,7 @@
 use crate::exec::Compute;
 use std::path::PathBuf;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::config::PruneJob;
 use super::context::{Run, RunOptions};
@@ -542,60 +542,4 @@ fn dense_eval<B: Compute>(
 
 fn internal(what: &str) -> JobError {
     crate::prune::PruneError::Invalid(format!("internal: {what}")).into()
-}
-
-/// The JSON line `prune --json` prints.
-pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
-    let layer_sparsity: Vec<f64> = o.prune.layers.iter().map(|l| l.sparsity()).collect();
-    let fp32 = o.fp32_model_bytes;
-    let s = &o.summary;
-    json!({
-        "method": job.method.to_string(), "type": job.pattern.to_string(),
-        "sparsity_target": job.sparsity, "sparsity": o.prune.sparsity(),
-        "prune_seconds": o.prune.seconds, "wall_seconds": s.wall_s,
-        "rss_peak": s.rss_peak, "heap_peak": s.heap_peak,
-        "device": o.device, "dtype": job.dtype.name(),
-        // On a device: cubecl's pool (bytes in use); on the CPU: the heap.
-        "device_peak": s.device_peak,
-        // On a device: the pool's reserved peak (what nvidia-smi shows, less
-        // the context), where the pruned layers waited for the evaluation,
-        // and bytes and kernels by phase.
-        "device_reserved_peak": s.results.get("device_reserved_peak"),
-        "device_reserved_peak_phase": s.results.get("device_reserved_peak_phase"),
-        "pruned_layers_kept": s.results.get("pruned_layers_kept"),
-        "transfers": s.results.get("transfers"),
-        "attention": s.results.get("attention"),
-        "gpu_util": s.results.get("gpu_util"),
-        "perplexity": o.perplexity.as_ref().map(|p| p.perplexity),
-        "eval_windows": o.perplexity.as_ref().map(|p| p.windows),
-        "eval_seconds": o.perplexity.as_ref().map(|p| p.seconds),
-        "eval_seqlen": o.perplexity.as_ref().map(|p| p.seqlen),
-        "seconds_by_phase": s.results.get("seconds_by_phase"),
-        "seconds_by_work": s.results.get("seconds_by_work"),
-        "nsamples": job.nsamples, "resident": job.resident, "layer_sparsity": layer_sparsity,
-        "fp32_model_bytes": fp32,
-        "peak_over_fp32_model": s.rss_peak.map(|p| p as f64 / fp32.max(1) as f64),
-        "dsnot": o.prune.dsnot(),
-        "reallocation": o.prune.reallocation(),
-        "save_format": job.save.as_ref().map(|_| job.save_format),
-        "saved_bytes": o.saved_bytes,
-        // Across MPI ranks: each rank's peak RSS, bytes moved in
-        // reductions and seconds spent in them (absent for one process).
-        "ranks": s.results.get("rank_rss_peaks").map(|peaks| json!({
-            "rss_peaks": peaks,
-            "reduced_bytes": s.results.get("rank_reduced_bytes"),
-            "reduction_seconds": s.results.get("rank_reduction_seconds"),
-        })),
-        "layers": o.prune.layers.len(),
-    })
-}
-
-/// What `check_sparsity` prints: each layer's sparsity, then the total.
-pub fn sparsity_lines(outcome: &engine::PruneOutcome) -> String {
-    let mut s = String::new();
-    for l in &outcome.layers {
-        s += &format!("layer {} sparsity {:.6}\n", l.index, l.sparsity());
-    }
-    s += &format!("sparsity sanity check {:.4}\n", outcome.sparsity());
-    s
 }
