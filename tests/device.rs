@@ -1438,8 +1438,124 @@ impl OnDevice for KernelsAgainstHost {
         }
         out.extend(attention_cases::<B>(&mut rng, device));
         out.extend(swiglu_cases::<B>(&mut rng, device));
+        out.extend(square_sum_cases::<B>(&mut rng, device));
+        out.extend(rms_norm_cases::<B>(&mut rng, device));
         out
     }
+}
+
+/// The RMS norm's kernel against f64 on the host (`x / sqrt(mean(x²) +
+/// eps) · weight`), in output ulps: a row wider than a cube, not a
+/// multiple of it, and more rows than one grid (the cubes stride).
+fn rms_norm_cases<B: Compute>(
+    rng: &mut prunemem::model::synthetic::Normal,
+    device: &B::Device,
+) -> Vec<(String, f64, bool)> {
+    use burn::prelude::{Tensor, TensorData};
+    use burn::tensor::FloatDType;
+    let eps = 1e-5;
+    let mut out = Vec::new();
+    for (rows, d) in [(100usize, 1000usize), (70_000, 8)] {
+        let (x, wt) = (rng.vec(rows * d, 2.0), rng.vec(d, 1.0));
+        for dtype in [FloatDType::F32, FloatDType::F16] {
+            let seen = |t: Tensor<B, 2>| -> Vec<f32> {
+                t.cast(FloatDType::F32).into_data().iter::<f32>().collect()
+            };
+            let xt = Tensor::<B, 2>::from_data(TensorData::new(x.clone(), [rows, d]), device)
+                .cast(dtype);
+            let wt =
+                Tensor::<B, 1>::from_data(TensorData::new(wt.clone(), [d]), device).cast(dtype);
+            let (xs, ws) = (seen(xt.clone()), seen(wt.clone().reshape([1, d])));
+            let ulp = if dtype == FloatDType::F32 {
+                1.2e-7
+            } else {
+                9.8e-4
+            };
+            let error = |got: Tensor<B, 2>| {
+                let got = seen(got);
+                (0..rows)
+                    .map(|r| {
+                        let row = &xs[r * d..(r + 1) * d];
+                        let ms = row.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / d as f64;
+                        let inv = 1.0 / (ms + eps).sqrt();
+                        (0..d)
+                            .map(|i| {
+                                let want = row[i] as f64 * inv * ws[i] as f64;
+                                (got[r * d + i] as f64 - want).abs() / (want.abs().max(1e-3) * ulp)
+                            })
+                            .fold(0f64, f64::max)
+                    })
+                    .fold(0f64, f64::max)
+            };
+            // Burn's ops, as `LlamaRmsNorm` ran them before the kernel.
+            let xf = xt.clone().cast(FloatDType::F32);
+            let variance = xf.clone().square().mean_dim(1);
+            let normed = (xf * variance.add_scalar(eps).sqrt().recip()).cast(dtype);
+            let burns = error(normed * wt.clone().unsqueeze::<2>());
+            let (worst, ran) = match B::rms_norm(xt, &wt, eps) {
+                Ok(got) => (error(got), true),
+                Err(_) => (f64::NAN, false),
+            };
+            out.push((
+                format!("rms norm {rows}x{d} {dtype:?} (worst error in output ulps; Burn's ops: {burns:.2})"),
+                worst,
+                ran,
+            ));
+        }
+    }
+    out
+}
+
+/// Wanda's column norms (`Σ_rows x²` per column) straight from the input,
+/// against f64 on the host: one slab of rows and 64 of them, a width that
+/// is no multiple of a cube's 256 columns, in f32 and f16.
+fn square_sum_cases<B: Compute>(
+    rng: &mut prunemem::model::synthetic::Normal,
+    device: &B::Device,
+) -> Vec<(String, f64, bool)> {
+    use burn::prelude::{Tensor, TensorData};
+    use burn::tensor::FloatDType;
+    let mut out = Vec::new();
+    for (rows, cols) in [(100usize, 601usize), (20_000, 601)] {
+        let x = rng.vec(rows * cols, 2.0);
+        for dtype in [FloatDType::F32, FloatDType::F16] {
+            let t = Tensor::<B, 2>::from_data(TensorData::new(x.clone(), [rows, cols]), device)
+                .cast(dtype);
+            let seen: Vec<f32> = t
+                .clone()
+                .cast(FloatDType::F32)
+                .into_data()
+                .iter::<f32>()
+                .collect();
+            let want: Vec<f64> = (0..cols)
+                .map(|c| (0..rows).map(|r| (seen[r * cols + c] as f64).powi(2)).sum())
+                .collect();
+            let error = |got: Tensor<B, 1>| {
+                let got: Vec<f32> = got.into_data().iter::<f32>().collect();
+                (0..cols)
+                    .map(|c| (got[c] as f64 - want[c]).abs() / want[c].max(1e-30))
+                    .fold(0f64, f64::max)
+            };
+            // Burn's ops on the same input: an f32 copy, squared and summed.
+            let burns = error(
+                t.clone()
+                    .cast(FloatDType::F32)
+                    .square()
+                    .sum_dim(0)
+                    .reshape([cols]),
+            );
+            let (worst, ran) = match B::column_square_sums(t) {
+                Ok(sums) => (error(sums), true),
+                Err(_) => (f64::NAN, false),
+            };
+            out.push((
+                format!("square sums {rows}x{cols} {dtype:?} (Burn's ops: {burns:.2e})"),
+                worst,
+                ran,
+            ));
+        }
+    }
+    out
 }
 
 /// The MLP's `silu(gate) · up` kernel against f64 on the host, in each
@@ -1517,7 +1633,7 @@ fn the_selection_and_loss_kernels_give_the_hosts_answers() {
             true => assert_eq!(miss, 0.0, "{case}: positions differ"),
             // Rounded once from f32 registers: within a few of the
             // output dtype's units, and no worse than Burn's ops.
-            false if case.starts_with("swiglu") => {
+            false if case.starts_with("swiglu") || case.starts_with("rms norm") => {
                 let burns = burns_error(&case, "Burn's ops: ");
                 assert!(miss <= 8.0, "{case}: {miss}");
                 assert!(miss <= burns.max(1.0), "{case}: {miss} past Burn's ops");
@@ -1530,6 +1646,13 @@ fn the_selection_and_loss_kernels_give_the_hosts_answers() {
                 let burns = burns_error(&case, "Burn's kernels: ");
                 assert!(miss < 1e-3, "{case}: relative error {miss}");
                 assert!(miss <= burns, "{case}: {miss} past Burn's kernels' error");
+            }
+            // f32 sums in slabs of at most 313 rows, then over the slabs:
+            // rounding only, and no further from f64 than Burn's ops.
+            false if case.starts_with("square sums") => {
+                let burns = burns_error(&case, "Burn's ops: ");
+                assert!(miss < 1e-5, "{case}: relative error {miss}");
+                assert!(miss <= burns.max(1e-6), "{case}: {miss} past Burn's ops");
             }
             false => assert!(miss < 1e-5, "{case}: relative error {miss}"),
         }

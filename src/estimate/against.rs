@@ -118,6 +118,8 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
         .is_some_and(|n| n != "fallback");
     // Logs from before the kernel name none: Burn's ops ran.
     w.swiglu_kernel = get("swiglu").and_then(|v| v.as_str()) == Some("kernel");
+    w.norms_kernel = get("norms").and_then(|v| v.as_str()) == Some("kernel");
+    w.rms_norm_kernel = get("rms_norm").and_then(|v| v.as_str()) == Some("kernel");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

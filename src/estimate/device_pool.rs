@@ -107,18 +107,29 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
     // from), in pages the SiLU's f32 copy shared; without a statistic the
     // page is the SiLU's alone, and prunemem's kernel keeps none (cubecl's
     // log on lavapipe: 110 KiB fewer on the 96-wide fixture's magnitude
-    // run, the Wanda run's the same).
+    // run, the Wanda run's the same). The norms' kernel reads the input as
+    // it is (no copy, no square): only DSnoT's moments still take the copy.
+    let moments = beside == Beside::Norms && w.norms_kernel && w.dsnot;
     let silu_f32 = match beside {
-        Beside::Norms => 2,
+        Beside::Norms if !w.norms_kernel => 2,
         Beside::Hessians { .. } => 1,
-        Beside::Nothing => 1 - u64::from(w.swiglu_kernel),
+        _ if moments => 1,
+        Beside::Norms | Beside::Nothing => 1 - u64::from(w.swiglu_kernel),
+    };
+    // The RMS norm's f32 copy and its square (none with prunemem's
+    // kernel); a statistic taking the hidden-wide inputs in f32 (the
+    // Hessians, DSnoT's moments) shares them, or keeps one of its own.
+    let norm_f32 = match (w.rms_norm_kernel, beside) {
+        (false, _) => 2,
+        (true, Beside::Hessians { .. }) => 1,
+        (true, Beside::Norms) if w.dsnot => 1,
+        (true, _) => 0,
     };
     let mut pages = Pages::default()
         // The normed input, q, the rotation, the attention's output and
         // o_proj's, the residual: four alive at most.
         .add(t * h * c, 4)
-        // The norm's f32 copy and its square.
-        .add(t * h * 4, 2)
+        .add(t * h * 4, norm_f32)
         // k and v.
         .add(t * kv * c, 2)
         // gate, up and their product.
@@ -126,7 +137,7 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
         // The f32 pages above.
         .add(t * i * 4, silu_f32)
         // The norm's mean per token.
-        .add(t * 4, 1);
+        .add(t * 4, u64::from(!w.rms_norm_kernel));
     if !w.fused_attention {
         // Burn's attention: the scores, its causal mask (built from two
         // position tables), the softmax's rows. The flash kernel
@@ -139,6 +150,13 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
             .add(batch * heads * s * c, if c == 4 { 0 } else { 1 })
             .add(s * 4, 2);
     }
+    if moments {
+        // DSnoT's per-window sums and variances (cubecl's log on lavapipe,
+        // the 96-wide fixture: 8 hidden-wide and 4 intermediate-wide f32
+        // vectors beside the copy; its window-sized centred copies share
+        // the pages above).
+        pages = pages.add(h * 4, 8).add(i * 4, 4);
+    }
     if let Beside::Hessians { batches } = beside
         && batches > 1
     {
@@ -148,15 +166,17 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
 }
 
 /// The pages the evaluation's head keeps for a batch of `batch` windows:
-/// the final norm (its f32 copy and square, the normed batch) and, window
+/// the final norm (the normed batch; with Burn's ops its f32 copy and
+/// square) and, window
 /// by window, a logits chunk of `rows` rows, its losses and the targets.
 pub fn head(a: &Arch, w: &Workload, batch: u64, rows: u64) -> u64 {
     let (c, s, h) = (w.dtype.size(), w.seqlen, a.hidden);
     let t = batch * s;
+    let norm = u64::from(!w.rms_norm_kernel);
     Pages::default()
         .add(t * h * c, 1)
-        .add(t * h * 4, 2)
-        .add(t * 4, 1)
+        .add(t * h * 4, 2 * norm)
+        .add(t * 4, norm)
         .add(rows * a.vocab * c, 1)
         .add(rows * 4, 1)
         .add((s - 1) * 4, 1)
@@ -227,6 +247,50 @@ mod tests {
         let burns = forward(&a, &w, 2, Beside::Norms);
         w.fused_attention = true;
         assert_eq!(burns - forward(&a, &w, 2, Beside::Norms), 914_732 - 866_732);
+    }
+
+    #[test]
+    fn the_norms_kernel_keeps_no_copy_of_the_input() {
+        // cubecl's log of the 96-wide fixture's Wanda statistics pass in
+        // f16 (first layer, 2 windows of 40 tokens a batch, flash
+        // attention): 866 732 bytes held with Burn's ops for the norms,
+        // 641 452 with the kernel: the down projection's input's f32 copy
+        // and its square. DSnoT's moments keep the copy (and 764.9 KiB
+        // reserved over that run: see `estimate --against` in docs/gpu.md).
+        let a = fixture(96, 352, 6, 2);
+        let mut w = Workload::new(Task::Wanda);
+        (w.dtype, w.seqlen) = (ComputeDtype::F16, 40);
+        (w.fused_attention, w.swiglu_kernel) = (true, true);
+        let burns = forward(&a, &w, 2, Beside::Norms);
+        w.norms_kernel = true;
+        let kernel = forward(&a, &w, 2, Beside::Norms);
+        assert_eq!(burns - kernel, 866_732 - 641_452);
+        assert_eq!(kernel, forward(&a, &w, 2, Beside::Nothing));
+        w.dsnot = true;
+        // The log: 121 352 bytes more (its sizes are rounded to 10 bytes).
+        let moments = 80 * 352 * 4 + 8 * 96 * 4 + 4 * 352 * 4;
+        assert_eq!(forward(&a, &w, 2, Beside::Norms) - kernel, moments);
+    }
+
+    #[test]
+    fn the_rms_norm_kernel_keeps_no_copy_of_the_batch() {
+        // cubecl's log of the same fixture and pass with the norms' kernel:
+        // 641 452 bytes held with Burn's ops for the RMS norm, 579 692 with
+        // its kernel (the f32 copy, its square, the mean per token); at the
+        // evaluation's head (a batch of 2 windows) 699 816 and 638 056.
+        let a = fixture(96, 352, 6, 2);
+        let mut w = Workload::new(Task::Wanda);
+        (w.dtype, w.seqlen) = (ComputeDtype::F16, 40);
+        (w.fused_attention, w.swiglu_kernel, w.norms_kernel) = (true, true, true);
+        let (burns, burns_head) = (forward(&a, &w, 2, Beside::Norms), head(&a, &w, 2, 39));
+        w.rms_norm_kernel = true;
+        assert_eq!(burns - forward(&a, &w, 2, Beside::Norms), 641_452 - 579_692);
+        assert_eq!(burns_head - head(&a, &w, 2, 39), 699_816 - 638_056);
+        // SparseGPT's `XᵀX` still takes the hidden-wide inputs in f32.
+        let hessians = Beside::Hessians { batches: 1 };
+        let kept = forward(&a, &w, 2, hessians);
+        w.rms_norm_kernel = false;
+        assert_eq!(forward(&a, &w, 2, hessians) - kept, 80 * 96 * 4 + 80 * 4);
     }
 
     #[test]

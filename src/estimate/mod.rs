@@ -245,6 +245,13 @@ pub struct Workload {
     /// On a device: the MLP's `silu(gate) · up` in one kernel
     /// (`exec::kernels`), with no f32 copy of the gate.
     pub swiglu_kernel: bool,
+    /// On a device: Wanda's column norms summed straight from the
+    /// activations (`Compute::column_square_sums`), with no f32 copy of the
+    /// input and no squares stored.
+    pub norms_kernel: bool,
+    /// On a device: the RMS norm in one kernel (`Compute::rms_norm`), with
+    /// no f32 copy of the batch and no squares stored.
+    pub rms_norm_kernel: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -282,6 +289,8 @@ impl Workload {
             kept_on_device: false,
             fused_attention: false,
             swiglu_kernel: false,
+            norms_kernel: false,
+            rms_norm_kernel: false,
             compressed: None,
         }
     }

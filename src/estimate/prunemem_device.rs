@@ -93,7 +93,10 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64, batches: u64) -> (
         _ => 0,
     };
     let moments = if w.dsnot { 2 * columns * 4 } else { 0 };
-    let cast = if w.dtype.size() == 4 {
+    // The widest input's f32 copy: none in f32, none where the norms'
+    // kernel reads the input as it is and nothing else needs the copy.
+    let kernel_only = w.norms_kernel && !w.dsnot && m != Method::SparseGpt;
+    let cast = if w.dtype.size() == 4 || kernel_only {
         0
     } else {
         tokens * i * 4

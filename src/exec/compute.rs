@@ -161,6 +161,29 @@ pub trait Compute: Backend {
         Err((gate, up))
     }
 
+    /// `Σ_rows x²` per column of `x` (`[rows, cols]`, the compute dtype),
+    /// in f32 (`[cols]`), read straight from `x`: no f32 copy, no squares
+    /// stored (`exec::kernels`). `Err` gives `x` back where the backend has
+    /// no such kernel (the caller squares an f32 copy with Burn's ops).
+    fn column_square_sums(x: Tensor<Self, 2>) -> Result<Tensor<Self, 1>, Tensor<Self, 2>> {
+        Err(x)
+    }
+
+    /// RMS normalisation of `x` over its last dimension (`weight`'s
+    /// length, the same dtype), in f32 registers, rounded to the compute
+    /// dtype before `weight` multiplies it (transformers' `LlamaRMSNorm`),
+    /// in one kernel launch (`exec::kernels`): no f32 copy, no squares
+    /// stored. `Err` gives `x` back where the backend has no such kernel
+    /// (the caller runs Burn's ops).
+    fn rms_norm<const D: usize>(
+        x: Tensor<Self, D>,
+        weight: &Tensor<Self, 1>,
+        eps: f64,
+    ) -> Result<Tensor<Self, D>, Tensor<Self, D>> {
+        let _ = (weight, eps);
+        Err(x)
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

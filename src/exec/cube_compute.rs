@@ -361,6 +361,84 @@ macro_rules! cube_swiglu {
     }};
 }
 
+/// [`super::Compute::column_square_sums`] on a cube backend: one launch
+/// into `[slabs, cols]` f32 partial sums, then their sum over the slabs.
+macro_rules! cube_column_square_sums {
+    ($runtime:ty, $x:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let x = $x;
+        let [rows, cols] = x.dims();
+        let xp = x.clone().into_primitive().tensor();
+        let ok = xp.is_contiguous() && rows > 0 && cols > 0 && rows * cols < u32::MAX as usize;
+        let launch = match xp.dtype {
+            _ if !ok => return Err(x),
+            DType::F32 => crate::exec::kernels::launch_column_squares::<$runtime, f32>,
+            DType::F16 => crate::exec::kernels::launch_column_squares::<$runtime, half::f16>,
+            DType::BF16 => crate::exec::kernels::launch_column_squares::<$runtime, half::bf16>,
+            _ => return Err(x),
+        };
+        let slabs = crate::exec::kernels::square_slabs(rows);
+        let pp = Tensor::<Self, 2>::empty([slabs, cols], &x.device())
+            .into_primitive()
+            .tensor();
+        if !pp.is_contiguous() || pp.dtype != DType::F32 {
+            return Err(x);
+        }
+        launch(&xp.client, xp.handle.clone(), pp.handle.clone(), rows, cols);
+        let partial = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(pp));
+        let sums = if slabs == 1 {
+            partial
+        } else {
+            crate::exec::reduce::sum_dim(partial, 0)
+        };
+        Ok(sums.reshape([cols]))
+    }};
+}
+
+/// [`super::Compute::rms_norm`] on a cube backend: one launch over the
+/// contiguous rows.
+macro_rules! cube_rms_norm {
+    ($runtime:ty, $x:expr, $weight:expr, $eps:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (x, weight, eps) = ($x, $weight, $eps);
+        let dims = x.dims();
+        let d = dims[dims.len() - 1];
+        let n = dims.iter().product::<usize>();
+        let xp = x.clone().into_primitive().tensor();
+        let wp = weight.clone().into_primitive().tensor();
+        let ok = weight.dims() == [d]
+            && wp.dtype == xp.dtype
+            && xp.is_contiguous()
+            && wp.is_contiguous()
+            && d > 0
+            && n > 0
+            && n < u32::MAX as usize;
+        let launch = match xp.dtype {
+            _ if !ok => return Err(x),
+            DType::F32 => crate::exec::kernels::launch_rms_norm::<$runtime, f32>,
+            DType::F16 => crate::exec::kernels::launch_rms_norm::<$runtime, half::f16>,
+            DType::BF16 => crate::exec::kernels::launch_rms_norm::<$runtime, half::bf16>,
+            _ => return Err(x),
+        };
+        let op = Tensor::<Self, D>::empty(dims, (&x.device(), x.dtype()))
+            .into_primitive()
+            .tensor();
+        if !op.is_contiguous() {
+            return Err(x);
+        }
+        launch(
+            &xp.client,
+            xp.handle.clone(),
+            wp.handle.clone(),
+            op.handle.clone(),
+            n / d,
+            d,
+            eps as f32,
+        );
+        Ok(Tensor::from_primitive(TensorPrimitive::Float(op)))
+    }};
+}
+
 /// The `Compute` of a cubecl backend: wgpu and CUDA share one body (the
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
@@ -457,6 +535,20 @@ macro_rules! cube_compute {
                 (burn::tensor::Tensor<Self, 3>, burn::tensor::Tensor<Self, 3>),
             > {
                 cube_swiglu!($runtime, gate, up)
+            }
+
+            fn column_square_sums(
+                x: burn::tensor::Tensor<Self, 2>,
+            ) -> Result<burn::tensor::Tensor<Self, 1>, burn::tensor::Tensor<Self, 2>> {
+                cube_column_square_sums!($runtime, x)
+            }
+
+            fn rms_norm<const D: usize>(
+                x: burn::tensor::Tensor<Self, D>,
+                weight: &burn::tensor::Tensor<Self, 1>,
+                eps: f64,
+            ) -> Result<burn::tensor::Tensor<Self, D>, burn::tensor::Tensor<Self, D>> {
+                cube_rms_norm!($runtime, x, weight, eps)
             }
 
             fn is_device() -> bool {

@@ -123,8 +123,11 @@ impl Run {
                 "attention".into(),
                 crate::exec::attention::planned(cuda, f16).into(),
             );
-            // The MLP's gate runs prunemem's kernel on every cube device.
-            plan.settings.insert("swiglu".into(), "kernel".into());
+            // The MLP's gate, Wanda's norms and the RMS norm run
+            // prunemem's kernels on every cube device.
+            for kernel in ["swiglu", "norms", "rms_norm"] {
+                plan.settings.insert(kernel.into(), "kernel".into());
+            }
             if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
             }

@@ -49,6 +49,12 @@ impl<B: Compute> LlamaRmsNorm<B> {
             let out = cpu_ops::rms_norm(&host::values(x), &w, self.eps);
             return host::tensor(out, dims, &device);
         }
+        // A device's kernel (no f32 copy of the batch), else Burn's ops.
+        let weight = self.weight.val();
+        let x = match B::rms_norm(x, &weight, self.eps) {
+            Ok(out) => return out,
+            Err(x) => x,
+        };
         let dtype = x.dtype();
         let xf = to_f32(x);
         let variance = xf.clone().square().mean_dim(D - 1);
@@ -58,7 +64,7 @@ impl<B: Compute> LlamaRmsNorm<B> {
         } else {
             normed.cast(float_dtype(dtype))
         };
-        normed * self.weight.val().unsqueeze::<D>()
+        normed * weight.unsqueeze::<D>()
     }
 }
 

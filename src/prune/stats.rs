@@ -90,9 +90,10 @@ pub struct Stat {
 /// Rows squared per step of [`column_square_sums`] (a 4 MiB f32 slab).
 pub(crate) const SQUARE_CHUNK_ELEMS: usize = 1 << 20;
 
-/// `Σ_rows x²` per column of `x` (`[rows, d]`), a slab of rows at a time:
-/// squaring the whole batch at once would hold a second copy of the
-/// widest input (`tokens × intermediate`) at the layer's peak.
+/// `Σ_rows x²` per column of the f32 `x` (`[rows, d]`), a slab of rows at
+/// a time, with Burn's ops (a backend without the kernel): squaring the
+/// whole batch at once would hold a second copy of the widest input
+/// (`tokens × intermediate`) at the layer's peak.
 fn column_square_sums<B: Compute>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     let [rows, d] = x.dims();
     let step = (SQUARE_CHUNK_ELEMS / d.max(1)).max(1);
@@ -163,36 +164,51 @@ impl<B: Compute> LayerStats<B> {
     }
 
     /// Adds a batch of inputs `[batch, seq, in]` of the linears fed by `input`.
+    ///
+    /// The norms come from the input as it is where the backend has the
+    /// kernel (`Compute::column_square_sums`); an f32 copy is made only for
+    /// what still needs one (the Hessian, DSnoT's moments, a backend
+    /// without the kernel).
     pub fn observe(&mut self, input: LinearInput, x: &Tensor<B, 3>) {
         let [b, s, d] = x.dims();
-        let mut x3 = x.clone();
-        if x3.dtype() != DType::F32 {
-            x3 = x3.cast(FloatDType::F32);
-            // The f32 copy beside the input it was cast from.
-            crate::exec::watch::after_op();
-        }
         let acc = self.acc.entry(input).or_default();
-        if self.needs.moments {
-            // One window at a time: the centred copy is one window's size.
-            for w in 0..b {
-                let xw = x3.clone().slice([w..w + 1, 0..s, 0..d]).reshape([s, d]);
-                let sum = reduce::sum_dim(xw.clone(), 0);
-                let centred = xw - sum.clone().div_scalar(s as f64);
-                let var = reduce::sum_dim(centred.square(), 0).div_scalar(s as f64);
-                add(&mut acc.var, var.reshape([d]));
-                add(&mut acc.sum, sum.reshape([d]));
+        let flat = x.clone().reshape([b * s, d]);
+        let mut norms = None;
+        if self.needs.norms {
+            norms = B::column_square_sums(flat.clone()).ok();
+        }
+        let norms_left = self.needs.norms && norms.is_none();
+        if self.needs.moments || self.needs.hessian || norms_left {
+            let mut x2 = flat;
+            if x2.dtype() != DType::F32 {
+                x2 = x2.cast(FloatDType::F32);
+                // The f32 copy beside the input it was cast from.
+                crate::exec::watch::after_op();
+            }
+            if self.needs.moments {
+                // One window at a time: the centred copy is one window's size.
+                for w in 0..b {
+                    let xw = x2.clone().slice([w * s..(w + 1) * s, 0..d]);
+                    let sum = reduce::sum_dim(xw.clone(), 0);
+                    let centred = xw - sum.clone().div_scalar(s as f64);
+                    let var = reduce::sum_dim(centred.square(), 0).div_scalar(s as f64);
+                    add(&mut acc.var, var.reshape([d]));
+                    add(&mut acc.sum, sum.reshape([d]));
+                }
+            }
+            if norms_left {
+                norms = Some(column_square_sums(x2.clone()));
+            }
+            if self.needs.hessian {
+                let xtx = x2.clone().transpose().matmul(x2.clone());
+                // This batch's `Xᵀ X` beside the sum it joins and its f32 input.
+                crate::exec::watch::after_op();
+                drop(x2);
+                add(&mut acc.hessian, xtx);
             }
         }
-        let x2 = x3.reshape([b * s, d]);
-        if self.needs.norms {
-            add(&mut acc.norms, column_square_sums(x2.clone()));
-        }
-        if self.needs.hessian {
-            let xtx = x2.clone().transpose().matmul(x2.clone());
-            // This batch's `Xᵀ X` beside the sum it joins and its f32 input.
-            crate::exec::watch::after_op();
-            drop(x2);
-            add(&mut acc.hessian, xtx);
+        if let Some(n) = norms {
+            add(&mut acc.norms, n);
         }
         self.held.set(self.bytes());
     }

@@ -17,7 +17,7 @@ const UNITS: u32 = 256;
 /// The cube's 256 partial values combined (max or sum) through `partial`;
 /// every unit gets the result. Called in uniform control flow.
 #[cube]
-fn combine(partial: &mut SharedMemory<f32>, value: f32, #[comptime] max: bool) -> f32 {
+pub(super) fn combine(partial: &mut SharedMemory<f32>, value: f32, #[comptime] max: bool) -> f32 {
     let u = UNIT_POS as usize;
     partial[u] = value;
     sync_cube();
