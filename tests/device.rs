@@ -1301,13 +1301,7 @@ fn attention_cases<B: Compute>(
             Tensor::<B, 4>::from_data(TensorData::new(x.to_vec(), dims), device).cast(dtype)
         };
         let q = tensor(&q_bshd, [b, s, h, d]).swap_dims(1, 2);
-        let seen = |t: &Tensor<B, 4>| -> Vec<f32> {
-            t.clone()
-                .cast(FloatDType::F32)
-                .into_data()
-                .iter::<f32>()
-                .collect()
-        };
+        let seen = |t: &Tensor<B, 4>| host_f32(t.clone());
         let (qt, kt, vt) = (q, tensor(&k, shape), tensor(&v, shape));
         let want = host_attention(&seen(&qt), &seen(&kt), &seen(&vt), shape);
         let scale = want.iter().fold(0f64, |a, x| a.max(x.abs())).max(1e-12);
@@ -1458,21 +1452,14 @@ fn rms_norm_cases<B: Compute>(
     for (rows, d) in [(100usize, 1000usize), (70_000, 8)] {
         let (x, wt) = (rng.vec(rows * d, 2.0), rng.vec(d, 1.0));
         for dtype in [FloatDType::F32, FloatDType::F16] {
-            let seen = |t: Tensor<B, 2>| -> Vec<f32> {
-                t.cast(FloatDType::F32).into_data().iter::<f32>().collect()
-            };
             let xt = Tensor::<B, 2>::from_data(TensorData::new(x.clone(), [rows, d]), device)
                 .cast(dtype);
             let wt =
                 Tensor::<B, 1>::from_data(TensorData::new(wt.clone(), [d]), device).cast(dtype);
-            let (xs, ws) = (seen(xt.clone()), seen(wt.clone().reshape([1, d])));
-            let ulp = if dtype == FloatDType::F32 {
-                1.2e-7
-            } else {
-                9.8e-4
-            };
+            let (xs, ws) = (host_f32(xt.clone()), host_f32(wt.clone()));
+            let ulp = unit_of(dtype);
             let error = |got: Tensor<B, 2>| {
-                let got = seen(got);
+                let got = host_f32(got);
                 (0..rows)
                     .map(|r| {
                         let row = &xs[r * d..(r + 1) * d];
@@ -1506,6 +1493,23 @@ fn rms_norm_cases<B: Compute>(
     out
 }
 
+/// A tensor's values on the host, in f32 (what a kernel's test compares).
+fn host_f32<B: Compute, const D: usize>(t: burn::prelude::Tensor<B, D>) -> Vec<f32> {
+    t.cast(burn::tensor::FloatDType::F32)
+        .into_data()
+        .iter::<f32>()
+        .collect()
+}
+
+/// One unit in the last place of an f32 or f16 value of magnitude 1.
+fn unit_of(dtype: burn::tensor::FloatDType) -> f64 {
+    if dtype == burn::tensor::FloatDType::F32 {
+        1.2e-7
+    } else {
+        9.8e-4
+    }
+}
+
 /// Wanda's column norms (`Σ_rows x²` per column) straight from the input,
 /// against f64 on the host: one slab of rows and 64 of them, a width that
 /// is no multiple of a cube's 256 columns, in f32 and f16.
@@ -1521,17 +1525,12 @@ fn square_sum_cases<B: Compute>(
         for dtype in [FloatDType::F32, FloatDType::F16] {
             let t = Tensor::<B, 2>::from_data(TensorData::new(x.clone(), [rows, cols]), device)
                 .cast(dtype);
-            let seen: Vec<f32> = t
-                .clone()
-                .cast(FloatDType::F32)
-                .into_data()
-                .iter::<f32>()
-                .collect();
+            let seen = host_f32(t.clone());
             let want: Vec<f64> = (0..cols)
                 .map(|c| (0..rows).map(|r| (seen[r * cols + c] as f64).powi(2)).sum())
                 .collect();
             let error = |got: Tensor<B, 1>| {
-                let got: Vec<f32> = got.into_data().iter::<f32>().collect();
+                let got = host_f32(got);
                 (0..cols)
                     .map(|c| (got[c] as f64 - want[c]).abs() / want[c].max(1e-30))
                     .fold(0f64, f64::max)
@@ -1574,19 +1573,12 @@ fn swiglu_cases<B: Compute>(
         let t = |x: &[f32]| {
             Tensor::<B, 3>::from_data(TensorData::new(x.to_vec(), dims), device).cast(dtype)
         };
-        let seen = |t: Tensor<B, 3>| -> Vec<f32> {
-            t.cast(FloatDType::F32).into_data().iter::<f32>().collect()
-        };
         let (gt, ut) = (t(&g), t(&u));
-        let (gs, us) = (seen(gt.clone()), seen(ut.clone()));
+        let (gs, us) = (host_f32(gt.clone()), host_f32(ut.clone()));
         // Each output's own rounding: f32 or f16.
-        let ulp = if dtype == FloatDType::F32 {
-            1.2e-7
-        } else {
-            9.8e-4
-        };
+        let ulp = unit_of(dtype);
         let error = |h: Tensor<B, 3>| {
-            let h = seen(h);
+            let h = host_f32(h);
             (0..n)
                 .map(|i| {
                     let (g, u) = (gs[i] as f64, us[i] as f64);
