@@ -116,10 +116,11 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.fused_attention = get("attention")
         .and_then(|v| v.as_str())
         .is_some_and(|n| n != "fallback");
-    // Logs from before the kernel name none: Burn's ops ran.
-    w.swiglu_kernel = get("swiglu").and_then(|v| v.as_str()) == Some("kernel");
-    w.norms_kernel = get("norms").and_then(|v| v.as_str()) == Some("kernel");
-    w.rms_norm_kernel = get("rms_norm").and_then(|v| v.as_str()) == Some("kernel");
+    // Logs from before a kernel name none: Burn's ops ran.
+    let kernel = |name: &str| get(name).and_then(|v| v.as_str()) == Some("kernel");
+    w.swiglu_kernel = kernel("swiglu");
+    w.norms_kernel = kernel("norms");
+    w.rms_norm_kernel = kernel("rms_norm");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

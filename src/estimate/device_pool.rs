@@ -102,39 +102,39 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
     let (h, kv, i, heads) = (a.hidden, a.kv_dim(), a.intermediate, a.heads);
     // In f32 the casts to f32 are no copies; their buffers are the
     // compute dtype's own sizes, which `Pages` merges.
-    // A statistic over the down projection's input takes it in f32 (the
-    // norms: a copy and its square; SparseGPT: the copy `XᵀX` is made
-    // from), in pages the SiLU's f32 copy shared; without a statistic the
-    // page is the SiLU's alone, and prunemem's kernel keeps none (cubecl's
-    // log on lavapipe: 110 KiB fewer on the 96-wide fixture's magnitude
-    // run, the Wanda run's the same). The norms' kernel reads the input as
-    // it is (no copy, no square): only DSnoT's moments still take the copy.
+    // The f32 pages a statistic takes of each input it reads: with Burn's
+    // ops the norms square an f32 copy (2); SparseGPT's `XᵀX` and DSnoT's
+    // moments are made from a copy (1); the norms' kernel reads the input
+    // as it is (0). The SiLU's and the RMS norm's own f32 pages are shared
+    // with these where they have any: without a statistic the SiLU keeps
+    // one page and prunemem's kernel none (cubecl's log on lavapipe: 110
+    // KiB fewer on the 96-wide fixture's magnitude run), the RMS norm two
+    // with Burn's ops and none with its kernel.
+    let squares = beside == Beside::Norms && !w.norms_kernel;
+    let copied = match beside {
+        Beside::Hessians { .. } => true,
+        Beside::Norms => squares || w.dsnot,
+        Beside::Nothing => false,
+    };
+    let stat_f32 = u64::from(copied) + u64::from(squares);
+    let silu_f32 = match stat_f32 {
+        0 => 1 - u64::from(w.swiglu_kernel),
+        n => n,
+    };
+    let norm_f32 = if w.rms_norm_kernel { stat_f32 } else { 2 };
+    // DSnoT's per-window vectors (traced with the norms' kernel only).
     let moments = beside == Beside::Norms && w.norms_kernel && w.dsnot;
-    let silu_f32 = match beside {
-        Beside::Norms if !w.norms_kernel => 2,
-        Beside::Hessians { .. } => 1,
-        _ if moments => 1,
-        Beside::Norms | Beside::Nothing => 1 - u64::from(w.swiglu_kernel),
-    };
-    // The RMS norm's f32 copy and its square (none with prunemem's
-    // kernel); a statistic taking the hidden-wide inputs in f32 (the
-    // Hessians, DSnoT's moments) shares them, or keeps one of its own.
-    let norm_f32 = match (w.rms_norm_kernel, beside) {
-        (false, _) => 2,
-        (true, Beside::Hessians { .. }) => 1,
-        (true, Beside::Norms) if w.dsnot => 1,
-        (true, _) => 0,
-    };
     let mut pages = Pages::default()
         // The normed input, q, the rotation, the attention's output and
         // o_proj's, the residual: four alive at most.
         .add(t * h * c, 4)
+        // The f32 pages of the hidden-wide inputs (above).
         .add(t * h * 4, norm_f32)
         // k and v.
         .add(t * kv * c, 2)
         // gate, up and their product.
         .add(t * i * c, 3)
-        // The f32 pages above.
+        // The f32 pages of the down projection's input (above).
         .add(t * i * 4, silu_f32)
         // The norm's mean per token.
         .add(t * 4, u64::from(!w.rms_norm_kernel));

@@ -24,6 +24,20 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
     y
 }
 
+/// The launch of the float kernel `exec::kernels::$launch` (generic over
+/// the runtime and the element type) for `$dtype`, else `$otherwise` (the
+/// wrapper's way out: a `return` handing the tensors back).
+macro_rules! float_launch {
+    ($launch:ident, $runtime:ty, $dtype:expr, $otherwise:expr) => {
+        match $dtype {
+            burn::tensor::DType::F32 => crate::exec::kernels::$launch::<$runtime, f32>,
+            burn::tensor::DType::F16 => crate::exec::kernels::$launch::<$runtime, half::f16>,
+            burn::tensor::DType::BF16 => crate::exec::kernels::$launch::<$runtime, half::bf16>,
+            _ => $otherwise,
+        }
+    };
+}
+
 /// A device linear with the matmul strategy `exec::matmul` names (Burn's
 /// own when none is named, or when the named kernel cannot take these
 /// shapes), then a look at the pool while input and output are alive.
@@ -234,13 +248,10 @@ macro_rules! cube_row_nll {
             && tp.dtype == DType::I32
             && rows <= 65_535
             && rows * vocab < u32::MAX as usize;
-        let launch = match lp.dtype {
-            _ if !ok => return give_back(lp, tp),
-            DType::F32 => crate::exec::kernels::launch_row_nll::<$runtime, f32>,
-            DType::F16 => crate::exec::kernels::launch_row_nll::<$runtime, half::f16>,
-            DType::BF16 => crate::exec::kernels::launch_row_nll::<$runtime, half::bf16>,
-            _ => return give_back(lp, tp),
-        };
+        if !ok {
+            return give_back(lp, tp);
+        }
+        let launch = float_launch!(launch_row_nll, $runtime, lp.dtype, return give_back(lp, tp));
         // The output only once the kernel can run.
         let np = Tensor::<Self, 1>::empty([rows], &device)
             .into_primitive()
@@ -323,7 +334,7 @@ macro_rules! cube_attention {
 /// contiguous operands' buffers.
 macro_rules! cube_swiglu {
     ($runtime:ty, $gate:expr, $up:expr) => {{
-        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        use burn::tensor::{Tensor, TensorPrimitive};
         let (gate, up) = ($gate, $up);
         let dims = gate.dims();
         let n = dims.iter().product::<usize>();
@@ -337,13 +348,10 @@ macro_rules! cube_swiglu {
             && upr.is_contiguous()
             && n > 0
             && n < u32::MAX as usize;
-        let launch = match gp.dtype {
-            _ if !ok => return Err((gate, up)),
-            DType::F32 => crate::exec::kernels::launch_swiglu::<$runtime, f32>,
-            DType::F16 => crate::exec::kernels::launch_swiglu::<$runtime, half::f16>,
-            DType::BF16 => crate::exec::kernels::launch_swiglu::<$runtime, half::bf16>,
-            _ => return Err((gate, up)),
-        };
+        if !ok {
+            return Err((gate, up));
+        }
+        let launch = float_launch!(launch_swiglu, $runtime, gp.dtype, return Err((gate, up)));
         let op = Tensor::<Self, 3>::empty(dims, (&gate.device(), gate.dtype()))
             .into_primitive()
             .tensor();
@@ -370,13 +378,10 @@ macro_rules! cube_column_square_sums {
         let [rows, cols] = x.dims();
         let xp = x.clone().into_primitive().tensor();
         let ok = xp.is_contiguous() && rows > 0 && cols > 0 && rows * cols < u32::MAX as usize;
-        let launch = match xp.dtype {
-            _ if !ok => return Err(x),
-            DType::F32 => crate::exec::kernels::launch_column_squares::<$runtime, f32>,
-            DType::F16 => crate::exec::kernels::launch_column_squares::<$runtime, half::f16>,
-            DType::BF16 => crate::exec::kernels::launch_column_squares::<$runtime, half::bf16>,
-            _ => return Err(x),
-        };
+        if !ok {
+            return Err(x);
+        }
+        let launch = float_launch!(launch_column_squares, $runtime, xp.dtype, return Err(x));
         let slabs = crate::exec::kernels::square_slabs(rows);
         let pp = Tensor::<Self, 2>::empty([slabs, cols], &x.device())
             .into_primitive()
@@ -399,7 +404,7 @@ macro_rules! cube_column_square_sums {
 /// contiguous rows.
 macro_rules! cube_rms_norm {
     ($runtime:ty, $x:expr, $weight:expr, $eps:expr) => {{
-        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        use burn::tensor::{Tensor, TensorPrimitive};
         let (x, weight, eps) = ($x, $weight, $eps);
         let dims = x.dims();
         let d = dims[dims.len() - 1];
@@ -413,13 +418,10 @@ macro_rules! cube_rms_norm {
             && d > 0
             && n > 0
             && n < u32::MAX as usize;
-        let launch = match xp.dtype {
-            _ if !ok => return Err(x),
-            DType::F32 => crate::exec::kernels::launch_rms_norm::<$runtime, f32>,
-            DType::F16 => crate::exec::kernels::launch_rms_norm::<$runtime, half::f16>,
-            DType::BF16 => crate::exec::kernels::launch_rms_norm::<$runtime, half::bf16>,
-            _ => return Err(x),
-        };
+        if !ok {
+            return Err(x);
+        }
+        let launch = float_launch!(launch_rms_norm, $runtime, xp.dtype, return Err(x));
         let op = Tensor::<Self, D>::empty(dims, (&x.device(), x.dtype()))
             .into_primitive()
             .tensor();

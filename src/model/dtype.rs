@@ -3,9 +3,29 @@
 
 use std::str::FromStr;
 
-use burn::tensor::{DType, TensorData};
+use burn::tensor::{DType, FloatDType, TensorData};
 use half::{bf16, f16};
 use safetensors::Dtype;
+
+/// The float dtype of a runtime dtype (defaults to f32 for non-floats).
+pub fn float_dtype(d: DType) -> FloatDType {
+    match d {
+        DType::F16 => FloatDType::F16,
+        DType::BF16 => FloatDType::BF16,
+        DType::F64 => FloatDType::F64,
+        _ => FloatDType::F32,
+    }
+}
+
+/// `t` in f32: itself where it is f32 already, else a cast copy.
+pub fn to_f32<B: burn::tensor::backend::Backend, const D: usize>(
+    t: burn::tensor::Tensor<B, D>,
+) -> burn::tensor::Tensor<B, D> {
+    match t.dtype() {
+        DType::F32 => t,
+        _ => t.cast(FloatDType::F32),
+    }
+}
 
 /// The dtype a run computes in (`--dtype`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

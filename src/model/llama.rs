@@ -10,81 +10,21 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::timing::{self, Work};
-use burn::module::Param;
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
+use burn::tensor::DType;
 use burn::tensor::activation::silu;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{DType, FloatDType};
 
 use super::config::{LlamaConfig, RopeScaling};
+use super::dtype::float_dtype;
 use super::{cpu_attention, cpu_ops, host};
 use crate::exec::Compute;
 use crate::memory::held::{Held, tensor_bytes};
 use crate::memory::tag::Category;
 
-/// RMS normalisation, computed in f32 whatever the model dtype (as
-/// transformers' `LlamaRMSNorm` does).
-#[derive(Module, Debug)]
-pub struct LlamaRmsNorm<B: Backend> {
-    pub weight: Param<Tensor<B, 1>>,
-    pub eps: f64,
-}
-
-impl<B: Backend> LlamaRmsNorm<B> {
-    pub fn new(weight: Tensor<B, 1>, eps: f64) -> Self {
-        Self {
-            weight: Param::from_tensor(weight),
-            eps,
-        }
-    }
-}
-
-impl<B: Compute> LlamaRmsNorm<B> {
-    pub fn forward<const D: usize>(&self, x: Tensor<B, D>) -> Tensor<B, D> {
-        if B::fused(&x) {
-            let (dims, device) = (x.dims(), x.device());
-            let w = host::values(self.weight.val());
-            let out = cpu_ops::rms_norm(&host::values(x), &w, self.eps);
-            return host::tensor(out, dims, &device);
-        }
-        // A device's kernel (no f32 copy of the batch), else Burn's ops.
-        let weight = self.weight.val();
-        let x = match B::rms_norm(x, &weight, self.eps) {
-            Ok(out) => return out,
-            Err(x) => x,
-        };
-        let dtype = x.dtype();
-        let xf = to_f32(x);
-        let variance = xf.clone().square().mean_dim(D - 1);
-        let normed = xf * variance.add_scalar(self.eps).sqrt().recip();
-        let normed = if dtype == DType::F32 {
-            normed
-        } else {
-            normed.cast(float_dtype(dtype))
-        };
-        normed * weight.unsqueeze::<D>()
-    }
-}
-
-fn to_f32<B: Backend, const D: usize>(x: Tensor<B, D>) -> Tensor<B, D> {
-    if x.dtype() == DType::F32 {
-        x
-    } else {
-        x.cast(FloatDType::F32)
-    }
-}
-
-/// The float dtype of a runtime dtype (defaults to f32 for non-floats).
-pub fn float_dtype(d: DType) -> FloatDType {
-    match d {
-        DType::F16 => FloatDType::F16,
-        DType::BF16 => FloatDType::BF16,
-        DType::F64 => FloatDType::F64,
-        _ => FloatDType::F32,
-    }
-}
+pub use super::rms_norm::LlamaRmsNorm;
 
 /// Which linears a traced input feeds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

@@ -19,6 +19,7 @@ pub mod matmul;
 pub mod owned;
 pub mod perplexity;
 pub mod prefetch;
+pub mod rms_norm;
 pub mod save;
 pub mod shard;
 pub mod synthetic;

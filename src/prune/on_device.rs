@@ -29,7 +29,7 @@
 //! width that `m` does not divide.
 
 use burn::prelude::*;
-use burn::tensor::{Bool, DType, FloatDType};
+use burn::tensor::Bool;
 
 use super::config::PruneConfig;
 use super::{LayerMethod, Pattern};
@@ -64,7 +64,7 @@ pub fn metric<B: Compute>(
     ria_a: f64,
 ) -> Tensor<B, 2> {
     let [inp, _] = w.dims();
-    let abs = f32_of(w.clone()).abs();
+    let abs = crate::model::dtype::to_f32(w.clone()).abs();
     let scale = |a: Option<f64>| {
         norms.map(|n| {
             let s = n.clone().sqrt();
@@ -138,13 +138,6 @@ pub fn apply<B: Compute>(w: Tensor<B, 2>, mask: Tensor<B, 2, Bool>) -> (Tensor<B
     let pruned = w.mask_fill(mask, 0.0);
     let zeros = reduce::sum_all(pruned.clone().equal_elem(0.0).int()).reshape([1]);
     (pruned, read_count(zeros))
-}
-
-fn f32_of<B: Compute, const D: usize>(t: Tensor<B, D>) -> Tensor<B, D> {
-    match t.dtype() {
-        DType::F32 => t,
-        _ => t.cast(FloatDType::F32),
-    }
 }
 
 /// One integer read back from the device, counted as traffic.
