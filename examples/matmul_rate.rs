@@ -72,9 +72,11 @@ impl OnDevice for Rates {
                     println!("{name}: unknown");
                     continue;
                 }
-                let before = prunemem::exec::matmul::fell_back();
+                let matmul = prunemem::exec::tally::Kernel::Matmul;
+                let before = prunemem::exec::tally::Tally::now().of(matmul);
                 let y = <B as Compute>::linear(&linear, x.clone()).cast(FloatDType::F32);
-                let own = prunemem::exec::matmul::fell_back() == before;
+                let own =
+                    prunemem::exec::tally::Tally::now().of(matmul).fell_back == before.fell_back;
                 let base = Tensor::<B, 3>::zeros(y.dims(), device);
                 let want = reference.get_or_insert_with(|| y.clone()).clone();
                 let err: f32 = (y - want).abs().max().into_scalar().elem();

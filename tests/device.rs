@@ -398,6 +398,33 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
     assert_eq!(attention["fell_back"], 0, "{attention}");
     let printed = std::fs::read_to_string(logs.join("summary.txt")).unwrap();
     assert!(printed.contains("flash (unit)"), "{printed}");
+    // Every kernel the plan asks for ran, none handed its work back to
+    // Burn's ops, and the run says so: Wanda's norms, the RMS norm, the
+    // SwiGLU, the per-output selection and the evaluation's losses.
+    let kernels = &summary.results["device_kernels"];
+    for name in [
+        "attention",
+        "swiglu",
+        "norms",
+        "rms_norm",
+        "select_per_output",
+        "row_nll",
+    ] {
+        assert!(kernels[name]["ran"].as_u64() > Some(0), "{name}: {kernels}");
+    }
+    for (name, uses) in kernels.as_object().unwrap() {
+        assert_eq!(uses["fell_back"], 0, "{name}: {kernels}");
+    }
+    assert!(
+        printed.contains("none handed back to Burn's ops"),
+        "{printed}"
+    );
+    let report = prunemem_report(&logs, &dir.path().join("report"));
+    assert!(
+        report.contains("prunemem's own kernels: every request ran."),
+        "{report}"
+    );
+    assert!(report.contains("| swiglu | "), "{report}");
 
     // The estimator predicts this engine's device pool, phase by phase,
     // from its buffers: within 5% of what the run measured.
@@ -1589,12 +1616,25 @@ fn swiglu_cases<B: Compute>(
         };
         // Burn's ops on the same inputs, for the record.
         let burns = error(burn::tensor::activation::silu(gt.clone()) * ut.clone());
-        let (worst, ran) = match B::swiglu(gt, ut) {
+        // A gate another tensor holds gets a new output, and keeps its
+        // values; an unshared one is written over.
+        let held = gt.clone();
+        let (worst, ran) = match B::swiglu(gt, ut.clone()) {
+            Ok(h) => (error(h), true),
+            Err(_) => (f64::NAN, false),
+        };
+        let kept = host_f32(held.clone()) == gs;
+        out.push((
+            format!("swiglu {dtype:?} beside a held gate (worst error in output ulps; Burn's ops: {burns:.2})"),
+            if kept { worst } else { f64::INFINITY },
+            ran,
+        ));
+        let (worst, ran) = match B::swiglu(held, ut) {
             Ok(h) => (error(h), true),
             Err(_) => (f64::NAN, false),
         };
         out.push((
-            format!("swiglu {dtype:?} (worst error in output ulps; Burn's ops: {burns:.2})"),
+            format!("swiglu {dtype:?} over its gate (worst error in output ulps; Burn's ops: {burns:.2})"),
             worst,
             ran,
         ));

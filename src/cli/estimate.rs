@@ -161,6 +161,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         && crate::exec::attention::planned(device == Device::Cuda, w.dtype == ComputeDtype::F16)
             != "fallback";
     w.swiglu_kernel = device.is_gpu();
+    w.swiglu_in_place = device.is_gpu();
     w.norms_kernel = device.is_gpu();
     w.rms_norm_kernel = device.is_gpu();
     w.stored_bytes = w.dtype.size();

@@ -116,9 +116,13 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.fused_attention = get("attention")
         .and_then(|v| v.as_str())
         .is_some_and(|n| n != "fallback");
-    // Logs from before a kernel name none: Burn's ops ran.
-    let kernel = |name: &str| get(name).and_then(|v| v.as_str()) == Some("kernel");
+    // Logs from before a kernel name none: Burn's ops ran. The SwiGLU's
+    // kernel wrote a new tensor (`kernel`) before it wrote over the gate
+    // (`in_place`).
+    let setting = |name: &str| get(name).and_then(|v| v.as_str());
+    let kernel = |name: &str| matches!(setting(name), Some("kernel" | "in_place"));
     w.swiglu_kernel = kernel("swiglu");
+    w.swiglu_in_place = setting("swiglu") == Some("in_place");
     w.norms_kernel = kernel("norms");
     w.rms_norm_kernel = kernel("rms_norm");
     w.offload_activations = get("offload_activations")

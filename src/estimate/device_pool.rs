@@ -88,6 +88,19 @@ impl Pages {
         self
     }
 
+    /// Buffers alive at one moment: equal sizes add up there, then share
+    /// with the rest.
+    fn add_moment(self, buffers: &[(u64, u64)]) -> Self {
+        let mut moment = Vec::<(u64, u64)>::new();
+        for &(bytes, count) in buffers {
+            match moment.iter_mut().find(|(b, _)| *b == bytes) {
+                Some((_, n)) => *n += count,
+                None => moment.push((bytes, count)),
+            }
+        }
+        moment.into_iter().fold(self, |p, (b, n)| p.add(b, n))
+    }
+
     fn total(&self) -> u64 {
         self.0.iter().map(|(b, n)| b * n).sum()
     }
@@ -132,8 +145,9 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
         .add(t * h * 4, norm_f32)
         // k and v.
         .add(t * kv * c, 2)
-        // gate, up and their product.
-        .add(t * i * c, 3)
+        // gate, up and their product (written over the gate by the
+        // in-place kernel).
+        .add(t * i * c, 3 - u64::from(w.swiglu_in_place))
         // The f32 pages of the down projection's input (above).
         .add(t * i * 4, silu_f32)
         // The norm's mean per token.
@@ -153,9 +167,19 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
     if moments {
         // DSnoT's per-window sums and variances (cubecl's log on lavapipe,
         // the 96-wide fixture: 8 hidden-wide and 4 intermediate-wide f32
-        // vectors beside the copy; its window-sized centred copies share
-        // the pages above).
+        // vectors beside the copy), and, window by window, each input's
+        // centred f32 copy beside the input, its f32 copy and (past the
+        // first window of a batch, whose slice is the copy's start) the
+        // window's slice made contiguous.
+        let windows = 1 + u64::from(batch > 1);
         pages = pages.add(h * 4, 8).add(i * 4, 4);
+        for width in [h, i] {
+            pages = pages.add_moment(&[
+                (t * width * c, 1),
+                (t * width * 4, 1),
+                (s * width * 4, windows),
+            ]);
+        }
     }
     if let Beside::Hessians { batches } = beside
         && batches > 1
@@ -291,6 +315,41 @@ mod tests {
         let kept = forward(&a, &w, 2, hessians);
         w.rms_norm_kernel = false;
         assert_eq!(forward(&a, &w, 2, hessians) - kept, 80 * 96 * 4 + 80 * 4);
+    }
+
+    #[test]
+    fn the_in_place_swiglu_keeps_two_mlp_pages() {
+        // cubecl's log of the same fixture and pass with every kernel:
+        // 579 692 bytes held when the SwiGLU wrote a new tensor, 523 372
+        // when it writes over the gate (one 2 × 40 × 352 f16 page); the
+        // output pass's last batch (1 window) 482 412 and 454 252.
+        let a = fixture(96, 352, 6, 2);
+        let mut w = Workload::new(Task::Wanda);
+        (w.dtype, w.seqlen) = (ComputeDtype::F16, 40);
+        (w.fused_attention, w.swiglu_kernel) = (true, true);
+        (w.norms_kernel, w.rms_norm_kernel) = (true, true);
+        let (stats, output) = (
+            forward(&a, &w, 2, Beside::Norms),
+            forward(&a, &w, 1, Beside::Nothing),
+        );
+        w.swiglu_in_place = true;
+        assert_eq!(stats - forward(&a, &w, 2, Beside::Norms), 579_692 - 523_372);
+        assert_eq!(
+            output - forward(&a, &w, 1, Beside::Nothing),
+            482_412 - 454_252
+        );
+        // DSnoT's statistics pass, the same logs with `--dsnot`, in batches
+        // of 2 and of 1 windows: 731 764 against 523 372, 550 004 against
+        // 397 932. The log rounds the 352-wide vectors to 1 410 bytes, 8
+        // bytes over the four of them. Its window copies then outnumber
+        // the MLP's pages, which the in-place kernel no longer covers.
+        for (batch, dsnot, wanda) in [(2, 731_764, 523_372), (1, 550_004, 397_932)] {
+            let plain = forward(&a, &w, batch, Beside::Norms);
+            w.dsnot = true;
+            let moments = forward(&a, &w, batch, Beside::Norms) - plain;
+            w.dsnot = false;
+            assert_eq!(moments + 8, dsnot - wanda, "batch {batch}");
+        }
     }
 
     #[test]

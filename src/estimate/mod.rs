@@ -245,6 +245,9 @@ pub struct Workload {
     /// On a device: the MLP's `silu(gate) · up` in one kernel
     /// (`exec::kernels`), with no f32 copy of the gate.
     pub swiglu_kernel: bool,
+    /// The SwiGLU's kernel writes over the gate's buffer (two
+    /// `tokens × intermediate` pages at the MLP, not three).
+    pub swiglu_in_place: bool,
     /// On a device: Wanda's column norms summed straight from the
     /// activations (`Compute::column_square_sums`), with no f32 copy of the
     /// input and no squares stored.
@@ -289,6 +292,7 @@ impl Workload {
             kept_on_device: false,
             fused_attention: false,
             swiglu_kernel: false,
+            swiglu_in_place: false,
             norms_kernel: false,
             rms_norm_kernel: false,
             compressed: None,

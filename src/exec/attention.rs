@@ -9,8 +9,6 @@
 //! Burn's. Unnamed, a device gets what was measured on it
 //! ([`measured_default`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::named::Named;
 
 /// The kernels by name, `fallback` first (Burn's separate kernels).
@@ -21,23 +19,6 @@ pub const NAMES: &[&str] = &["fallback", "unit", "accelerated"];
 
 /// The kernel in use, by name (`PRUNEMEM_ATTENTION`).
 static CHOICE: Named = Named::new("PRUNEMEM_ATTENTION", NAMES, "Burn's attention");
-
-/// Launches the named kernel could not take (Burn's fallback ran).
-static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
-
-/// Attentions the flash kernel ran.
-static FUSED: AtomicUsize = AtomicUsize::new(0);
-
-/// How many attentions the flash kernel has run since the process started.
-pub fn fused() -> usize {
-    FUSED.load(Ordering::Relaxed)
-}
-
-/// How many attentions the named kernel has handed back to Burn's fallback
-/// since the process started.
-pub fn fell_back() -> usize {
-    FELL_BACK.load(Ordering::Relaxed)
-}
 
 /// Uses `name` from now on; `false` (nothing changed) for an unknown name.
 pub fn set(name: &str) -> bool {
@@ -127,16 +108,7 @@ pub fn launch<R: cubecl::Runtime>(
     };
     let launched =
         cubek::attention::launch::launch_ref(strategy, client, q, k, v, None, out, &types, options);
-    match launched {
-        Ok(()) => {
-            FUSED.fetch_add(1, Ordering::Relaxed);
-            Ok(())
-        }
-        Err(e) => {
-            FELL_BACK.fetch_add(1, Ordering::Relaxed);
-            Err(format!("{e:?}"))
-        }
-    }
+    launched.map_err(|e| format!("{e:?}"))
 }
 
 #[cfg(test)]

@@ -4,7 +4,8 @@
 //! the matmul strategy `exec::matmul` chooses, and a look at the pool after
 //! each linear. Each kernel's wrapper checks dtype, layout and sizes and
 //! hands the tensors back where the kernel cannot take them, so the caller
-//! runs Burn's ops instead.
+//! runs Burn's ops instead; every request is counted by its outcome
+//! (`exec::tally`), so that a decline is never silent.
 
 #[cfg(feature = "cuda")]
 use super::backends::Cuda;
@@ -285,78 +286,106 @@ macro_rules! cube_attention {
             return Err((q, k, v));
         };
         let [b, h, s, d] = q.dims();
-        let like_q = |t: &Tensor<Self, 4>| t.dims() == [b, h, s, d] && t.dtype() == q.dtype();
+        let q_dtype = q.dtype();
+        let like_q = |t: &Tensor<Self, 4>| t.dims() == [b, h, s, d] && t.dtype() == q_dtype;
         // cubek's flash kernels hold q, k, v and the softmax's weights in
         // f16 tiles whatever the operands' dtype: exact for f16 only (f32
         // lost 3e-4 of the output's scale on lavapipe; bf16 would lose
         // range).
-        let f16 = q.dtype() == burn::tensor::DType::F16;
-        if !f16 || !like_q(&k) || !like_q(&v) || s < 2 {
+        if q.dtype() != burn::tensor::DType::F16 {
             return Err((q, k, v));
         }
-        // Merging the heads with the positions cannot be a view of a
-        // swapped tensor, so Burn copies it into order; the second reshape
-        // is a view of the copy.
-        let laid_out = |t: &Tensor<Self, 4>| {
-            let p = t.clone().into_primitive().tensor();
-            if p.is_contiguous() {
-                return Some(p);
+        // Asked for: from here every way out is counted.
+        let result = (|| {
+            if !like_q(&k) || !like_q(&v) || s < 2 {
+                return Err((q, k, v));
             }
-            let p = t.clone().reshape([b, h * s, d]).reshape([b, h, s, d]);
-            let p = p.into_primitive().tensor();
-            p.is_contiguous().then_some(p)
-        };
-        let (Some(qp), Some(kp), Some(vp)) = (laid_out(&q), laid_out(&k), laid_out(&v)) else {
-            return Err((q, k, v));
-        };
-        let op = Tensor::<Self, 4>::empty([b, h, s, d], (&q.device(), q.dtype()))
-            .into_primitive()
-            .tensor();
-        let launched = crate::exec::attention::launch::<$runtime>(
-            strategy,
-            &qp.client,
-            [
-                qp.clone().binding(),
-                kp.binding(),
-                vp.binding(),
-                op.clone().binding(),
-            ],
-            qp.dtype.into(),
-        );
-        match launched {
-            Ok(()) => Ok(Tensor::from_primitive(TensorPrimitive::Float(op))),
-            Err(_) => Err((q, k, v)),
-        }
+            // Merging the heads with the positions cannot be a view of a
+            // swapped tensor, so Burn copies it into order; the second reshape
+            // is a view of the copy.
+            let laid_out = |t: &Tensor<Self, 4>| {
+                let p = t.clone().into_primitive().tensor();
+                if p.is_contiguous() {
+                    return Some(p);
+                }
+                let p = t.clone().reshape([b, h * s, d]).reshape([b, h, s, d]);
+                let p = p.into_primitive().tensor();
+                p.is_contiguous().then_some(p)
+            };
+            let (Some(qp), Some(kp), Some(vp)) = (laid_out(&q), laid_out(&k), laid_out(&v)) else {
+                return Err((q, k, v));
+            };
+            let op = Tensor::<Self, 4>::empty([b, h, s, d], (&q.device(), q.dtype()))
+                .into_primitive()
+                .tensor();
+            let launched = crate::exec::attention::launch::<$runtime>(
+                strategy,
+                &qp.client,
+                [
+                    qp.clone().binding(),
+                    kp.binding(),
+                    vp.binding(),
+                    op.clone().binding(),
+                ],
+                qp.dtype.into(),
+            );
+            match launched {
+                Ok(()) => Ok(Tensor::from_primitive(TensorPrimitive::Float(op))),
+                Err(_) => Err((q, k, v)),
+            }
+        })();
+        crate::exec::tally::counted(crate::exec::tally::Kernel::Attention, result)
     }};
 }
 
 /// [`super::Compute::swiglu`] on a cube backend: one launch over the
-/// contiguous operands' buffers.
+/// contiguous operands' buffers, written over the gate where no other
+/// tensor holds its buffer (the gate projection's fresh output), else
+/// into a new tensor.
 macro_rules! cube_swiglu {
     ($runtime:ty, $gate:expr, $up:expr) => {{
         use burn::tensor::{Tensor, TensorPrimitive};
         let (gate, up) = ($gate, $up);
         let dims = gate.dims();
         let n = dims.iter().product::<usize>();
-        let (gp, upr) = (
-            gate.clone().into_primitive().tensor(),
-            up.clone().into_primitive().tensor(),
-        );
+        let device = gate.device();
+        let gp = gate.into_primitive().tensor();
+        let upr = up.clone().into_primitive().tensor();
         let ok = up.dims() == dims
             && gp.dtype == upr.dtype
             && gp.is_contiguous()
             && upr.is_contiguous()
             && n > 0
             && n < u32::MAX as usize;
-        if !ok {
-            return Err((gate, up));
+        let kernels = match gp.dtype {
+            burn::tensor::DType::F32 => Some((
+                crate::exec::kernels::launch_swiglu::<$runtime, f32> as fn(_, _, _, _, _),
+                crate::exec::kernels::launch_swiglu_in_place::<$runtime, f32> as fn(_, _, _, _),
+            )),
+            burn::tensor::DType::F16 => Some((
+                crate::exec::kernels::launch_swiglu::<$runtime, half::f16> as fn(_, _, _, _, _),
+                crate::exec::kernels::launch_swiglu_in_place::<$runtime, half::f16>
+                    as fn(_, _, _, _),
+            )),
+            burn::tensor::DType::BF16 => Some((
+                crate::exec::kernels::launch_swiglu::<$runtime, half::bf16> as fn(_, _, _, _, _),
+                crate::exec::kernels::launch_swiglu_in_place::<$runtime, half::bf16>
+                    as fn(_, _, _, _),
+            )),
+            _ => None,
+        };
+        let Some((launch, in_place)) = kernels.filter(|_| ok) else {
+            return Err((Tensor::from_primitive(TensorPrimitive::Float(gp)), up));
+        };
+        if gp.can_mut() && gp.is_contiguous_buffer() {
+            in_place(&gp.client, gp.handle.clone(), upr.handle.clone(), n);
+            return Ok(Tensor::from_primitive(TensorPrimitive::Float(gp)));
         }
-        let launch = float_launch!(launch_swiglu, $runtime, gp.dtype, return Err((gate, up)));
-        let op = Tensor::<Self, 3>::empty(dims, (&gate.device(), gate.dtype()))
+        let op = Tensor::<Self, 3>::empty(dims, (&device, up.dtype()))
             .into_primitive()
             .tensor();
         if !op.is_contiguous() {
-            return Err((gate, up));
+            return Err((Tensor::from_primitive(TensorPrimitive::Float(gp)), up));
         }
         launch(
             &gp.client,
@@ -457,7 +486,10 @@ macro_rules! cube_compute {
                 (burn::tensor::Tensor<Self, 2>, burn::tensor::Tensor<Self, 2>),
                 burn::tensor::Tensor<Self, 2>,
             > {
-                cube_obs_sweep!(w, row0, hinv1, prune, nm)
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::ObsSweep,
+                    (|| cube_obs_sweep!(w, row0, hinv1, prune, nm))(),
+                )
             }
 
             fn smallest_per_column(
@@ -468,12 +500,15 @@ macro_rules! cube_compute {
                 burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
             > {
                 let rows = keys.dims()[0];
-                cube_select!(
-                    keys,
-                    k > 0 && k < rows,
-                    crate::exec::kernels::launch_smallest_per_column,
-                    k
-                )
+                let selected = (|| {
+                    cube_select!(
+                        keys,
+                        k > 0 && k < rows,
+                        crate::exec::kernels::launch_smallest_per_column,
+                        k
+                    )
+                })();
+                crate::exec::tally::counted(crate::exec::tally::Kernel::PerOutput, selected)
             }
 
             fn smallest_per_group(
@@ -485,19 +520,24 @@ macro_rules! cube_compute {
                 burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
             > {
                 let rows = keys.dims()[0];
-                cube_select!(
-                    keys,
-                    n > 0 && n < m && m <= 64 && rows % m == 0,
-                    crate::exec::kernels::launch_smallest_per_group,
-                    (n, m)
-                )
+                let selected = (|| {
+                    cube_select!(
+                        keys,
+                        n > 0 && n < m && m <= 64 && rows % m == 0,
+                        crate::exec::kernels::launch_smallest_per_group,
+                        (n, m)
+                    )
+                })();
+                crate::exec::tally::counted(crate::exec::tally::Kernel::NM, selected)
             }
 
             fn kth_smallest(
                 keys: &burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
                 k: usize,
             ) -> Option<burn::tensor::Tensor<Self, 2, burn::tensor::Int>> {
-                cube_kth_smallest!(keys, k)
+                let t = (|| cube_kth_smallest!(keys, k))();
+                crate::exec::tally::count(crate::exec::tally::Kernel::KthSmallest, t.is_some());
+                t
             }
 
             fn row_nll(
@@ -511,7 +551,10 @@ macro_rules! cube_compute {
                     burn::tensor::Tensor<Self, 1, burn::tensor::Int>,
                 ),
             > {
-                cube_row_nll!($runtime, logits, targets, skip)
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::RowNll,
+                    (|| cube_row_nll!($runtime, logits, targets, skip))(),
+                )
             }
 
             fn fused_attention(
@@ -536,13 +579,19 @@ macro_rules! cube_compute {
                 burn::tensor::Tensor<Self, 3>,
                 (burn::tensor::Tensor<Self, 3>, burn::tensor::Tensor<Self, 3>),
             > {
-                cube_swiglu!($runtime, gate, up)
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::Swiglu,
+                    (|| cube_swiglu!($runtime, gate, up))(),
+                )
             }
 
             fn column_square_sums(
                 x: burn::tensor::Tensor<Self, 2>,
             ) -> Result<burn::tensor::Tensor<Self, 1>, burn::tensor::Tensor<Self, 2>> {
-                cube_column_square_sums!($runtime, x)
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::Norms,
+                    (|| cube_column_square_sums!($runtime, x))(),
+                )
             }
 
             fn rms_norm<const D: usize>(
@@ -550,7 +599,10 @@ macro_rules! cube_compute {
                 weight: &burn::tensor::Tensor<Self, 1>,
                 eps: f64,
             ) -> Result<burn::tensor::Tensor<Self, D>, burn::tensor::Tensor<Self, D>> {
-                cube_rms_norm!($runtime, x, weight, eps)
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::RmsNorm,
+                    (|| cube_rms_norm!($runtime, x, weight, eps))(),
+                )
             }
 
             fn is_device() -> bool {

@@ -8,8 +8,6 @@
 //! and `auto` keeps Burn's own path. Unnamed, a device gets the strategy
 //! measured fastest on it ([`measured_default`]).
 
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use super::named::Named;
 
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
@@ -40,15 +38,6 @@ pub const NAMES: &[&str] = &[
     "simple_unit",
     "double_unit",
 ];
-
-/// Launches a named strategy could not take (Burn's matmul ran instead).
-static FELL_BACK: AtomicUsize = AtomicUsize::new(0);
-
-/// How many linears the named strategy has handed back to Burn's matmul
-/// (shapes or a device it cannot take) since the process started.
-pub fn fell_back() -> usize {
-    FELL_BACK.load(Ordering::Relaxed)
-}
 
 /// The strategy in use, by name (`PRUNEMEM_MATMUL`).
 static CHOICE: Named = Named::new("PRUNEMEM_MATMUL", NAMES, "Burn's matmul");
@@ -118,7 +107,7 @@ fn strategy(name: &str) -> Option<Strategy> {
 /// `lhs · rhs` into `out` (bindings of one runtime's tensors, any layouts
 /// cubek takes, with their element types) with `strategy`; `Err` says why
 /// the kernel cannot run these shapes (the caller then takes Burn's
-/// matmul).
+/// matmul). Counted in `exec::tally` either way.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub fn launch<R: cubecl::Runtime>(
     strategy: &Strategy,
@@ -134,7 +123,7 @@ pub fn launch<R: cubecl::Runtime>(
         rhs: rhs_type,
         out: out_type,
     });
-    cubek::matmul::launch::launch_ref(
+    let launched = cubek::matmul::launch::launch_ref(
         strategy,
         client,
         InputBinding::new(lhs, lhs_type),
@@ -142,10 +131,8 @@ pub fn launch<R: cubecl::Runtime>(
         out,
         &mut dtypes,
     )
-    .map_err(|e| {
-        FELL_BACK.fetch_add(1, Ordering::Relaxed);
-        format!("{e:?}")
-    })
+    .map_err(|e| format!("{e:?}"));
+    super::tally::counted(super::tally::Kernel::Matmul, launched)
 }
 
 #[cfg(test)]

@@ -26,6 +26,7 @@ mod mpi;
 mod named;
 pub mod reduce;
 mod spec;
+pub mod tally;
 pub mod transfer;
 pub mod watch;
 

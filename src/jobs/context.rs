@@ -84,8 +84,8 @@ pub struct Run {
     timing: crate::timing::Totals,
     /// What crossed the bus is counted from here (`exec::transfer`).
     traffic: crate::exec::transfer::Traffic,
-    /// The flash attentions run and handed back when the run started.
-    attention: (usize, usize),
+    /// prunemem's kernels are counted from here (`exec::tally`).
+    kernels: crate::exec::tally::Tally,
     /// The backend and device the run computes with.
     pub exec: Exec,
     /// Reads the device pool after every device op on this (the computing)
@@ -123,10 +123,15 @@ impl Run {
                 "attention".into(),
                 crate::exec::attention::planned(cuda, f16).into(),
             );
-            // The MLP's gate, Wanda's norms and the RMS norm run
-            // prunemem's kernels on every cube device.
-            for kernel in ["swiglu", "norms", "rms_norm"] {
-                plan.settings.insert(kernel.into(), "kernel".into());
+            // The MLP's gate (written over the gate's buffer), Wanda's
+            // norms and the RMS norm run prunemem's kernels on every cube
+            // device.
+            for (kernel, how) in [
+                ("swiglu", "in_place"),
+                ("norms", "kernel"),
+                ("rms_norm", "kernel"),
+            ] {
+                plan.settings.insert(kernel.into(), how.into());
             }
             if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
@@ -196,10 +201,7 @@ impl Run {
             log_dir: options.log_dir,
             timing: crate::timing::Totals::now(),
             traffic: crate::exec::transfer::Traffic::now(),
-            attention: (
-                crate::exec::attention::fused(),
-                crate::exec::attention::fell_back(),
-            ),
+            kernels: crate::exec::tally::Tally::now(),
             exec,
         })
     }
@@ -220,17 +222,20 @@ impl Run {
         let traffic = crate::exec::transfer::Traffic::now().since(&self.traffic);
         self.results
             .insert("transfers".into(), serde_json::json!(traffic));
-        // Which attention ran: the planned kernel, and how many layers'
-        // attentions it ran or handed back to Burn's.
-        let (fused, fell_back) = self.attention;
+        // Which of prunemem's kernels ran, and how often one handed its
+        // work back to Burn's ops; the attention's beside its planned name.
+        let kernels = crate::exec::tally::Tally::now().since(&self.kernels);
+        let attention = kernels.get("attention").copied().unwrap_or_default();
         self.results.insert(
             "attention".into(),
             serde_json::json!({
                 "kernel": self.plan.settings.get("attention"),
-                "fused": crate::exec::attention::fused() - fused,
-                "fell_back": crate::exec::attention::fell_back() - fell_back,
+                "fused": attention.ran,
+                "fell_back": attention.fell_back,
             }),
         );
+        self.results
+            .insert("device_kernels".into(), serde_json::json!(kernels));
         if let Some(r) = self.profiler.device_reserved_peak() {
             self.results.insert("device_reserved_peak".into(), r.into());
         }

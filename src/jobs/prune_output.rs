@@ -50,14 +50,16 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
 /// The run's results `--json` prints as the run recorded them (`null`
 /// where it has none): on a device the pool's reserved peak (what
 /// nvidia-smi shows, less the context) and its phase, where the pruned
-/// layers waited, bytes and kernels by phase, the attention kernel, NVML's
-/// utilisation; and the seconds by phase and by kind of work.
-const RESULTS_AS_THEY_ARE: [&str; 8] = [
+/// layers waited, bytes and kernels by phase, the attention kernel, which
+/// of prunemem's kernels ran or handed work back, NVML's utilisation; and
+/// the seconds by phase and by kind of work.
+const RESULTS_AS_THEY_ARE: [&str; 9] = [
     "device_reserved_peak",
     "device_reserved_peak_phase",
     "pruned_layers_kept",
     "transfers",
     "attention",
+    "device_kernels",
     "gpu_util",
     "seconds_by_phase",
     "seconds_by_work",

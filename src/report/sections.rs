@@ -114,6 +114,26 @@ pub fn time(s: &mut String, run: &RunData) {
     }
 }
 
+/// prunemem's own device kernels, by name: how often each ran and how
+/// often it handed its work back to Burn's ops (`exec::tally`).
+fn own_kernels(s: &mut String, k: &serde_json::Map<String, serde_json::Value>) {
+    let n = |v: &serde_json::Value, f: &str| v[f].as_u64().unwrap_or(0);
+    let back: u64 = k.values().map(|v| n(v, "fell_back")).sum();
+    let _ = writeln!(
+        s,
+        "prunemem's own kernels: {}.\n",
+        match back {
+            0 => "every request ran".to_string(),
+            b => format!("{b} requests handed back to Burn's ops (slower, and more of the pool)"),
+        }
+    );
+    let _ = writeln!(s, "| kernel | ran | handed back |\n|---|---|---|");
+    for (name, v) in k {
+        let _ = writeln!(s, "| {name} | {} | {} |", n(v, "ran"), n(v, "fell_back"));
+    }
+    let _ = writeln!(s);
+}
+
 /// "The device": a device run's pool reserve against its bytes in use, the
 /// mean GPU utilisation NVML reported, where the pruned layers waited, and
 /// what crossed the bus and how many kernels ran, by phase — the answer to
@@ -165,6 +185,9 @@ pub fn device(s: &mut String, run: &RunData) {
                 "Attention ran as Burn's separate kernels (its `[batch, heads, seq, seq]` scores in the pool).\n"
             ),
         };
+    }
+    if let Some(k) = r.get("device_kernels").and_then(|v| v.as_object()) {
+        own_kernels(s, k);
     }
     let _ = writeln!(
         s,

@@ -122,6 +122,9 @@ impl StageTable {
                 _ => format!("{:<16} Burn's separate kernels\n", "Attention"),
             };
         }
+        if let Some(k) = r.get("device_kernels").and_then(|v| v.as_object()) {
+            out += &kernels_line(k);
+        }
         if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
             out += "Bus traffic      phase: host→device / device→host / kernels\n";
             for (phase, p) in t {
@@ -210,6 +213,24 @@ impl EventSink for SummarySink {
     }
 }
 
+/// prunemem's own device kernels: how many requests ran, and each kernel
+/// that handed work back to Burn's ops by name (a silent slow path
+/// otherwise).
+fn kernels_line(k: &serde_json::Map<String, serde_json::Value>) -> String {
+    let n = |v: &serde_json::Value, f: &str| v[f].as_u64().unwrap_or(0);
+    let ran: u64 = k.values().map(|v| n(v, "ran")).sum();
+    let back: Vec<String> = k
+        .iter()
+        .filter(|(_, v)| n(v, "fell_back") > 0)
+        .map(|(name, v)| format!("{name} {}", n(v, "fell_back")))
+        .collect();
+    let back = match back.is_empty() {
+        true => "none handed back to Burn's ops".to_string(),
+        false => format!("handed back to Burn's ops: {}", back.join(", ")),
+    };
+    format!("{:<16} {ran} ran; {back}\n", "Own kernels")
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -247,5 +268,24 @@ mod tests {
             "{text}"
         );
         assert!(text.contains("Peak GPU used    n/a"));
+    }
+
+    #[test]
+    fn a_kernel_handing_work_back_is_named() {
+        let k = serde_json::json!({
+            "swiglu": {"ran": 10, "fell_back": 0},
+            "norms": {"ran": 4, "fell_back": 3},
+        });
+        let line = kernels_line(k.as_object().unwrap());
+        assert_eq!(
+            line,
+            "Own kernels      14 ran; handed back to Burn's ops: norms 3\n"
+        );
+        let k = serde_json::json!({"swiglu": {"ran": 2, "fell_back": 0}});
+        let line = kernels_line(k.as_object().unwrap());
+        assert!(
+            line.ends_with("2 ran; none handed back to Burn's ops\n"),
+            "{line}"
+        );
     }
 }

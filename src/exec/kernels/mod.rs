@@ -30,4 +30,4 @@ pub use obs_sweep::launch_obs_sweep;
 pub use rms_norm::launch_rms_norm;
 pub use select::{launch_kth_smallest, launch_smallest_per_column};
 pub use squares::{launch_column_squares, slabs as square_slabs};
-pub use swiglu::launch_swiglu;
+pub use swiglu::{launch_swiglu, launch_swiglu_in_place};
