@@ -451,6 +451,30 @@ fn convert(
 }
 
 impl Checkpoint {
+    /// 2-D tensor `name` converted to `target` and transposed (a linear's
+    /// PyTorch `[out, in]` as Burn's `[in, out]`) in one pass on every core
+    /// (`dtype::convert_transposed`); any thread may read.
+    pub fn read_transposed(
+        &self,
+        name: &str,
+        target: ComputeDtype,
+    ) -> Result<TensorData, ModelError> {
+        let e = self.entry(name)?;
+        let [rows, cols] = e.shape[..] else {
+            return Err(ModelError::Checkpoint(format!(
+                "tensor '{name}' has shape {:?}, not a matrix",
+                e.shape
+            )));
+        };
+        let mmap = &self.shards[e.shard].mmap;
+        let data = dtype::convert_transposed(&mmap[e.start..e.end], e.dtype, target, [rows, cols])
+            .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))?;
+        release_range(mmap, e.start, e.end);
+        self.bytes_read
+            .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
+        Ok(data)
+    }
+
     /// Tensor `name` converted to `target`, in its stored (PyTorch)
     /// orientation; any thread may read (a device run's layer reader).
     /// Converted on every core (`dtype::convert_parallel`).

@@ -7,15 +7,14 @@
 //!
 //! The result is the same module [`Checkpoint::load_layer`] builds: the
 //! same conversion, and the linears transposed from PyTorch's `[out, in]`
-//! to Burn's `[in, out]` here rather than by burn-store's adapter.
+//! to Burn's `[in, out]` here, in the conversion's own pass
+//! (`Checkpoint::read_transposed`), rather than by burn-store's adapter.
 
 use std::cell::RefCell;
 use std::rc::Rc;
 
 use burn::prelude::*;
-use burn::tensor::DType;
 use burn_store::{ModuleSnapshot, TensorSnapshot};
-use half::{bf16, f16};
 
 use super::checkpoint::skeleton_layer;
 use super::llama::DecoderLayer;
@@ -55,11 +54,11 @@ pub fn read_layer(
         .collect();
     let mut tensors = Vec::with_capacity(names.len());
     for name in names {
-        let data = ckpt.read_converted(&name, dtype)?;
         let local = name[prefix.len()..].to_string();
-        let data = match is_linear_weight(&local) && data.shape.len() == 2 {
-            true => transposed(data),
-            false => data,
+        let matrix = ckpt.entry(&name).is_ok_and(|e| e.shape.len() == 2);
+        let data = match is_linear_weight(&local) && matrix {
+            true => ckpt.read_transposed(&name, dtype)?,
+            false => ckpt.read_converted(&name, dtype)?,
         };
         tensors.push((local, data));
     }
@@ -117,76 +116,4 @@ pub fn upload_layer<B: Backend>(
 /// Burn stores transposed.
 fn is_linear_weight(local: &str) -> bool {
     local.ends_with("_proj.weight")
-}
-
-/// A 2-D tensor's transpose, in its dtype.
-fn transposed(data: TensorData) -> TensorData {
-    let (rows, cols) = (data.shape[0], data.shape[1]);
-    let shape = vec![cols, rows];
-    match data.dtype {
-        DType::F16 => TensorData::new(
-            transpose(data.as_slice::<f16>().unwrap_or_default(), rows, cols),
-            shape,
-        ),
-        DType::BF16 => TensorData::new(
-            transpose(data.as_slice::<bf16>().unwrap_or_default(), rows, cols),
-            shape,
-        ),
-        _ => TensorData::new(
-            transpose(data.as_slice::<f32>().unwrap_or_default(), rows, cols),
-            shape,
-        ),
-    }
-}
-
-/// `v` (`rows × cols`, row-major) transposed, in cache-sized tiles, a
-/// band of output rows per task (rayon).
-fn transpose<T: Copy + Default + Send + Sync>(v: &[T], rows: usize, cols: usize) -> Vec<T> {
-    use rayon::prelude::*;
-    const TILE: usize = 32;
-    let mut out = vec![T::default(); v.len()];
-    if rows == 0 {
-        return out;
-    }
-    out.par_chunks_mut(TILE * rows)
-        .enumerate()
-        .for_each(|(band, dst)| {
-            let c0 = band * TILE;
-            let width = dst.len() / rows;
-            for r0 in (0..rows).step_by(TILE) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    for (dc, c) in (c0..c0 + width).enumerate() {
-                        dst[dc * rows + r] = v[r * cols + c];
-                    }
-                }
-            }
-        });
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tiles_transpose_every_shape() {
-        for (rows, cols) in [(1, 1), (3, 70), (65, 33), (32, 32)] {
-            let v: Vec<u32> = (0..(rows * cols) as u32).collect();
-            let t = transpose(&v, rows, cols);
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(t[c * rows + r], v[r * cols + c]);
-                }
-            }
-        }
-        let d = transposed(TensorData::new(
-            vec![1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0],
-            [2, 3],
-        ));
-        assert_eq!(d.shape.to_vec(), vec![3, 2]);
-        assert_eq!(
-            d.to_vec::<f32>().unwrap(),
-            vec![1.0, 4.0, 2.0, 5.0, 3.0, 6.0]
-        );
-    }
 }

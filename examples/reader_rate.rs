@@ -1,0 +1,68 @@
+//! How fast a device run's host side prepares a checkpoint for the device:
+//! one decoder layer read, converted and laid out in Burn's layout
+//! (`model::prefetch::read_layer`, what the reader thread does for the
+//! next layer while the device computes this one), and the vocabulary
+//! table converted (`Checkpoint::read_converted`, what the evaluation does
+//! before its first layer), of a Llama-3.2-1B shape (2048 wide, 8192
+//! intermediate, 128 256 tokens) stored in bf16 and converted to f16, with
+//! the threads rayon has. The figures are wall seconds and the f16 bytes
+//! made per second; the checkpoint is written first (random weights) and
+//! read from the page cache.
+//!
+//!   cargo run --release --example reader_rate -- [VOCAB]
+
+use std::time::Instant;
+
+use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
+use prunemem::model::{Checkpoint, ComputeDtype};
+
+fn main() {
+    let vocab: usize = std::env::args()
+        .nth(1)
+        .and_then(|a| a.parse().ok())
+        .unwrap_or(128_256);
+    let dir = tempfile::tempdir().expect("a temporary folder");
+    let spec = SyntheticSpec {
+        hidden: 2048,
+        intermediate: 8192,
+        layers: 1,
+        heads: 32,
+        kv_heads: 8,
+        vocab,
+        dtype: safetensors::Dtype::BF16,
+        ..Default::default()
+    };
+    write_checkpoint(dir.path(), &spec).expect("a synthetic checkpoint");
+    let ckpt = Checkpoint::open(dir.path()).expect("the checkpoint opens");
+    println!("threads: {}", rayon::current_num_threads());
+    for run in 1..=3 {
+        let t = Instant::now();
+        let table = ckpt
+            .read_converted("model.embed_tokens.weight", ComputeDtype::F16)
+            .expect("the table");
+        let table_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let layer =
+            prunemem::model::prefetch::read_layer(&ckpt, 0, ComputeDtype::F16).expect("the layer");
+        let layer_s = t.elapsed().as_secs_f64();
+        // The layer's conversion alone (no transposition).
+        let t = Instant::now();
+        let names: Vec<&String> = (ckpt.tensors.keys())
+            .filter(|n| n.starts_with("model.layers.0."))
+            .collect();
+        for name in &names {
+            ckpt.read_converted(name, ComputeDtype::F16)
+                .expect("a tensor");
+        }
+        let convert_s = t.elapsed().as_secs_f64();
+        let gb = |b: u64, s: f64| b as f64 / s / 1e9;
+        println!(
+            "run {run}: table {:.3} s ({:.2} GB/s), layer {:.3} s ({:.2} GB/s; converted alone {:.3} s)",
+            table_s,
+            gb(table.bytes.len() as u64, table_s),
+            layer_s,
+            gb(layer.bytes(), layer_s),
+            convert_s,
+        );
+    }
+}
