@@ -459,20 +459,16 @@ impl Checkpoint {
         name: &str,
         target: ComputeDtype,
     ) -> Result<TensorData, ModelError> {
-        let e = self.entry(name)?;
-        let [rows, cols] = e.shape[..] else {
-            return Err(ModelError::Checkpoint(format!(
-                "tensor '{name}' has shape {:?}, not a matrix",
-                e.shape
-            )));
-        };
-        let mmap = &self.shards[e.shard].mmap;
-        let data = dtype::convert_transposed(&mmap[e.start..e.end], e.dtype, target, [rows, cols])
-            .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))?;
-        release_range(mmap, e.start, e.end);
-        self.bytes_read
-            .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
-        Ok(data)
+        self.read_with(name, |bytes, e| {
+            let [rows, cols] = e.shape[..] else {
+                return Err(ModelError::Checkpoint(format!(
+                    "tensor '{name}' has shape {:?}, not a matrix",
+                    e.shape
+                )));
+            };
+            dtype::convert_transposed(bytes, e.dtype, target, [rows, cols])
+                .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))
+        })
     }
 
     /// Tensor `name` converted to `target`, in its stored (PyTorch)
@@ -483,10 +479,22 @@ impl Checkpoint {
         name: &str,
         target: ComputeDtype,
     ) -> Result<TensorData, ModelError> {
+        self.read_with(name, |bytes, e| {
+            dtype::convert_parallel(bytes, e.dtype, target, e.shape.clone())
+                .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))
+        })
+    }
+
+    /// Tensor `name`'s stored bytes through `convert`, then its pages
+    /// handed back and its bytes counted.
+    fn read_with(
+        &self,
+        name: &str,
+        convert: impl FnOnce(&[u8], &TensorEntry) -> Result<TensorData, ModelError>,
+    ) -> Result<TensorData, ModelError> {
         let e = self.entry(name)?;
         let mmap = &self.shards[e.shard].mmap;
-        let data = dtype::convert_parallel(&mmap[e.start..e.end], e.dtype, target, e.shape.clone())
-            .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))?;
+        let data = convert(&mmap[e.start..e.end], e)?;
         release_range(mmap, e.start, e.end);
         self.bytes_read
             .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);

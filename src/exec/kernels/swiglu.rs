@@ -19,17 +19,22 @@ const UNITS: u32 = 256;
 /// At most this many cubes; each unit then strides over the rest.
 const MAX_CUBES: u32 = 4096;
 
-/// `out[i] = gate[i] / (1 + exp(-gate[i])) · up[i]` for `i < n` (the CPU
-/// kernel's formula, `model::cpu_ops::swiglu_in_place`).
+/// `g / (1 + exp(-g)) · u` in f32 registers, rounded once into `F` (the
+/// CPU kernel's formula, `model::cpu_ops::swiglu_in_place`).
+#[cube]
+fn silu_times<F: Float>(g: F, u: F) -> F {
+    let g = f32::cast_from(g);
+    let e = f32::exp(f32::new(0.0) - g);
+    F::cast_from(g / (f32::new(1.0) + e) * f32::cast_from(u))
+}
+
+/// `out[i] = silu(gate[i]) · up[i]` for `i < n`.
 #[cube(launch_unchecked)]
 fn swiglu<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, n: u32) {
     let stride = CUBE_COUNT_X as usize * UNITS as usize;
     let mut i = CUBE_POS_X as usize * UNITS as usize + UNIT_POS as usize;
     while i < n as usize {
-        let g = f32::cast_from(gate[i]);
-        let u = f32::cast_from(up[i]);
-        let e = f32::exp(f32::new(0.0) - g);
-        out[i] = F::cast_from(g / (f32::new(1.0) + e) * u);
+        out[i] = silu_times::<F>(gate[i], up[i]);
         i += stride;
     }
 }
@@ -41,10 +46,7 @@ fn swiglu_in_place<F: Float>(gate: &mut Array<F>, up: &Array<F>, n: u32) {
     let stride = CUBE_COUNT_X as usize * UNITS as usize;
     let mut i = CUBE_POS_X as usize * UNITS as usize + UNIT_POS as usize;
     while i < n as usize {
-        let g = f32::cast_from(gate[i]);
-        let u = f32::cast_from(up[i]);
-        let e = f32::exp(f32::new(0.0) - g);
-        gate[i] = F::cast_from(g / (f32::new(1.0) + e) * u);
+        gate[i] = silu_times::<F>(gate[i], up[i]);
         i += stride;
     }
 }
