@@ -353,43 +353,37 @@ macro_rules! cube_swiglu {
         let dims = gate.dims();
         let n = dims.iter().product::<usize>();
         let device = gate.device();
+        // The gate's own primitive (no clone), so that its handle's
+        // count says whether another tensor holds the buffer.
         let gp = gate.into_primitive().tensor();
         let upr = up.clone().into_primitive().tensor();
+        let give_back = |gp, up| Err((Tensor::from_primitive(TensorPrimitive::Float(gp)), up));
         let ok = up.dims() == dims
             && gp.dtype == upr.dtype
             && gp.is_contiguous()
             && upr.is_contiguous()
             && n > 0
             && n < u32::MAX as usize;
-        let kernels = match gp.dtype {
-            burn::tensor::DType::F32 => Some((
-                crate::exec::kernels::launch_swiglu::<$runtime, f32> as fn(_, _, _, _, _),
-                crate::exec::kernels::launch_swiglu_in_place::<$runtime, f32> as fn(_, _, _, _),
-            )),
-            burn::tensor::DType::F16 => Some((
-                crate::exec::kernels::launch_swiglu::<$runtime, half::f16> as fn(_, _, _, _, _),
-                crate::exec::kernels::launch_swiglu_in_place::<$runtime, half::f16>
-                    as fn(_, _, _, _),
-            )),
-            burn::tensor::DType::BF16 => Some((
-                crate::exec::kernels::launch_swiglu::<$runtime, half::bf16> as fn(_, _, _, _, _),
-                crate::exec::kernels::launch_swiglu_in_place::<$runtime, half::bf16>
-                    as fn(_, _, _, _),
-            )),
-            _ => None,
-        };
-        let Some((launch, in_place)) = kernels.filter(|_| ok) else {
-            return Err((Tensor::from_primitive(TensorPrimitive::Float(gp)), up));
-        };
+        if !ok {
+            return give_back(gp, up);
+        }
+        let dtype = gp.dtype;
+        let in_place = float_launch!(
+            launch_swiglu_in_place,
+            $runtime,
+            dtype,
+            return give_back(gp, up)
+        );
         if gp.can_mut() && gp.is_contiguous_buffer() {
             in_place(&gp.client, gp.handle.clone(), upr.handle.clone(), n);
             return Ok(Tensor::from_primitive(TensorPrimitive::Float(gp)));
         }
+        let launch = float_launch!(launch_swiglu, $runtime, dtype, return give_back(gp, up));
         let op = Tensor::<Self, 3>::empty(dims, (&device, up.dtype()))
             .into_primitive()
             .tensor();
         if !op.is_contiguous() {
-            return Err((Tensor::from_primitive(TensorPrimitive::Float(gp)), up));
+            return give_back(gp, up);
         }
         launch(
             &gp.client,
