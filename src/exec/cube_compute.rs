@@ -1,6 +1,7 @@
 //! The `Compute` of Burn's cubecl backends (wgpu and CUDA share one body,
-//! differing only in their runtime): prunemem's kernels (`exec::kernels`)
-//! on the tensors' own buffers, the in-place f32 bit view, the linear with
+//! differing only in their runtime): prunemem's kernels (`exec::kernels`;
+//! the float kernels' wrappers are `exec::cube_float`'s) on the tensors'
+//! own buffers, the in-place f32 bit view, the linear with
 //! the matmul strategy `exec::matmul` chooses, and a look at the pool after
 //! each linear. Each kernel's wrapper checks dtype, layout and sizes and
 //! hands the tensors back where the kernel cannot take them, so the caller
@@ -27,20 +28,6 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
     super::watch::after_op();
     drop(x);
     y
-}
-
-/// The launch of the float kernel `exec::kernels::$launch` (generic over
-/// the runtime and the element type) for `$dtype`, else `$otherwise` (the
-/// wrapper's way out: a `return` handing the tensors back).
-macro_rules! float_launch {
-    ($launch:ident, $runtime:ty, $dtype:expr, $otherwise:expr) => {
-        match $dtype {
-            burn::tensor::DType::F32 => crate::exec::kernels::$launch::<$runtime, f32>,
-            burn::tensor::DType::F16 => crate::exec::kernels::$launch::<$runtime, half::f16>,
-            burn::tensor::DType::BF16 => crate::exec::kernels::$launch::<$runtime, half::bf16>,
-            _ => $otherwise,
-        }
-    };
 }
 
 /// A device linear with the matmul strategy `exec::matmul` names (Burn's
@@ -231,52 +218,6 @@ macro_rules! cube_kth_smallest {
     }};
 }
 
-/// [`super::Compute::row_nll`] on a cube backend: the kernel of
-/// `exec::kernels` for the logits' dtype (f32, f16, bf16), on contiguous
-/// buffers, one cube per row.
-macro_rules! cube_row_nll {
-    ($runtime:ty, $logits:expr, $targets:expr, $skip:expr) => {{
-        use burn::tensor::{DType, Tensor, TensorPrimitive};
-        let (logits, targets, skip) = ($logits, $targets, $skip);
-        let [rows, vocab] = logits.dims();
-        let device = logits.device();
-        let lp = logits.into_primitive().tensor();
-        let tp = targets.into_primitive();
-        let give_back = |lp, tp| {
-            Err((
-                Tensor::from_primitive(TensorPrimitive::Float(lp)),
-                Tensor::from_primitive(tp),
-            ))
-        };
-        let ok = lp.is_contiguous()
-            && tp.is_contiguous()
-            && tp.dtype == DType::I32
-            && rows <= 65_535
-            && rows * vocab < u32::MAX as usize;
-        if !ok {
-            return give_back(lp, tp);
-        }
-        let launch = float_launch!(launch_row_nll, $runtime, lp.dtype, return give_back(lp, tp));
-        // The output only once the kernel can run.
-        let np = Tensor::<Self, 1>::empty([rows], &device)
-            .into_primitive()
-            .tensor();
-        if !np.is_contiguous() || np.dtype != DType::F32 {
-            return give_back(lp, tp);
-        }
-        launch(
-            &lp.client,
-            lp.handle.clone(),
-            tp.handle.clone(),
-            np.handle.clone(),
-            rows,
-            vocab,
-            skip,
-        );
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(np)))
-    }};
-}
-
 /// [`super::Compute::fused_attention`] on a cube backend, in f16: the flash
 /// kernel `exec::attention` names, on contiguous copies of the operands where
 /// they are strided views (the query arrives as `[b, s, h, d]` with its
@@ -339,132 +280,6 @@ macro_rules! cube_attention {
             }
         })();
         crate::exec::tally::counted(crate::exec::tally::Kernel::Attention, result)
-    }};
-}
-
-/// [`super::Compute::swiglu`] on a cube backend: one launch over the
-/// contiguous operands' buffers, written over the gate where no other
-/// tensor holds its buffer (the gate projection's fresh output), else
-/// into a new tensor.
-macro_rules! cube_swiglu {
-    ($runtime:ty, $gate:expr, $up:expr) => {{
-        use burn::tensor::{Tensor, TensorPrimitive};
-        let (gate, up) = ($gate, $up);
-        let dims = gate.dims();
-        let n = dims.iter().product::<usize>();
-        let device = gate.device();
-        // The gate's own primitive (no clone), so that its handle's
-        // count says whether another tensor holds the buffer.
-        let gp = gate.into_primitive().tensor();
-        let upr = up.clone().into_primitive().tensor();
-        let give_back = |gp, up| Err((Tensor::from_primitive(TensorPrimitive::Float(gp)), up));
-        let ok = up.dims() == dims
-            && gp.dtype == upr.dtype
-            && gp.is_contiguous()
-            && upr.is_contiguous()
-            && n > 0
-            && n < u32::MAX as usize;
-        if !ok {
-            return give_back(gp, up);
-        }
-        let dtype = gp.dtype;
-        let in_place = float_launch!(
-            launch_swiglu_in_place,
-            $runtime,
-            dtype,
-            return give_back(gp, up)
-        );
-        if gp.can_mut() && gp.is_contiguous_buffer() {
-            in_place(&gp.client, gp.handle.clone(), upr.handle.clone(), n);
-            return Ok(Tensor::from_primitive(TensorPrimitive::Float(gp)));
-        }
-        let launch = float_launch!(launch_swiglu, $runtime, dtype, return give_back(gp, up));
-        let op = Tensor::<Self, 3>::empty(dims, (&device, up.dtype()))
-            .into_primitive()
-            .tensor();
-        if !op.is_contiguous() {
-            return give_back(gp, up);
-        }
-        launch(
-            &gp.client,
-            gp.handle.clone(),
-            upr.handle.clone(),
-            op.handle.clone(),
-            n,
-        );
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(op)))
-    }};
-}
-
-/// [`super::Compute::column_square_sums`] on a cube backend: one launch
-/// into `[slabs, cols]` f32 partial sums, then their sum over the slabs.
-macro_rules! cube_column_square_sums {
-    ($runtime:ty, $x:expr) => {{
-        use burn::tensor::{DType, Tensor, TensorPrimitive};
-        let x = $x;
-        let [rows, cols] = x.dims();
-        let xp = x.clone().into_primitive().tensor();
-        let ok = xp.is_contiguous() && rows > 0 && cols > 0 && rows * cols < u32::MAX as usize;
-        if !ok {
-            return Err(x);
-        }
-        let launch = float_launch!(launch_column_squares, $runtime, xp.dtype, return Err(x));
-        let slabs = crate::exec::kernels::square_slabs(rows);
-        let pp = Tensor::<Self, 2>::empty([slabs, cols], &x.device())
-            .into_primitive()
-            .tensor();
-        if !pp.is_contiguous() || pp.dtype != DType::F32 {
-            return Err(x);
-        }
-        launch(&xp.client, xp.handle.clone(), pp.handle.clone(), rows, cols);
-        let partial = Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(pp));
-        let sums = if slabs == 1 {
-            partial
-        } else {
-            crate::exec::reduce::sum_dim(partial, 0)
-        };
-        Ok(sums.reshape([cols]))
-    }};
-}
-
-/// [`super::Compute::rms_norm`] on a cube backend: one launch over the
-/// contiguous rows.
-macro_rules! cube_rms_norm {
-    ($runtime:ty, $x:expr, $weight:expr, $eps:expr) => {{
-        use burn::tensor::{Tensor, TensorPrimitive};
-        let (x, weight, eps) = ($x, $weight, $eps);
-        let dims = x.dims();
-        let d = dims[dims.len() - 1];
-        let n = dims.iter().product::<usize>();
-        let xp = x.clone().into_primitive().tensor();
-        let wp = weight.clone().into_primitive().tensor();
-        let ok = weight.dims() == [d]
-            && wp.dtype == xp.dtype
-            && xp.is_contiguous()
-            && wp.is_contiguous()
-            && d > 0
-            && n > 0
-            && n < u32::MAX as usize;
-        if !ok {
-            return Err(x);
-        }
-        let launch = float_launch!(launch_rms_norm, $runtime, xp.dtype, return Err(x));
-        let op = Tensor::<Self, D>::empty(dims, (&x.device(), x.dtype()))
-            .into_primitive()
-            .tensor();
-        if !op.is_contiguous() {
-            return Err(x);
-        }
-        launch(
-            &xp.client,
-            xp.handle.clone(),
-            wp.handle.clone(),
-            op.handle.clone(),
-            n / d,
-            d,
-            eps as f32,
-        );
-        Ok(Tensor::from_primitive(TensorPrimitive::Float(op)))
     }};
 }
 

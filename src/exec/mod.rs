@@ -15,6 +15,9 @@ mod compute;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 pub mod cube;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[macro_use]
+mod cube_float;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
 pub mod dist;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
