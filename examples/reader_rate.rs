@@ -2,8 +2,11 @@
 //! one decoder layer read, converted and laid out in Burn's layout
 //! (`model::prefetch::read_layer`, what the reader thread does for the
 //! next layer while the device computes this one), and the vocabulary
-//! table converted (`Checkpoint::read_converted`, what the evaluation does
-//! before its first layer), of a Llama-3.2-1B shape (2048 wide, 8192
+//! table converted (`Checkpoint::read_converted`, what the evaluation's
+//! head waits for), and the calibration's embedding (32 windows of 512
+//! tokens, their rows read and converted, `model::vocab::read_rows`, and
+//! the table's finiteness check, `vocab::check_finite`), of a Llama-3.2-1B
+//! shape (2048 wide, 8192
 //! intermediate, 128 256 tokens) stored in bf16 and converted to f16, with
 //! the threads rayon has. The figures are wall seconds and the f16 bytes
 //! made per second; the checkpoint is written first (random weights) and
@@ -14,7 +17,7 @@
 use std::time::Instant;
 
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-use prunemem::model::{Checkpoint, ComputeDtype};
+use prunemem::model::{Checkpoint, ComputeDtype, vocab};
 
 fn main() {
     let vocab: usize = std::env::args()
@@ -55,14 +58,30 @@ fn main() {
                 .expect("a tensor");
         }
         let convert_s = t.elapsed().as_secs_f64();
+        // 32 × 512 tokens spread over the vocabulary (real text repeats
+        // more of its tokens: fewer distinct rows).
+        let tokens: Vec<u32> = (0..32 * 512u64)
+            .map(|i| ((i * 2_654_435_761) % vocab as u64) as u32)
+            .collect();
+        let t = Instant::now();
+        vocab::check_finite(&ckpt, vocab::EMBEDDING).expect("a finite table");
+        let check_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let rows = vocab::read_rows(&ckpt, vocab::EMBEDDING, &tokens, ComputeDtype::F16)
+            .expect("the rows");
+        let rows_s = t.elapsed().as_secs_f64();
         let gb = |b: u64, s: f64| b as f64 / s / 1e9;
         println!(
-            "run {run}: table {:.3} s ({:.2} GB/s), layer {:.3} s ({:.2} GB/s; converted alone {:.3} s)",
+            "run {run}: table {:.3} s ({:.2} GB/s), layer {:.3} s ({:.2} GB/s; converted alone {:.3} s), \
+             32 x 512 rows {:.3} s ({} MB) + the table's check {:.3} s",
             table_s,
             gb(table.bytes.len() as u64, table_s),
             layer_s,
             gb(layer.bytes(), layer_s),
             convert_s,
+            rows_s,
+            rows.bytes.len() >> 20,
+            check_s,
         );
     }
 }

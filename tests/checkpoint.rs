@@ -261,3 +261,65 @@ fn unsupported_gguf_quantisation_is_named() {
     assert!(err.to_string().contains("Q4_K"), "{err}");
     assert!(!dir.path().join("hf").exists(), "nothing half-written");
 }
+
+#[test]
+fn embedding_rows_read_on_the_host_are_the_tables_lookup() {
+    use prunemem::model::perplexity::token_tensor;
+    use prunemem::model::vocab;
+    let dir = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    let windows = vec![vec![0, 258, 7, 7, 100], vec![3, 1, 2, 258, 0]];
+    for (k, stored) in [Dtype::F32, Dtype::BF16, Dtype::F16]
+        .into_iter()
+        .enumerate()
+    {
+        let path = dir.path().join(format!("m{k}"));
+        let spec = SyntheticSpec {
+            dtype: stored,
+            seed: 5,
+            ..Default::default()
+        };
+        write_checkpoint(&path, &spec).unwrap();
+        let ckpt = Checkpoint::open(&path).unwrap();
+        for dtype in [ComputeDtype::F32, ComputeDtype::F16, ComputeDtype::Bf16] {
+            let got = vocab::embed_windows::<B>(&ckpt, &windows, dtype, &device).unwrap();
+            assert_eq!(got.dims(), [2, 5, spec.hidden]);
+            let table = ckpt.load_embedding::<B>(dtype, &device).unwrap();
+            let want = table.forward(token_tensor::<B>(&windows, &device));
+            assert_eq!(got.into_data(), want.into_data(), "{stored:?} -> {dtype:?}");
+        }
+        let err = vocab::embed_windows::<B>(&ckpt, &[vec![1, 259]], ComputeDtype::F32, &device)
+            .unwrap_err();
+        assert!(err.to_string().contains("token 259"), "{err}");
+    }
+}
+
+#[test]
+fn a_damaged_embedding_is_refused_without_reading_the_table_whole() {
+    use prunemem::model::vocab;
+    let dir = tempfile::tempdir().unwrap();
+    let spec = SyntheticSpec::default();
+    write_checkpoint(dir.path(), &spec).unwrap();
+    // Row 9, column 3 of the f32 table becomes NaN.
+    let start = Checkpoint::open(dir.path())
+        .unwrap()
+        .entry(vocab::EMBEDDING)
+        .unwrap()
+        .start;
+    let file = dir.path().join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let at = start + (9 * spec.hidden + 3) * 4;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    let ckpt = Checkpoint::open(dir.path()).unwrap();
+    let element = format!("element {}", 9 * spec.hidden + 3);
+    // Windows that miss the row read fine; the whole-table check and a
+    // window that reads the row name the element.
+    let device = Default::default();
+    let f32s = ComputeDtype::F32;
+    assert!(vocab::embed_windows::<B>(&ckpt, &[vec![1, 8, 10]], f32s, &device).is_ok());
+    let err = vocab::check_finite(&ckpt, vocab::EMBEDDING).unwrap_err();
+    assert!(err.to_string().contains(&element), "{err}");
+    let err = vocab::embed_windows::<B>(&ckpt, &[vec![1, 9, 10]], f32s, &device).unwrap_err();
+    assert!(err.to_string().contains(&element), "{err}");
+}

@@ -733,6 +733,18 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
             per_layer <= 64 << 10,
             "{method}: {per_layer} bytes back per layer: {t}"
         );
+        // The calibration's embedding uploads the windows' hidden states
+        // (4 × 32 tokens, f16), never the vocabulary table; magnitude has
+        // no calibration.
+        let windows = match method {
+            "magnitude" => 0,
+            _ => (4 * 32 * config.hidden_size * 2) as u64,
+        };
+        assert_eq!(
+            t["other"]["host_to_device_bytes"].as_u64(),
+            Some(windows),
+            "{method}: {t}"
+        );
         // Statistics stay on the device for these methods.
         assert_eq!(
             t["stats_pass"]["device_to_host_bytes"]

@@ -125,6 +125,7 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.swiglu_in_place = setting("swiglu") == Some("in_place");
     w.norms_kernel = kernel("norms");
     w.rms_norm_kernel = kernel("rms_norm");
+    w.embedding_rows = setting("embedding") == Some("rows");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

@@ -255,6 +255,11 @@ pub struct Workload {
     /// On a device: the RMS norm in one kernel (`Compute::rms_norm`), with
     /// no f32 copy of the batch and no squares stored.
     pub rms_norm_kernel: bool,
+    /// Streamed, the embedding reads only the windows' rows on the host
+    /// (`model::vocab::embed_windows`) and the head's table arrives after
+    /// the layers; before it, the table was held from the first layer on
+    /// (logs without the plan's `embedding: rows`).
+    pub embedding_rows: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -295,6 +300,7 @@ impl Workload {
             swiglu_in_place: false,
             norms_kernel: false,
             rms_norm_kernel: false,
+            embedding_rows: true,
             compressed: None,
         }
     }

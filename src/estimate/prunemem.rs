@@ -274,9 +274,10 @@ fn load_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
         )
 }
 
-/// The embedding is decoded straight into its compute-dtype vector
-/// (`model::dtype::Converted`, one copy), then the calibration buffers are
-/// filled beside it.
+/// Streamed, each batch's rows are read from the checkpoint
+/// (`model::vocab::embed_windows`) and the calibration buffers filled; the
+/// table is never held (before `embedding_rows`, it was decoded whole
+/// beside them).
 fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     sh.base(super::calibration_phase(w))
         .add(
@@ -285,7 +286,7 @@ fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
         )
         .add(
             "embeddings",
-            if w.resident {
+            if w.resident || w.embedding_rows {
                 0
             } else {
                 a.embedding_params() * sh.c
@@ -522,6 +523,14 @@ fn eval_phase(
     let eval_batch = w.batch_size.min(w.eval_windows);
     let embed = a.embedding_params() * c;
     let head = if a.tied { 0 } else { embed };
+    // The tables held for the whole phase, and the head's table that
+    // arrives after the layers (`embedding_rows`: the embedding reads only
+    // the windows' rows).
+    let (tables, at_head) = match (resident, w.embedding_rows) {
+        (true, _) => (0, 0),
+        (false, false) => (embed + head, 0),
+        (false, true) => (0, embed),
+    };
     // A chunk's f32 logits twice (the tensor and the host vector
     // `window_nll` reads it into: 2 × 31.9 MiB measured on SmolLM2, `eval
     // --seqlen 512`, 2026-11-25), and in a 16-bit dtype the chunk before its
@@ -559,17 +568,15 @@ fn eval_phase(
                 (t_name, t)
             },
         )
-    } else if logits > layer.1 + t {
+    } else if at_head + logits > layer.1 + t {
         (("weights (one layer)", 0), ("logits chunk", logits))
     } else {
         (layer, (t_name, t))
     };
+    let at_head = if t_name == "logits chunk" { at_head } else { 0 };
     sh.base(Phase::new(name, stages))
         .add(weights_name, weights)
-        .add(
-            "embeddings and head",
-            if resident { 0 } else { embed + head },
-        )
+        .add("embeddings and head", tables + at_head)
         .add(
             "hidden states",
             if resident {

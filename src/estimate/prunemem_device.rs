@@ -21,10 +21,13 @@
 //! And the largest moment inside a pass, on top: the MLP's gate and up
 //! projections beside the residual stream and the normed input,
 //! `T · (2h + 2i)` values for `T` batch tokens; for SparseGPT, the widest
-//! input's f32 copy and its `Xᵀ X` beside the running Hessian; the
-//! embedding table while the calibration windows are embedded; at the
-//! evaluation's head, the normed batch and a logits chunk in the compute
-//! dtype (each row's loss is a kernel over it: no f32 copy).
+//! input's f32 copy and its `Xᵀ X` beside the running Hessian; at the
+//! evaluation's head, the head's table, the normed batch and a logits
+//! chunk in the compute dtype (each row's loss is a kernel over it: no f32
+//! copy). The embedding table never goes up: each batch's rows are read on
+//! the host (`model::vocab`; logs from before it, without the plan's
+//! `embedding: rows`, held the table while the windows were embedded and
+//! through the evaluation).
 //!
 //! What the pool *reserves* beyond these bytes — the pages a layer's
 //! forward leaves in cubecl's persistent pool, the buffers the device
@@ -75,9 +78,13 @@ impl Sizes {
 /// rotation, and the pair expanded to q's and k's shapes for batches of
 /// `batch` windows and for the last, shorter batch of `windows`.
 fn rope(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
-    let base = (2 * w.seqlen * a.head_dim + a.head_dim * a.head_dim) * w.dtype.size();
     // On a device the expanded tables are always cached.
-    base + super::prunemem::rope_tables(a, w, batch, windows)
+    rope_base(a, w) + super::prunemem::rope_tables(a, w, batch, windows)
+}
+
+/// The `[seqlen, head_dim]` cos and sin and the `head_dim²` rotation.
+fn rope_base(a: &Arch, w: &Workload) -> u64 {
+    (2 * w.seqlen * a.head_dim + a.head_dim * a.head_dim) * w.dtype.size()
 }
 
 /// The f32 statistics of one layer, and the largest moment of their update
@@ -217,10 +224,20 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
                 )
                 .add(
                     "embeddings",
-                    if w.resident {
+                    if w.resident || w.embedding_rows {
                         0
                     } else {
                         a.embedding_params() * s.c
+                    },
+                )
+                // Made once the windows are embedded, before the first
+                // layer: the phase's peak when no table was held.
+                .add(
+                    "rotary tables",
+                    if w.embedding_rows && !w.resident {
+                        rope_base(a, w)
+                    } else {
+                        0
                     },
                 )
                 .add(
@@ -399,6 +416,15 @@ fn eval_phase(
     let eval_batch = w.batch_size.min(w.eval_windows);
     let embed = a.embedding_params() * s.c;
     let head = if a.tied { 0 } else { embed };
+    // The tables on the device for the whole phase, and the head's table
+    // uploaded after the layers (`embedding_rows`: the embedding reads only
+    // the windows' rows on the host; before it, the embedding and an untied
+    // head went up first).
+    let (tables_always, at_head) = match (resident, w.embedding_rows) {
+        (true, _) => (0, 0),
+        (false, false) => (embed + head, 0),
+        (false, true) => (0, embed),
+    };
     let rows =
         (crate::model::perplexity::device_chunk_rows(a.vocab as usize) as u64).min(w.seqlen - 1);
     // The head runs after the last layer: the normed batch and its chunk
@@ -416,15 +442,17 @@ fn eval_phase(
     } else {
         a.layer_params() * s.c
     };
-    let (layer, t_name, t) = if streamed + forward >= logits {
+    let (layer, t_name, t) = if streamed + forward >= at_head + logits {
         (streamed, "activations", forward)
     } else {
         (0, "logits chunk", logits)
     };
-    let (weights_name, weights) = match resident {
-        true => ("weights (resident)", a.params * s.c),
-        false => ("embeddings and head", embed + head),
+    let (weights_name, weights) = match (resident, t_name) {
+        (true, _) => ("weights (resident)", a.params * s.c),
+        (false, "logits chunk") => ("embeddings and head", tables_always + at_head),
+        (false, _) => ("embeddings and head", tables_always),
     };
+    let always = if resident { weights } else { tables_always };
     let kept_bytes = if kept {
         a.layers * a.layer_params() * s.c
     } else {
@@ -434,13 +462,14 @@ fn eval_phase(
     // Reserved: the layers' pass (every window's hidden states, a layer,
     // a forward's pages) or the head's after the pool is emptied (the
     // batches still waiting, the head's pages).
-    let base = weights + kept_bytes + tables;
+    let base = always + kept_bytes + tables;
     let reserved = (base
         + s.hidden_states(w.eval_windows)
         + streamed
         + device_pool::forward(a, w, eval_batch, Beside::Nothing))
     .max(
-        base + s.hidden_states(w.eval_windows - eval_batch)
+        base + at_head
+            + s.hidden_states(w.eval_windows - eval_batch)
             + device_pool::head(a, w, eval_batch, rows),
     );
     Phase::new(name, &stages)
@@ -499,9 +528,14 @@ mod tests {
             component(&e, "prune", "statistics"),
             (3 * h * h + i * i) * 4
         );
-        // The embedding is on the device while the windows are embedded.
+        // The windows' rows go up, never the table; it did before
+        // `embedding_rows`.
+        assert_eq!(component(&e, "calibration", "embeddings"), 0);
+        let mut old = w.clone();
+        old.embedding_rows = false;
+        let e_old = estimate(&a, &old).unwrap();
         assert_eq!(
-            component(&e, "calibration", "embeddings"),
+            component(&e_old, "calibration", "embeddings"),
             a.embedding_params() * 2
         );
         assert!(e.notes.iter().all(|n| !n.contains("CUDA")), "{:?}", e.notes);
@@ -549,10 +583,19 @@ mod tests {
         let e = estimate(&a, &w).unwrap();
         let names: Vec<_> = e.phases.iter().map(|p| p.name.as_str()).collect();
         assert_eq!(names, ["load", "eval"]);
+        // The phase peaks at a layer's forward, and the head's table is
+        // uploaded after the layers; before `embedding_rows` the embedding
+        // (and an untied head) were there from the start.
+        let table = a.embedding_params() * 2;
+        assert!(component(&e, "eval", "activations") > 0);
+        assert_eq!(component(&e, "eval", "logits chunk"), 0);
+        assert_eq!(component(&e, "eval", "embeddings and head"), 0);
+        let mut old = w.clone();
+        old.embedding_rows = false;
         let tables = if a.tied { 1 } else { 2 };
         assert_eq!(
-            component(&e, "eval", "embeddings and head"),
-            tables * a.embedding_params() * 2
+            component(&estimate(&a, &old).unwrap(), "eval", "embeddings and head"),
+            tables * table
         );
         // Training and the reference scripts are not estimated on wgpu.
         w.task = Task::Train;

@@ -111,6 +111,9 @@ impl Run {
             _ => None,
         });
         let exec = Exec::open(options.device, cap)?;
+        // A streamed embedding reads its windows' rows, not the table
+        // (`model::vocab`; the estimate's `embedding_rows`).
+        plan.settings.insert("embedding".into(), "rows".into());
         if exec.is_device() {
             options.profiler.device = exec.probe();
             plan.settings

@@ -236,7 +236,7 @@ impl Checkpoint {
         for_each_chunk_releasing(mmap, e.start, e.end, chunk, |a, piece| {
             if let Some(i) = dtype::first_non_finite(piece, e.dtype) {
                 let at = (a - e.start) / width + i;
-                return Err(ModelError::Checkpoint(non_finite(name, at)));
+                return Err(ModelError::Checkpoint(dtype::non_finite(name, at)));
             }
             out.extend(dtype::decode_f32(piece, e.dtype));
             Ok(())
@@ -251,6 +251,12 @@ impl Checkpoint {
         if let Some(e) = self.tensors.get(name) {
             release_range(&self.shards[e.shard].mmap, e.start, e.end);
         }
+    }
+
+    /// Counts `bytes` read from the mapping by a reader outside this file
+    /// (`model::vocab`'s row gather).
+    pub(crate) fn count_read(&self, bytes: u64) {
+        self.bytes_read.fetch_add(bytes, Ordering::Relaxed);
     }
 
     /// Tensor bytes read through this checkpoint so far.
@@ -440,7 +446,7 @@ fn convert(
         let b = (a + CHUNK / width * width).min(e.end);
         if let Some(i) = dtype::first_non_finite(&mmap[a..b], e.dtype) {
             let at = (a - e.start) / width + i;
-            return Err(non_finite(tensor, at));
+            return Err(dtype::non_finite(tensor, at));
         }
         out.extend(&mmap[a..b], e.dtype);
         release_range(mmap, a, b);
@@ -467,7 +473,7 @@ impl Checkpoint {
                 )));
             };
             dtype::convert_transposed(bytes, e.dtype, target, [rows, cols])
-                .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))
+                .map_err(|at| ModelError::Checkpoint(dtype::non_finite(name, at)))
         })
     }
 
@@ -481,7 +487,7 @@ impl Checkpoint {
     ) -> Result<TensorData, ModelError> {
         self.read_with(name, |bytes, e| {
             dtype::convert_parallel(bytes, e.dtype, target, e.shape.clone())
-                .map_err(|at| ModelError::Checkpoint(non_finite(name, at)))
+                .map_err(|at| ModelError::Checkpoint(dtype::non_finite(name, at)))
         })
     }
 
@@ -500,10 +506,6 @@ impl Checkpoint {
             .fetch_add((e.end - e.start) as u64, Ordering::Relaxed);
         Ok(data)
     }
-}
-
-fn non_finite(tensor: &str, index: usize) -> String {
-    format!("tensor '{tensor}' holds NaN or infinity (element {index}); the checkpoint is damaged")
 }
 
 /// A layer with lazily-initialised parameters of the right shapes; loading

@@ -224,6 +224,12 @@ fn par_convert<T: Target>(bytes: &[u8], stored: Dtype) -> Result<Vec<T>, usize> 
     }
 }
 
+/// The error for element `index` of `tensor` not finite (NaN or
+/// infinity), wherever a reader finds one.
+pub fn non_finite(tensor: &str, index: usize) -> String {
+    format!("tensor '{tensor}' holds NaN or infinity (element {index}); the checkpoint is damaged")
+}
+
 /// Stored little-endian elements converted to `target` on every core
 /// (rayon), checked for NaN and infinity (`Err(i)`: element `i` is not
 /// finite). A device run's layer reader uses it, so that reading the next

@@ -487,18 +487,13 @@ pub enum Head<'a, B: Backend> {
 }
 
 impl<'a, B: Compute> Head<'a, B> {
-    /// The head of a streamed evaluation: its untied head when there is
-    /// one, else the embedding table (`model::vocab`).
-    pub fn of(
-        lm_head: Option<&'a super::vocab::LmHead<B>>,
-        embed: &'a super::vocab::Embed<B>,
-    ) -> Self {
-        use super::vocab::{Embed, LmHead};
-        match (lm_head, embed) {
-            (Some(LmHead::Whole(l)), _) => Head::Linear(l),
-            (Some(LmHead::Rows(e)), _) => Head::Tied(e),
-            (Some(LmHead::Sharded(s)), _) | (None, Embed::Sharded(s)) => Head::Sharded(s),
-            (None, Embed::Whole(e)) => Head::Tied(e),
+    /// The head of a streamed evaluation (`model::vocab`).
+    pub fn of(lm_head: &'a super::vocab::LmHead<B>) -> Self {
+        use super::vocab::LmHead;
+        match lm_head {
+            LmHead::Whole(l) => Head::Linear(l),
+            LmHead::Rows(e) => Head::Tied(e),
+            LmHead::Sharded(s) => Head::Sharded(s),
         }
     }
 

@@ -19,7 +19,8 @@ use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
 use crate::model::kept::{Kept, LayerRef};
 use crate::model::llama::Head;
-use crate::model::vocab::{Embed, LmHead};
+use crate::model::prefetch;
+use crate::model::vocab::{self, LmHead};
 use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rope};
 use crate::profiler::Profiler;
 
@@ -348,7 +349,9 @@ fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
 /// The streamed evaluation: every batch embedded, each layer read once and
 /// run over every batch, then the head batch by batch. Returns each
 /// window's summed negative log-likelihood. The layers come from `kept`
-/// when given (a device prune's), else from the checkpoint.
+/// when given (a device prune's), else from the checkpoint. On a device,
+/// host threads read the next layer and the head's table while the device
+/// runs this one (`model::prefetch`, `LmHead::read_ahead`).
 fn streamed_nll<B: Compute>(
     ckpt: &Checkpoint,
     kept: Option<&Kept<B>>,
@@ -358,84 +361,52 @@ fn streamed_nll<B: Compute>(
     device: &B::Device,
     profiler: Option<&Profiler>,
 ) -> Result<Vec<f64>, ModelError> {
-    let mut nll = Vec::new();
     let c = &ckpt.config;
     let dtype = options.dtype;
     let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
-    // Sharded when a table passes the device's largest buffer.
-    let embed = Embed::<B>::load(ckpt, dtype, device)?;
-    let embed_bytes = c.vocab_table_params() * dtype.size();
-    let _embed_held = Held::new(Category::Weights, embed_bytes);
+    // Each batch's rows gathered on the host: the embedding table never
+    // goes up (`model::vocab`).
     let activations = tag::tag(Category::Activations);
-    let mut xs: Vec<Tensor<B, 3>> = timing::timed(Work::Elementwise, || {
-        batches
-            .iter()
-            .map(|batch| embed.forward(token_tensor(batch, device)))
-            .collect()
-    });
+    let xs = batches
+        .iter()
+        .map(|batch| vocab::embed_windows::<B>(ckpt, batch, dtype, device))
+        .collect::<Result<Vec<_>, _>>()?;
     drop(activations);
-    // The embedding's intermediates go back before the layers allocate.
-    crate::exec::release_free::<B>(device);
     let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
     let mut xs_held = Held::new(Category::Activations, sizes.iter().sum());
-    let head_linear = LmHead::<B>::load(ckpt, dtype, device)?;
-    let _head_held = Held::new(
-        Category::Weights,
-        head_linear.as_ref().map_or(0, |_| embed_bytes),
-    );
-    // One watch over every layer: a layer's first batch follows the last
-    // layer's last.
-    let mut shapes = crate::exec::BatchShapes::default();
-    for i in 0..c.num_layers {
+    let layers = Layers {
+        ckpt,
+        kept,
+        rope: &rope,
+        dtype,
+        device,
+        profiler,
+    };
+    let (xs, head) = std::thread::scope(|scope| -> Result<_, ModelError> {
+        let ahead = LmHead::<B>::read_ahead(ckpt, dtype, device).map(|read| scope.spawn(read));
+        let xs = layers.run(xs)?;
+        // The layers' freed buffers (one forward's, reused from layer to
+        // layer since the batches keep their shapes) go back before the
+        // head's table and logits.
         crate::memory::alloc::trim();
-        let layer_bytes = c.layer_param_count() * dtype.size();
-        let (layer, _layer_held) = match kept {
-            Some(k) => {
-                let layer = k.layer(i, c, device)?;
-                // A layer kept on the device is already in the store's
-                // ledger; one brought up from the host is this pass's.
-                let held = match &layer {
-                    LayerRef::Borrowed(_) => Held::none(Category::Weights),
-                    LayerRef::Owned(_) => Held::new(Category::Weights, layer_bytes),
-                };
-                (layer, held)
+        crate::exec::release_free::<B>(device);
+        let head = match ahead {
+            Some(read) => {
+                let data = read.join().map_err(|_| {
+                    ModelError::Checkpoint("reading the head's table failed".into())
+                })??;
+                LmHead::from_host(data, dtype, device)?
             }
-            None => {
-                let layer = ckpt.load_layer::<B>(i, dtype, device)?;
-                if B::is_device() {
-                    crate::exec::transfer::uploaded(layer_bytes);
-                }
-                let held = Held::new(Category::Weights, layer_bytes);
-                (LayerRef::Owned(layer), held)
-            }
+            None => LmHead::load(ckpt, dtype, device)?,
         };
-        let _tag = tag::tag(Category::Activations);
-        xs = xs
-            .into_iter()
-            .map(|x| {
-                shapes.next::<B>(&x.dims(), device);
-                layer.forward(x, &rope)
-            })
-            .collect();
-        if let Some(p) = profiler {
-            p.device_tick(|| format!("eval model.layers.{i}"))?;
-            p.progress(
-                "evaluation",
-                i,
-                c.num_layers,
-                &format!("eval model.layers.{i}"),
-            );
-        }
-    }
-    // The layers' freed buffers (one forward's, reused from layer to
-    // layer since the batches keep their shapes) go back before the head's
-    // logits.
-    crate::memory::alloc::trim();
-    crate::exec::release_free::<B>(device);
+        Ok((xs, head))
+    })?;
+    let _head_held = Held::new(Category::Weights, c.vocab_table_params() * dtype.size());
     let norm = ckpt.load_norm::<B>(dtype, device)?;
-    let head = Head::of(head_linear.as_ref(), &embed);
+    let head = Head::of(&head);
     // The head over every batch is its own sequence: on a large
     // vocabulary it takes as long as the layers.
+    let mut nll = Vec::new();
     let mut shapes = crate::exec::BatchShapes::default();
     for (k, (x, batch)) in xs.into_iter().zip(batches).enumerate() {
         shapes.next::<B>(&x.dims(), device);
@@ -453,4 +424,78 @@ fn streamed_nll<B: Compute>(
         }
     }
     Ok(nll)
+}
+
+/// The decoder layers of a streamed evaluation.
+struct Layers<'a, B: Compute> {
+    ckpt: &'a Checkpoint,
+    kept: Option<&'a Kept<B>>,
+    rope: &'a Rope<B>,
+    dtype: ComputeDtype,
+    device: &'a B::Device,
+    profiler: Option<&'a Profiler>,
+}
+
+impl<B: Compute> Layers<'_, B> {
+    /// Every batch through every layer, one watch over all of them (a
+    /// layer's first batch follows the last layer's last). Read from the
+    /// checkpoint on a device, the next layer is read and converted on a
+    /// host thread while the device runs this one.
+    fn run(&self, mut xs: Vec<Tensor<B, 3>>) -> Result<Vec<Tensor<B, 3>>, ModelError> {
+        let c = &self.ckpt.config;
+        let ahead = self.kept.is_none() && B::is_device();
+        let mut shapes = crate::exec::BatchShapes::default();
+        prefetch::for_each_layer(self.ckpt, self.dtype, ahead, |i, ready| {
+            crate::memory::alloc::trim();
+            let (layer, _held) = self.layer(i, ready)?;
+            let _tag = tag::tag(Category::Activations);
+            xs = std::mem::take(&mut xs)
+                .into_iter()
+                .map(|x| {
+                    shapes.next::<B>(&x.dims(), self.device);
+                    layer.forward(x, self.rope)
+                })
+                .collect();
+            if let Some(p) = self.profiler {
+                p.device_tick(|| format!("eval model.layers.{i}"))?;
+                p.progress(
+                    "evaluation",
+                    i,
+                    c.num_layers,
+                    &format!("eval model.layers.{i}"),
+                );
+            }
+            Ok::<_, ModelError>(())
+        })?;
+        Ok(xs)
+    }
+
+    /// Layer `i` and what holds its bytes: kept on the device, already in
+    /// the store's ledger; brought up from the host or the checkpoint,
+    /// this pass's.
+    fn layer(
+        &self,
+        i: usize,
+        ready: Option<prefetch::HostLayer>,
+    ) -> Result<(LayerRef<'_, B>, Held), ModelError> {
+        let c = &self.ckpt.config;
+        let bytes = c.layer_param_count() * self.dtype.size();
+        let layer = match (self.kept, ready) {
+            (Some(k), _) => k.layer(i, c, self.device)?,
+            (None, Some(host)) => {
+                LayerRef::Owned(prefetch::upload_layer::<B>(self.ckpt, host, self.device)?)
+            }
+            (None, None) => {
+                LayerRef::Owned(self.ckpt.load_layer::<B>(i, self.dtype, self.device)?)
+            }
+        };
+        if self.kept.is_none() && B::is_device() {
+            crate::exec::transfer::uploaded(bytes);
+        }
+        let held = match &layer {
+            LayerRef::Borrowed(_) => Held::none(Category::Weights),
+            LayerRef::Owned(_) => Held::new(Category::Weights, bytes),
+        };
+        Ok((layer, held))
+    }
 }

@@ -65,6 +65,37 @@ pub fn read_layer(
     Ok(HostLayer { index: i, tensors })
 }
 
+/// Runs `each(i, ready)` for every decoder layer of `ckpt` in order. With
+/// `ahead`, a host thread reads layer `i + 1` ([`read_layer`]) while `each`
+/// computes layer `i`, and `ready` is layer `i` read; without, `ready` is
+/// `None` and `each` loads its layer itself. The prune's and the
+/// evaluation's layer loops.
+pub fn for_each_layer<E: From<ModelError>>(
+    ckpt: &Checkpoint,
+    dtype: ComputeDtype,
+    ahead: bool,
+    mut each: impl FnMut(usize, Option<HostLayer>) -> Result<(), E>,
+) -> Result<(), E> {
+    let layers = ckpt.config.num_layers;
+    std::thread::scope(|scope| {
+        let read = |i: usize| scope.spawn(move || read_layer(ckpt, i, dtype));
+        let mut next = ahead.then(|| read(0));
+        for i in 0..layers {
+            let ready = match next.take() {
+                Some(h) => Some(h.join().map_err(|_| {
+                    ModelError::Checkpoint(format!("reading model.layers.{i} failed"))
+                })??),
+                None => None,
+            };
+            if ahead && i + 1 < layers {
+                next = Some(read(i + 1));
+            }
+            each(i, ready)?;
+        }
+        Ok(())
+    })
+}
+
 /// Uploads `layer` to `device` (the computing thread).
 pub fn upload_layer<B: Backend>(
     ckpt: &Checkpoint,

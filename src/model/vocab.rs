@@ -1,17 +1,21 @@
-//! Vocabulary-sized tables (the embedding, an untied head) on a device whose
-//! largest buffer is smaller than the table. One buffer cannot hold them
-//! there (lavapipe: 128 MiB, so SmolLM2's 49 152 × 576 table in f32 at
-//! 108 MiB fits but a 49 152 × 768 one at 144 MiB does not; real GPUs allow
-//! 2–4 GiB, which LLaMA-3-405B's 128 256 × 16 384 table passes in f16), so
-//! the table is uploaded as row shards, each within the limit:
-//! - the lookup gathers every token from the shard that holds it (the
-//!   others' rows are masked out), so the hidden states are the same bits as
-//!   a one-table lookup;
-//! - the head multiplies by each shard and concatenates the logits along the
-//!   vocabulary: every logit is the same dot product as with one table.
-//!
-//! A table that fits one buffer keeps Burn's `Embedding` / `Linear` (the
-//! streamed engines' path before this module existed).
+//! The vocabulary-sized tables (the embedding, the head's) of a streamed
+//! run, which need not go to the device whole:
+//! - the embedding is a lookup: each batch's rows are gathered from the
+//!   checkpoint's mapping on the host ([`embed_windows`]) and only the
+//!   hidden states go up, `tokens × hidden` values instead of the table
+//!   (a Llama-3.2-1B shape's calibration uploaded its 525 MB table to embed
+//!   67 MB of windows; an 8B shape's evaluation uploaded 1 GB of embedding
+//!   beside its 1 GB head). The same bits as a lookup in the converted
+//!   table: each value goes through the same conversion.
+//! - the head multiplies by a whole table. On a device whose largest
+//!   buffer is smaller than the table (lavapipe: 128 MiB, so SmolLM2's
+//!   49 152 × 576 table in f32 at 108 MiB fits but a 49 152 × 768 one at
+//!   144 MiB does not; real GPUs allow 2–4 GiB, which LLaMA-3-405B's
+//!   128 256 × 16 384 table passes in f16) it goes up as row shards, each
+//!   within the limit, and the logits of each shard are concatenated along
+//!   the vocabulary: every logit is the same dot product as with one table.
+//!   Where one buffer holds it, an evaluation reads and converts it on a
+//!   host thread while the device runs the layers ([`LmHead::read_ahead`]).
 
 use burn::nn::{Embedding, Linear};
 use burn::prelude::*;
@@ -28,17 +32,14 @@ pub struct Shards<B: Backend> {
     parts: Vec<(usize, Tensor<B, 2>)>,
 }
 
-/// The embedding table, whole or in shards.
-pub enum Embed<B: Backend> {
-    Whole(Embedding<B>),
-    Sharded(Shards<B>),
-}
-
-/// An untied output head, whole or in shards.
+/// The head's table: the untied head, else the embedding (tied), whole
+/// or in shards.
 pub enum LmHead<B: Backend> {
+    /// The CPU backend's untied head, as Burn's `Linear`.
     Whole(Box<Linear<B>>),
-    /// On a device: the checkpoint's `[vocab, hidden]` rows as they are
-    /// stored, multiplied transposed (the tied head's product). Loading it
+    /// The checkpoint's `[vocab, hidden]` rows as they are stored,
+    /// multiplied transposed: a tied head, and on a device an untied one
+    /// too. Loading an untied head
     /// as a Burn `Linear` transposed 1 GiB on one host core: 5 s of an 8B
     /// shape's evaluation on an H100's host (docs/gpu.md).
     Rows(Embedding<B>),
@@ -113,34 +114,6 @@ fn load_shards<B: Backend>(
 }
 
 impl<B: Compute> Shards<B> {
-    /// Rows of the table for `tokens` `[batch, seq]` → `[batch, seq, hidden]`.
-    pub fn lookup(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        let [b, s] = tokens.dims();
-        let flat = tokens.reshape([b * s]);
-        let mut out: Option<Tensor<B, 2>> = None;
-        for (first, shard) in &self.parts {
-            let n = shard.dims()[0] as i64;
-            let local = flat.clone().sub_scalar(*first as i64);
-            let rows = shard.clone().select(0, local.clone().clamp(0, n - 1));
-            crate::exec::watch::after_op();
-            let hidden = rows.dims()[1];
-            out = Some(match out {
-                None => rows,
-                Some(acc) => {
-                    let here = local
-                        .clone()
-                        .greater_equal_elem(0)
-                        .bool_and(local.lower_elem(n));
-                    let here = here.reshape([b * s, 1]).expand([b * s, hidden]);
-                    acc.mask_where(here, rows)
-                }
-            });
-        }
-        let out = out.expect("a table has at least one shard");
-        let hidden = out.dims()[1];
-        out.reshape([b, s, hidden])
-    }
-
     /// `h [n, hidden]` times the table's transpose: logits `[n, rows]`.
     pub fn logits(&self, h: Tensor<B, 2>) -> Tensor<B, 2> {
         let parts: Vec<Tensor<B, 2>> = self
@@ -172,90 +145,173 @@ fn shard_limit<B: Compute>(
     max_buffer::<B>(device).filter(|limit| bytes > *limit)
 }
 
-/// The embedding table for a device, converted on every core
-/// (`dtype::convert_parallel`): the serial conversion the CPU backend keeps
-/// (it holds less at once) took 2.45 s of a 1B-shape run's 3.8 s before
-/// its first layer on an H100.
-fn device_table<B: Compute>(
+/// The table `name` converted on every core (`dtype::convert_parallel`),
+/// on the host, ready to go up: the serial conversion the CPU backend keeps
+/// (it holds less at once) took 2.45 s of a 1B-shape run's 3.8 s before its
+/// first layer on an H100.
+fn read_table(
     ckpt: &Checkpoint,
     name: &str,
     dtype: ComputeDtype,
-    device: &B::Device,
-) -> Result<Embedding<B>, ModelError> {
-    let c = &ckpt.config;
-    let data = {
-        let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
-        let _io = crate::timing::work(crate::timing::Work::Io);
-        ckpt.read_converted(name, dtype)?
-    };
-    crate::exec::transfer::uploaded(data.bytes.len() as u64);
-    let mut e = burn::nn::EmbeddingConfig::new(c.vocab_size, c.hidden_size).init(device);
-    e.weight = burn::module::Param::from_tensor(Tensor::from_data(data, (device, dtype.burn())));
-    Ok(e)
+) -> Result<TensorData, ModelError> {
+    let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
+    let _io = crate::timing::work(crate::timing::Work::Io);
+    ckpt.read_converted(name, dtype)
 }
 
-impl<B: Compute> Embed<B> {
-    /// The embedding table of `ckpt`, sharded when it passes the device's
+/// The hidden states of `windows` (all of one length) after the embedding,
+/// `[windows, seqlen, hidden]` in `dtype`: each token's row read from the
+/// checkpoint and converted on the host, then the batch uploaded (one
+/// transfer of `tokens × hidden` values; no token ids, no table).
+pub fn embed_windows<B: Compute>(
+    ckpt: &Checkpoint,
+    windows: &[Vec<u32>],
+    dtype: ComputeDtype,
+    device: &B::Device,
+) -> Result<Tensor<B, 3>, ModelError> {
+    let s = windows.first().map_or(0, Vec::len);
+    let tokens: Vec<u32> = windows.iter().flatten().copied().collect();
+    let data = {
+        let _io = crate::timing::work(crate::timing::Work::Io);
+        read_rows(ckpt, EMBEDDING, &tokens, dtype)?
+    };
+    if B::is_device() {
+        crate::exec::transfer::uploaded(data.bytes.len() as u64);
+    }
+    let hidden = ckpt.config.hidden_size;
+    Ok(Tensor::<B, 2>::from_data(data, (device, dtype.burn())).reshape([windows.len(), s, hidden]))
+}
+
+/// Rows `rows` of the table `name` (`[rows, cols]`) converted to `target`,
+/// `[rows.len(), cols]`: only those rows are read from the mapping. A row
+/// past the table is an error (the tokenizer is not the checkpoint's).
+pub fn read_rows(
+    ckpt: &Checkpoint,
+    name: &str,
+    rows: &[u32],
+    target: ComputeDtype,
+) -> Result<TensorData, ModelError> {
+    use rayon::prelude::*;
+    let e = ckpt.entry(name)?;
+    let [n, cols] = e.shape[..] else {
+        return Err(ModelError::Checkpoint(format!(
+            "tensor '{name}' has shape {:?}, not a table",
+            e.shape
+        )));
+    };
+    if let Some(r) = rows.iter().find(|r| **r as usize >= n) {
+        return Err(ModelError::Checkpoint(format!(
+            "token {r} is past the {n} rows of '{name}': the tokenizer does not match the checkpoint"
+        )));
+    }
+    let table = ckpt.bytes(name)?;
+    let row = cols * dtype::stored_size(e.dtype).max(1);
+    // Copied on every core: each row is a page or two of the mapping to
+    // fault in.
+    let mut gathered = bytemuck::allocation::zeroed_vec::<u8>(rows.len() * row);
+    if row > 0 {
+        gathered
+            .par_chunks_mut(row)
+            .zip(rows.par_iter())
+            .for_each(|(out, r)| out.copy_from_slice(&table[*r as usize * row..][..row]));
+    }
+    ckpt.release(name);
+    ckpt.count_read(gathered.len() as u64);
+    dtype::convert_parallel(&gathered, e.dtype, target, vec![rows.len(), cols]).map_err(|at| {
+        let element = rows[at / cols] as usize * cols + at % cols;
+        ModelError::Checkpoint(dtype::non_finite(name, element))
+    })
+}
+
+/// Every value of the table `name` finite, checked on every core without
+/// converting or keeping anything: a prune that embeds only its windows'
+/// rows still refuses a damaged table, as it did when it loaded it whole.
+pub fn check_finite(ckpt: &Checkpoint, name: &str) -> Result<(), ModelError> {
+    use rayon::prelude::*;
+    let e = ckpt.entry(name)?;
+    let width = dtype::stored_size(e.dtype).max(1);
+    let piece = (1 << 20) * width;
+    let bad = ckpt
+        .bytes(name)?
+        .par_chunks(piece)
+        .enumerate()
+        .find_map_first(|(k, bytes)| {
+            dtype::first_non_finite(bytes, e.dtype).map(|i| k * (piece / width) + i)
+        });
+    ckpt.release(name);
+    match bad {
+        Some(at) => Err(ModelError::Checkpoint(dtype::non_finite(name, at))),
+        None => Ok(()),
+    }
+}
+
+/// The embedding table's name in a checkpoint.
+pub const EMBEDDING: &str = "model.embed_tokens.weight";
+
+impl<B: Compute> LmHead<B> {
+    /// The name of the table the head multiplies by: the untied head's,
+    /// else the embedding's.
+    fn table(ckpt: &Checkpoint) -> &'static str {
+        match !ckpt.config.tie_word_embeddings && ckpt.entry("lm_head.weight").is_ok() {
+            true => "lm_head.weight",
+            false => EMBEDDING,
+        }
+    }
+
+    /// The head of `ckpt`, sharded when its table passes the device's
     /// largest buffer.
     pub fn load(
         ckpt: &Checkpoint,
         dtype: ComputeDtype,
         device: &B::Device,
     ) -> Result<Self, ModelError> {
+        let name = Self::table(ckpt);
         Ok(match shard_limit::<B>(ckpt, dtype, device) {
-            Some(limit) => Embed::Sharded(load_shards(
-                ckpt,
-                "model.embed_tokens.weight",
-                dtype,
-                limit,
-                device,
-            )?),
-            None if B::is_device() => Embed::Whole(device_table(
-                ckpt,
-                "model.embed_tokens.weight",
-                dtype,
-                device,
-            )?),
-            None => Embed::Whole(ckpt.load_embedding(dtype, device)?),
+            Some(limit) => LmHead::Sharded(load_shards(ckpt, name, dtype, limit, device)?),
+            None if B::is_device() => {
+                Self::from_host(read_table(ckpt, name, dtype)?, dtype, device)?
+            }
+            None if name == EMBEDDING => LmHead::Rows(ckpt.load_embedding(dtype, device)?),
+            None => match ckpt.load_lm_head(dtype, device)? {
+                Some(l) => LmHead::Whole(Box::new(l)),
+                None => LmHead::Rows(ckpt.load_embedding(dtype, device)?),
+            },
         })
     }
 
-    /// Hidden states `[batch, seq, hidden]` for `tokens`.
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
-        match self {
-            Embed::Whole(e) => e.forward(tokens),
-            Embed::Sharded(s) => s.lookup(tokens),
-        }
-    }
-}
-
-impl<B: Compute> LmHead<B> {
-    /// The untied output head of `ckpt` (`None` when tied), sharded when it
-    /// passes the device's largest buffer.
-    pub fn load(
-        ckpt: &Checkpoint,
+    /// On a device whose largest buffer holds the table, a thread's work
+    /// that reads and converts it on the host while the device runs the
+    /// layers ([`LmHead::from_host`] uploads it); `None` elsewhere (the CPU
+    /// backend, a sharded table: [`LmHead::load`]).
+    pub fn read_ahead<'c>(
+        ckpt: &'c Checkpoint,
         dtype: ComputeDtype,
         device: &B::Device,
-    ) -> Result<Option<Self>, ModelError> {
-        let untied = !ckpt.config.tie_word_embeddings && ckpt.entry("lm_head.weight").is_ok();
-        match shard_limit::<B>(ckpt, dtype, device).filter(|_| untied) {
-            Some(limit) => Ok(Some(LmHead::Sharded(load_shards(
-                ckpt,
-                "lm_head.weight",
-                dtype,
-                limit,
-                device,
-            )?))),
-            None if untied && B::is_device() => Ok(Some(LmHead::Rows(device_table(
-                ckpt,
-                "lm_head.weight",
-                dtype,
-                device,
-            )?))),
-            None => Ok(ckpt
-                .load_lm_head(dtype, device)?
-                .map(|l| LmHead::Whole(Box::new(l)))),
+    ) -> Option<impl FnOnce() -> Result<TensorData, ModelError> + Send + 'c> {
+        let name = Self::table(ckpt);
+        let whole = B::is_device() && shard_limit::<B>(ckpt, dtype, device).is_none();
+        whole.then_some(move || read_table(ckpt, name, dtype))
+    }
+
+    /// The table read on the host (`[vocab, hidden]`, in `dtype`), uploaded.
+    pub fn from_host(
+        data: TensorData,
+        dtype: ComputeDtype,
+        device: &B::Device,
+    ) -> Result<Self, ModelError> {
+        let [vocab, hidden] = data.shape[..] else {
+            return Err(ModelError::Checkpoint(format!(
+                "the head's table has shape {:?}, not [vocab, hidden]",
+                data.shape
+            )));
+        };
+        if B::is_device() {
+            crate::exec::transfer::uploaded(data.bytes.len() as u64);
         }
+        let mut e = burn::nn::EmbeddingConfig::new(vocab, hidden).init(device);
+        e.weight =
+            burn::module::Param::from_tensor(Tensor::from_data(data, (device, dtype.burn())));
+        Ok(LmHead::Rows(e))
     }
 }
 
@@ -281,26 +337,13 @@ mod tests {
     }
 
     #[test]
-    fn a_sharded_table_looks_up_and_multiplies_as_one_table() {
+    fn a_sharded_table_multiplies_as_one_table() {
         let t = table(23, 5);
-        let tokens: Vec<i64> = vec![0, 22, 7, 8, 15, 16, 3, 21];
-        let ids =
-            Tensor::<Cpu, 2, Int>::from_data(TensorData::new(tokens, [2, 4]), &Default::default());
-        let whole = t
-            .clone()
-            .select(0, ids.clone().reshape([8]))
-            .reshape([2, 4, 5]);
         let h = table(3, 5);
         let logits = h.clone().matmul(t.clone().transpose());
         for step in [1, 4, 8, 23] {
             let s = sharded(&t, step);
             assert_eq!(s.len(), 23usize.div_ceil(step));
-            let got = s.lookup(ids.clone());
-            assert_eq!(
-                got.into_data(),
-                whole.clone().into_data(),
-                "lookup, {step} rows per shard"
-            );
             let got = s.logits(h.clone());
             assert_eq!(
                 got.into_data(),

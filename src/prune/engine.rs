@@ -31,7 +31,7 @@ use crate::model::llama::DecoderLayer;
 use crate::model::perplexity::token_tensor;
 use crate::model::prefetch;
 use crate::model::save::PrunedWriter;
-use crate::model::vocab::Embed;
+use crate::model::vocab;
 use crate::model::{Checkpoint, ComputeDtype, Llama, Rope};
 use crate::profiler::Profiler;
 use crate::timing::{self, Work};
@@ -168,23 +168,19 @@ fn embed_each<B: Compute>(
     device: &B::Device,
     keep: &mut dyn FnMut(Tensor<B, 3>),
 ) -> Result<(), PruneError> {
-    let mut _held = None;
-    // Streamed, the table is sharded when it passes the device's largest
-    // buffer (`model::vocab`).
-    let embed = match source {
-        // A module's clone shares its tensors.
-        Source::Resident(m) => Embed::Whole(m.model.embed_tokens.clone()),
-        Source::Streamed => {
-            let c = &ckpt.config;
-            let bytes = c.vocab_table_params() * dtype.size();
-            _held = Some(Held::new(Category::Weights, bytes));
-            Embed::<B>::load(ckpt, dtype, device)?
-        }
-    };
+    // Streamed, each batch's rows are read from the checkpoint on the host
+    // and only the hidden states go up (`model::vocab`); the table is
+    // never loaded, but a damaged one is still refused.
+    if let Source::Streamed = source {
+        vocab::check_finite(ckpt, vocab::EMBEDDING)?;
+    }
     for batch in windows.chunks(batch_size.max(1)) {
-        let hidden = embed.forward(token_tensor(batch, device));
-        // This batch's hidden states beside the embedding table (and the
-        // batches kept on the device before it).
+        let hidden = match source {
+            Source::Resident(m) => m.model.embed_tokens.forward(token_tensor(batch, device)),
+            Source::Streamed => vocab::embed_windows::<B>(ckpt, batch, dtype, device)?,
+        };
+        // This batch's hidden states beside the batches kept on the device
+        // before it.
         crate::exec::watch::after_op();
         keep(hidden);
     }
@@ -223,7 +219,8 @@ pub fn prune<B: Compute>(
             device,
             &mut |t| inps.push(t),
         )?;
-        // The embedding table is gone: its buffer goes back.
+        // The embedding's intermediates (a resident lookup's token ids) go
+        // back.
         crate::exec::release_free::<B>(device);
     }
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
@@ -255,25 +252,11 @@ pub fn prune<B: Compute>(
     // On a device, a reader thread reads and converts the next layer while
     // the device computes this one (`model::prefetch`).
     let prefetch = pass.streamed && B::is_device();
-    let dtype = config.dtype;
-    std::thread::scope(|scope| -> Result<(), PruneError> {
-        let read = |i: usize| scope.spawn(move || prefetch::read_layer(ckpt, i, dtype));
-        let mut next = prefetch.then(|| read(0));
-        for i in 0..c.num_layers {
-            let ready = match next.take() {
-                Some(h) => Some(h.join().map_err(|_| {
-                    PruneError::Invalid(format!("reading model.layers.{i} failed"))
-                })??),
-                None => None,
-            };
-            if prefetch && i + 1 < c.num_layers {
-                next = Some(read(i + 1));
-            }
-            let keep = kept.as_deref_mut();
-            let w = writer.as_deref_mut();
-            layers.push(pass.layer(i, &mut source, &mut inps, w, keep, ready)?);
-        }
-        Ok(())
+    prefetch::for_each_layer(ckpt, config.dtype, prefetch, |i, ready| {
+        let keep = kept.as_deref_mut();
+        let w = writer.as_deref_mut();
+        layers.push(pass.layer(i, &mut source, &mut inps, w, keep, ready)?);
+        Ok::<_, PruneError>(())
     })?;
     drop(inps);
     profiler.stage(stages::AFTER_PRUNING);
