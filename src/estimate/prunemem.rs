@@ -132,13 +132,24 @@ fn gemm_packed_lhs(m: u64, k: u64, n: u64) -> u64 {
 }
 
 /// The forward with SparseGPT's Hessian accumulation: three `h²`
-/// accumulators, and the scaled copy of the widest input (`T·i`) that
-/// `Xᵀ X` is formed from.
-fn forward_with_hessians(a: &Arch, tokens: u64) -> u64 {
+/// accumulators, and in one batch the scaled copy of the widest input
+/// (`T·i`) that `Xᵀ X` is formed from; from a second batch on, the down
+/// projection's `i²` Hessian instead, held through the forward. Measured on
+/// sparsegpt-eval-h640-l3 (3 batches, 2026-11-27): the prune phase peaked
+/// at the forward's values beside all four Hessians, 7.8 MiB under the
+/// copy's term, which had been hidden while the evaluation held the
+/// embedding table from its start and set the run's peak.
+fn forward_with_hessians(a: &Arch, tokens: u64, batches: u64) -> u64 {
     let (h, i) = (a.hidden, a.intermediate);
     // Fitted without the up projection's packed operand (sparsegpt-h1024-l2
     // then 262.4 MiB against 262.1 measured; with it, +3.1%).
-    let during = forward_values(a, tokens) + tokens * i * 4 + 3 * h * h * 4;
+    let hessians = 3 * h * h * 4
+        + if batches > 1 {
+            i * i * 4
+        } else {
+            tokens * i * 4
+        };
+    let during = forward_values(a, tokens) + hessians;
     let at_mlp_input = tokens * (10 * h + 24 * i) * 4 / 10 + (i * i + 3 * h * h) * 4;
     during.max(at_mlp_input)
 }
@@ -306,7 +317,9 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
             "activations",
             match m {
                 Method::Magnitude | Method::GradProbe if !sh.calibrated => 0,
-                Method::SparseGpt => forward_with_hessians(a, tokens),
+                Method::SparseGpt => {
+                    forward_with_hessians(a, tokens, sh.nsamples.div_ceil(sh.batch.max(1)))
+                }
                 _ => forward(a, tokens),
             },
         ),

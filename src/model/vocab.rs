@@ -226,19 +226,21 @@ pub fn read_rows(
 /// Every value of the table `name` finite, checked on every core without
 /// converting or keeping anything: a prune that embeds only its windows'
 /// rows still refuses a damaged table, as it did when it loaded it whole.
+/// Each piece's pages are dropped once scanned, so the table is never
+/// resident whole (the CPU estimate's calibration counts no table).
 pub fn check_finite(ckpt: &Checkpoint, name: &str) -> Result<(), ModelError> {
     use rayon::prelude::*;
     let e = ckpt.entry(name)?;
+    let mmap = &ckpt.shards[e.shard].mmap;
     let width = dtype::stored_size(e.dtype).max(1);
     let piece = (1 << 20) * width;
-    let bad = ckpt
-        .bytes(name)?
-        .par_chunks(piece)
-        .enumerate()
-        .find_map_first(|(k, bytes)| {
-            dtype::first_non_finite(bytes, e.dtype).map(|i| k * (piece / width) + i)
-        });
-    ckpt.release(name);
+    let starts: Vec<usize> = (e.start..e.end).step_by(piece).collect();
+    let bad = starts.par_iter().find_map_first(|&a| {
+        let b = (a + piece).min(e.end);
+        let found = dtype::first_non_finite(&mmap[a..b], e.dtype);
+        super::shard::release_range(mmap, a, b);
+        found.map(|i| (a - e.start) / width + i)
+    });
     match bad {
         Some(at) => Err(ModelError::Checkpoint(dtype::non_finite(name, at))),
         None => Ok(()),
