@@ -28,6 +28,9 @@ use crate::events::stages;
 use crate::model::ComputeDtype;
 use crate::prune::Method;
 
+mod eval;
+use eval::eval_phase;
+
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas.
 const RUNTIME_NON_HEAP: u64 = (10 << 20) + DEVICE_BACKENDS_LINKED;
@@ -517,93 +520,6 @@ fn owl_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     )
     .add("compute workspace", COMPUTE_WORKSPACE)
     .add(t_name, t)
-}
-
-/// An evaluation phase: weights (resident, or the layer streamed with the
-/// embeddings and head), the hidden states of every window, rotary tables,
-/// and the largest of a layer's forward, a layer's load and a logits chunk
-/// (streamed, the logits come without a layer).
-fn eval_phase(
-    a: &Arch,
-    w: &Workload,
-    sh: &Shape,
-    name: &str,
-    stages: &[&str],
-    resident: bool,
-    text: u64,
-) -> Phase {
-    let c = w.dtype.size();
-    let eval_batch = w.batch_size.min(w.eval_windows);
-    let embed = a.embedding_params() * c;
-    let head = if a.tied { 0 } else { embed };
-    // The tables held for the whole phase, and the head's table that
-    // arrives after the layers (`embedding_rows`: the embedding reads only
-    // the windows' rows).
-    let (tables, at_head) = match (resident, w.embedding_rows) {
-        (true, _) => (0, 0),
-        (false, false) => (embed + head, 0),
-        (false, true) => (0, embed),
-    };
-    // A chunk's f32 logits twice (the tensor and the host vector
-    // `window_nll` reads it into: 2 × 31.9 MiB measured on SmolLM2, `eval
-    // --seqlen 512`, 2026-11-25), and in a 16-bit dtype the chunk before its
-    // cast.
-    let chunk = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab);
-    let logits = chunk * 8 + if c == 4 { 0 } else { chunk * c };
-    // Streamed, a batch's residual input is one of the hidden states
-    // already counted (the batches go through a layer one after the other,
-    // each output replacing its input); resident, the windows' hidden
-    // states are not held apart.
-    let tokens = eval_batch * w.seqlen;
-    let residual = if resident { 0 } else { tokens * a.hidden * c };
-    let (t_name, t) = [
-        ("activations", forward(a, tokens) - residual),
-        ("load transient", load_transient(a, w)),
-        ("text and tokens", text),
-    ]
-    .into_iter()
-    .max_by_key(|(_, b)| *b)
-    .unwrap_or(("activations", 0));
-    // Streamed, the head's logits run after the last layer is freed
-    // (`model::perplexity::streamed_nll`): the phase peaks either at a
-    // layer (its weights and the largest of its transients) or at the head
-    // (a logits chunk, no layer). Resident, the weights are there for both.
-    let layer = match resident {
-        true => ("weights (resident)", a.params * c),
-        false => ("weights (one layer)", a.layer_params() * c),
-    };
-    let ((weights_name, weights), (t_name, t)) = if resident {
-        (
-            layer,
-            if logits > t {
-                ("logits chunk", logits)
-            } else {
-                (t_name, t)
-            },
-        )
-    } else if at_head + logits > layer.1 + t {
-        (("weights (one layer)", 0), ("logits chunk", logits))
-    } else {
-        (layer, (t_name, t))
-    };
-    let at_head = if t_name == "logits chunk" { at_head } else { 0 };
-    sh.base(Phase::new(name, stages))
-        .add(weights_name, weights)
-        .add("embeddings and head", tables + at_head)
-        .add(
-            "hidden states",
-            if resident {
-                0
-            } else {
-                w.eval_windows * w.seqlen * a.hidden * c
-            },
-        )
-        .add(
-            "rotary tables",
-            rope_tables(a, w, eval_batch, w.eval_windows),
-        )
-        .add("compute workspace", COMPUTE_WORKSPACE)
-        .add(t_name, t)
 }
 
 /// The components of a phase, largest first (for tables).

@@ -1,0 +1,113 @@
+//! The device estimate's own checks on llama-7b: what the pool holds in
+//! each phase.
+
+use super::*;
+use crate::estimate::{Task, estimate, presets};
+use crate::model::ComputeDtype;
+
+fn llama7b(task: Task) -> (Arch, Workload) {
+    let a = presets::load("llama-7b").unwrap();
+    let mut w = Workload::new(task);
+    (w.device, w.dtype, w.nsamples, w.seqlen, w.batch_size) =
+        (Device::Wgpu, ComputeDtype::F16, 128, 2048, 8);
+    (a, w)
+}
+
+fn component(e: &crate::estimate::Estimate, phase: &str, name: &str) -> u64 {
+    let p = e.phases.iter().find(|p| p.name == phase).unwrap();
+    p.components
+        .iter()
+        .filter(|c| c.name == name || c.name.starts_with(&format!("{name} (")))
+        .map(|c| c.bytes)
+        .sum()
+}
+
+#[test]
+fn the_pool_holds_the_calibration_set_one_layer_and_its_statistics() {
+    let (a, w) = llama7b(Task::SparseGpt);
+    let e = estimate(&a, &w).unwrap();
+    // 128 × 2048 × 4096 f16 hidden states: 2 GiB.
+    assert_eq!(component(&e, "prune", "calibration buffers"), 2 << 30);
+    assert_eq!(component(&e, "prune", "weights"), a.layer_params() * 2);
+    // Four Hessians (q/k/v and gate/up share theirs), f32.
+    let (h, i) = (4096u64, 11008u64);
+    assert_eq!(
+        component(&e, "prune", "statistics"),
+        (3 * h * h + i * i) * 4
+    );
+    // The windows' rows go up, never the table; it did before
+    // `embedding_rows`.
+    assert_eq!(component(&e, "calibration", "embeddings"), 0);
+    let mut old = w.clone();
+    old.embedding_rows = false;
+    let e_old = estimate(&a, &old).unwrap();
+    assert_eq!(
+        component(&e_old, "calibration", "embeddings"),
+        a.embedding_params() * 2
+    );
+    assert!(e.notes.iter().all(|n| !n.contains("CUDA")), "{:?}", e.notes);
+}
+
+#[test]
+fn offloaded_activations_leave_one_batch_on_the_device() {
+    let (a, mut w) = llama7b(Task::Wanda);
+    let resident = estimate(&a, &w).unwrap();
+    w.offload_activations = true;
+    let offloaded = estimate(&a, &w).unwrap();
+    assert_eq!(
+        component(&offloaded, "prune", "calibration buffers"),
+        (2 << 30) / 16
+    );
+    let prune = |e: &crate::estimate::Estimate| {
+        e.phases.iter().find(|p| p.name == "prune").unwrap().total()
+    };
+    // And the batch, held by nothing else, takes the residual stream in
+    // place: one batch's hidden states less in the forward.
+    let saved = prune(&resident) - prune(&offloaded);
+    let batch = 8 * 2048 * 4096 * 2;
+    assert_eq!(saved, (2 << 30) - (2 << 30) / 16 + batch);
+}
+
+#[test]
+fn cuda_is_the_same_pool_with_its_context_noted_not_added() {
+    let (a, mut w) = llama7b(Task::Wanda);
+    let wgpu = estimate(&a, &w).unwrap();
+    w.device = Device::Cuda;
+    let cuda = estimate(&a, &w).unwrap();
+    assert_eq!(wgpu.peak(), cuda.peak());
+    assert!(
+        cuda.notes.iter().any(|n| n.contains("CUDA context")),
+        "{:?}",
+        cuda.notes
+    );
+}
+
+#[test]
+fn wgpu_estimates_prunemem_pruning_and_evaluation_only() {
+    // An evaluation: the embedding table and its windows on the device.
+    let (a, mut w) = llama7b(Task::Inference);
+    w.eval_windows = 8;
+    let e = estimate(&a, &w).unwrap();
+    let names: Vec<_> = e.phases.iter().map(|p| p.name.as_str()).collect();
+    assert_eq!(names, ["load", "eval"]);
+    // The phase peaks at a layer's forward, and the head's table is
+    // uploaded after the layers; before `embedding_rows` the embedding
+    // (and an untied head) were there from the start.
+    let table = a.embedding_params() * 2;
+    assert!(component(&e, "eval", "activations") > 0);
+    assert_eq!(component(&e, "eval", "logits chunk"), 0);
+    assert_eq!(component(&e, "eval", "embeddings and head"), 0);
+    let mut old = w.clone();
+    old.embedding_rows = false;
+    let tables = if a.tied { 1 } else { 2 };
+    assert_eq!(
+        component(&estimate(&a, &old).unwrap(), "eval", "embeddings and head"),
+        tables * table
+    );
+    // Training and the reference scripts are not estimated on wgpu.
+    w.task = Task::Train;
+    assert!(estimate(&a, &w).is_err());
+    w.task = Task::Wanda;
+    w.engine = crate::estimate::Engine::Reference;
+    assert!(estimate(&a, &w).is_err());
+}
