@@ -255,10 +255,8 @@ pub struct Workload {
     /// On a device: the RMS norm in one kernel (`Compute::rms_norm`), with
     /// no f32 copy of the batch and no squares stored.
     pub rms_norm_kernel: bool,
-    /// Streamed, the embedding reads only the windows' rows on the host
-    /// (`model::vocab::embed_windows`) and the head's table arrives after
-    /// the layers; before it, the table was held from the first layer on
-    /// (logs without the plan's `embedding: rows`).
+    /// Streamed, only the windows' rows are embedded, on the host, and the
+    /// head's table arrives after the layers (plan: `embedding: rows`).
     pub embedding_rows: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.

@@ -170,10 +170,7 @@ fn embed_each<B: Compute>(
 ) -> Result<(), PruneError> {
     // Streamed, each batch's rows are read from the checkpoint on the host
     // and only the hidden states go up (`model::vocab`); the table is
-    // never loaded, but a damaged one is still refused.
-    if let Source::Streamed = source {
-        vocab::check_finite(ckpt, vocab::EMBEDDING)?;
-    }
+    // never loaded (`prune` checks it once).
     for batch in windows.chunks(batch_size.max(1)) {
         let hidden = match source {
             Source::Resident(m) => m.model.embed_tokens.forward(token_tensor(batch, device)),
@@ -209,6 +206,11 @@ pub fn prune<B: Compute>(
     let nsamples = crate::exec::dist::global_count(calibration.len());
     let mut inps = Activations::empty(config.offload_activations, device);
     if kind.is_some() {
+        // A damaged table is refused, as when it was loaded whole; OWL's
+        // pass before this read only its windows' rows, checked as read.
+        if let Source::Streamed = source {
+            vocab::check_finite(ckpt, vocab::EMBEDDING)?;
+        }
         let _tag = tag::tag(Category::Activations);
         embed_each(
             ckpt,
