@@ -245,8 +245,7 @@ pub struct Workload {
     /// On a device: the MLP's `silu(gate) · up` in one kernel
     /// (`exec::kernels`), with no f32 copy of the gate.
     pub swiglu_kernel: bool,
-    /// The SwiGLU's kernel writes over the gate's buffer (two
-    /// `tokens × intermediate` pages at the MLP, not three).
+    /// The SwiGLU writes over the gate (two `T × i` pages at the MLP, not 3).
     pub swiglu_in_place: bool,
     /// On a device: Wanda's column norms summed straight from the
     /// activations (`Compute::column_square_sums`), with no f32 copy of the
