@@ -697,6 +697,7 @@ fn wide_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)
 
 /// The device path keeps the weights where they are (issue 42): pruning a
 /// layer with magnitude, Wanda or RIA reads back counts and flags only,
+/// SparseGPT adds its factorisation's diagonal blocks (and is estimated),
 /// an evaluation window reads back one loss, no scratch checkpoint is
 /// written, the pool reserves no more than 1.25× its bytes in use plus the
 /// largest buffer (at every stage and over the run), and kernel launches
@@ -705,7 +706,12 @@ fn wide_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)
 fn a_device_prune_moves_no_weights_across_the_bus() {
     let (dir, model, text) = wide_fixture();
     let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
-    for (method, cap) in [("wanda", None), ("magnitude", None), ("ria", Some("1GiB"))] {
+    for (method, cap) in [
+        ("wanda", None),
+        ("magnitude", None),
+        ("ria", Some("1GiB")),
+        ("sparsegpt", None),
+    ] {
         let logs = dir.path().join(format!("logs-{method}"));
         let mut extra = vec![
             "--eval-text",
@@ -729,8 +735,18 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
         let t = &json["transfers"];
         let layers = config.num_layers as u64;
         let per_layer = t["prune"]["device_to_host_bytes"].as_u64().unwrap_or(0) / layers;
+        // SparseGPT factors each input's Hessian where it is
+        // (`prune::factor_device`): its diagonal and its diagonal blocks
+        // come back, never the `in × in` Hessian.
+        let factor = match method {
+            "sparsegpt" => {
+                let (h, i) = (config.hidden_size, config.intermediate_size);
+                [h, h, h, i].iter().map(|n| (n * n.min(&128) + n) * 4).sum()
+            }
+            _ => 0,
+        } as u64;
         assert!(
-            per_layer <= 64 << 10,
+            per_layer <= (64 << 10) + factor,
             "{method}: {per_layer} bytes back per layer: {t}"
         );
         // The calibration's embedding uploads the windows' hidden states
@@ -781,6 +797,11 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
             prunemem::model::perplexity::device_chunk_rows(config.vocab_size).min(31)
                 * config.vocab_size
                 * 4,
+            // SparseGPT's factorisation: the widest input's `in × in` product.
+            match method {
+                "sparsegpt" => config.intermediate_size.pow(2) * 4,
+                _ => 0,
+            },
         ]
         .into_iter()
         .max()
@@ -811,6 +832,19 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
             reserved_peak as f64 <= 1.25 * top_used as f64 + largest as f64,
             "{method}: reserved peak {reserved_peak} for an in-use peak of {top_used}"
         );
+        if method == "sparsegpt" {
+            // The factorisation on the device is in the estimate: the
+            // pool's peak in use and reserved within 5%.
+            let (code, stdout, stderr) =
+                run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
+            assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+            let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            for p in [&cmp["peak"], &cmp["reserved"]] {
+                println!("{method}: {p}");
+                let error = p["error_percent"].as_f64().expect("measured");
+                assert!(error.abs() <= 5.0, "{method}: {p}");
+            }
+        }
     }
 }
 
@@ -1146,8 +1180,9 @@ fn prunemem_report(logs: &Path, out: &Path) -> String {
 
 /// SparseGPT's sweep as the device runs it (`exec::kernels`' one launch
 /// per block on wgpu) against the host's `fasterprune`, over three blocks,
-/// unstructured and 2:4, with ties: the same weights to rounding, the same
-/// zeros.
+/// unstructured and 2:4, with ties, its `Hinv` factored on the host and on
+/// the device (`prune::factor_device`): the same weights to rounding, the
+/// same zeros.
 struct SweepAgainstHost;
 
 impl OnDevice for SweepAgainstHost {
@@ -1179,23 +1214,34 @@ impl OnDevice for SweepAgainstHost {
                 }
             }
             let wt = Tensor::<B, 2>::from_data(TensorData::new(t, [cols, rows]), device);
-            let hinv =
-                prunemem::prune::sparsegpt_device::Factored::of(h.clone(), cols, 0.01).unwrap();
-            let dev = prunemem::prune::sparsegpt_device::prune(wt, &hinv, options);
-            let got: Vec<f32> = dev.weight.transpose().into_data().iter::<f32>().collect();
-            let differ = host
-                .weight
-                .iter()
-                .zip(&got)
-                .filter(|(a, b)| (**a == 0.0) != (**b == 0.0))
-                .count();
-            let worst = host
-                .weight
-                .iter()
-                .zip(&got)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            out.push((format!("{pattern:?}"), differ, dev.zeros as usize, worst));
+            use prunemem::prune::sparsegpt_device::Factored;
+            // Factored on the host and uploaded (a distributed run), and
+            // factored on the device (`prune::factor_device`).
+            let on_host = Factored::<B>::of(h.clone(), cols, 0.01, 128, device).unwrap();
+            let hd = Tensor::<B, 2>::from_data(TensorData::new(h.clone(), [cols, cols]), device);
+            let on_device = Factored::<B>::on_device(hd, 0.01, 128).unwrap();
+            for (factored, name) in [(on_host, "host"), (on_device, "device")] {
+                let dev = prunemem::prune::sparsegpt_device::prune(wt.clone(), &factored, options);
+                let got: Vec<f32> = dev.weight.transpose().into_data().iter::<f32>().collect();
+                let differ = host
+                    .weight
+                    .iter()
+                    .zip(&got)
+                    .filter(|(a, b)| (**a == 0.0) != (**b == 0.0))
+                    .count();
+                let worst = host
+                    .weight
+                    .iter()
+                    .zip(&got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                out.push((
+                    format!("{pattern:?}, Hinv factored on the {name}"),
+                    differ,
+                    dev.zeros as usize,
+                    worst,
+                ));
+            }
         }
         out
     }

@@ -10,6 +10,9 @@
 #
 #   BIN=path/to/prunemem KIT=dir WANDA_REPO=path scripts/bench/cuda.sh OUTDIR
 #
+# FACTOR_BIN (optional): examples/factor_rate built with --features cuda,
+# run first on FACTOR_SIZES (default 4096 8192 14336).
+#
 # KIT holds tokenizer.json, tokenizer_config.json (SmolLM2's) and
 # wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
@@ -119,6 +122,16 @@ reference_run() {
   return $rc
 }
 
+# SparseGPT's factorisation alone (`examples/factor_rate.rs`, built with
+# --features cuda and carried like BIN): host and device seconds per input
+# width, and whether Burn's f32 matmul rounds to TF32 on this card.
+factor_rate() {
+  "$FACTOR_BIN" cuda ${FACTOR_SIZES:-4096 8192 14336} >"$out/factor-rate.txt" 2>&1
+  local rc=$?
+  cat "$out/factor-rate.txt"
+  return $rc
+}
+
 if [ -n "$doing" ]; then
   shift
   "$@"
@@ -126,7 +139,8 @@ if [ -n "$doing" ]; then
 fi
 common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
         --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
-export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO
+export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-}
+[ -n "${FACTOR_BIN:-}" ] && step factor-rate factor_rate
 for shape in $SHAPES; do
   model=$out/models/$shape
   step "make-$shape" make_model "$shape" "$model" || continue

@@ -126,6 +126,7 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.norms_kernel = kernel("norms");
     w.rms_norm_kernel = kernel("rms_norm");
     w.embedding_rows = setting("embedding") == Some("rows");
+    w.factor_on_device = setting("factor") == Some("device");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

@@ -197,8 +197,7 @@ pub struct Workload {
     pub engine: Engine,
     pub device: Device,
     pub dtype: ComputeDtype,
-    /// Bytes per element of the weights as stored on disk (prunemem reads
-    /// them into `dtype`).
+    /// Bytes per element of the weights as stored (read into `dtype`).
     pub stored_bytes: u64,
     pub nsamples: u64,
     pub seqlen: u64,
@@ -226,15 +225,13 @@ pub struct Workload {
     pub checkpointing: bool,
     /// Training: parameters that get gradients (`None`: all).
     pub trainable_params: Option<u64>,
-    /// Training: the lowest decoder layer that is trained (frozen layers
-    /// below it save no activations).
+    /// Training: the lowest trained layer (frozen ones save no activations).
     pub first_trainable_layer: u64,
     /// Pruning: OWL's outlier pass first (`--owl`).
     pub owl: bool,
     /// Pruning: DSnoT's refinement (`--dsnot`).
     pub dsnot: bool,
-    /// Pruning on a device: calibration activations kept in host memory
-    /// between layers (`--offload-activations`).
+    /// On a device: calibration activations on the host (`--offload-activations`).
     pub offload_activations: bool,
     /// Pruning on a device: the pruned layers wait on the device for the
     /// evaluation (`pruned_layers_kept: device`) instead of streaming.
@@ -257,6 +254,8 @@ pub struct Workload {
     /// Streamed, only the windows' rows are embedded, on the host, and the
     /// head's table arrives after the layers (plan: `embedding: rows`).
     pub embedding_rows: bool,
+    /// SparseGPT's `Hinv` factored on the device (plan: `factor: device`).
+    pub factor_on_device: bool,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -298,6 +297,7 @@ impl Workload {
             norms_kernel: false,
             rms_norm_kernel: false,
             embedding_rows: true,
+            factor_on_device: true,
             compressed: None,
         }
     }

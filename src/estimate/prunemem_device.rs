@@ -121,24 +121,41 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64, batches: u64) -> (
     }
 }
 
-/// SparseGPT's sweep on the device (`prune::sparsegpt_device`) at its
-/// widest: for each linear input in turn, the Hessians not yet finished
-/// (the others came back to the host), the input's `Hinv`, the f32 working
-/// copy of its widest linear beside the lazy update's product of the same
-/// size, the block's rows of `Hinv` (128 × inputs) and its errors (128 ×
-/// outputs).
-fn sweep_moment(a: &Arch) -> u64 {
+/// SparseGPT on the device at its widest, in use and reserved: for each
+/// linear input in turn, the Hessians not yet finished, then the larger of
+/// - its factorisation (`prune::factor_device`): the Hessian beside an `in
+///   × in` product (the block's update), a block column (`in × 128`) and
+///   its diagonal block; the pool keeps the block column's panel, the
+///   diagonal block's copy and a row mask freed beside them, for the next
+///   block (before the plan's `factor: device`, the host factored it);
+/// - its sweep (`prune::sparsegpt_device`): `Hinv`, the f32 working copy
+///   of its widest linear beside the lazy update's product of the same
+///   size, the block's rows of `Hinv` (128 × inputs) and its errors (128 ×
+///   outputs).
+fn sparsegpt_moment(a: &Arch, w: &Workload) -> (u64, u64) {
     let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
     // (inputs, widest output) of q/k/v, o, gate/up, down, in sweep order.
     let inputs = [(h, q), (q, h), (h, i), (i, h)];
-    (0..inputs.len())
-        .map(|k| {
-            let remaining: u64 = inputs[k + 1..].iter().map(|(n, _)| n * n * 4).sum();
-            let (n, o) = inputs[k];
-            remaining + n * n * 4 + 2 * n * o * 4 + 128 * (n + o) * 4
-        })
-        .max()
-        .unwrap_or(0)
+    let each = |k: usize| {
+        let remaining: u64 = inputs[k + 1..].iter().map(|(n, _)| n * n * 4).sum();
+        let (n, o) = inputs[k];
+        let b = n.min(128);
+        // Logs without the plan's `factor: device` factored on the host.
+        let (factor, freed) = match w.factor_on_device {
+            true => (2 * n * n * 4 + n * b * 4 + b * b * 4, n * b * 4 + b * b * 4 + n * 4),
+            false => (0, 0),
+        };
+        let sweep = n * n * 4 + 2 * n * o * 4 + 128 * (n + o) * 4;
+        (
+            remaining + factor.max(sweep),
+            remaining + (factor + freed).max(sweep),
+        )
+    };
+    let all: Vec<(u64, u64)> = (0..inputs.len()).map(each).collect();
+    (
+        all.iter().map(|m| m.0).max().unwrap_or(0),
+        all.iter().map(|m| m.1).max().unwrap_or(0),
+    )
 }
 
 /// What a CUDA estimate of the device pool leaves out, and what checked it.
@@ -338,8 +355,8 @@ fn prune_phase(
             ("selection: f32 metric (mask)", a.largest_linear() * 4)
         }
         (Method::SparseGpt, false) if calibrated => (
-            "SparseGPT sweep: f32 weight and Hinv (statistics)",
-            sweep_moment(a).saturating_sub(stats),
+            "SparseGPT: factorisation or sweep (statistics)",
+            sparsegpt_moment(a, w).0.saturating_sub(stats),
         ),
         _ => ("pruned weight (upload)", a.largest_linear() * s.c),
     };
@@ -355,7 +372,16 @@ fn prune_phase(
         true => rope(a, w, batch, n),
         false => rope(a, w, 0, 0),
     };
-    let reserved = prune_reserve(a, w, m, n, weights.1 + acts + rope + stats, t);
+    // What the pool keeps freed beside SparseGPT's factorisation.
+    let kept = match (m, w.dsnot) {
+        (Method::SparseGpt, false) if calibrated => {
+            let (in_use, reserved) = sparsegpt_moment(a, w);
+            reserved - in_use
+        }
+        _ => 0,
+    };
+    let held = weights.1 + acts + rope + stats;
+    let reserved = prune_reserve(a, w, m, n, held, t).max(held + moment.1 + kept);
     Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
         .add(weights.0, weights.1)
         .add(

@@ -184,6 +184,17 @@ pub trait Compute: Backend {
         Err(x)
     }
 
+    /// `a · b` (`[m, k] · [k, n]`) with every f32 bit kept. Burn's matmul
+    /// on CUDA takes cubek's tensor-core kernel, which rounds f32 inputs to
+    /// TF32 (10 bits of mantissa, not 23) on cards that have it; PyTorch's
+    /// default matmul does not. SparseGPT's factorisation and its updates
+    /// are f32 arithmetic in the reference, so they come here: the cube
+    /// backends run cubek's unit (non-tensor-core) kernel, the others
+    /// Burn's matmul.
+    fn matmul_f32(a: Tensor<Self, 2>, b: Tensor<Self, 2>) -> Tensor<Self, 2> {
+        a.matmul(b)
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

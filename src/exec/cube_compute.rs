@@ -77,6 +77,37 @@ macro_rules! cube_linear {
     }};
 }
 
+/// [`super::Compute::matmul_f32`] on a cube backend: cubek's unit matmul
+/// (`simple_unit`, what Burn's own matmul falls back to on devices without
+/// tensor cores, lavapipe's included), so no input is rounded to TF32.
+/// Burn's matmul where the inputs are not f32 or the kernel declines.
+macro_rules! cube_matmul_f32 {
+    ($a:expr, $b:expr) => {{
+        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        let (a, b) = ($a, $b);
+        let ([m, _], [_, n]) = (a.dims(), b.dims());
+        if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
+            return a.matmul(b);
+        }
+        let out = Tensor::<Self, 2>::empty([m, n], (&a.device(), DType::F32));
+        let ap = a.clone().into_primitive().tensor();
+        let bp = b.clone().into_primitive().tensor();
+        let op = out.into_primitive().tensor();
+        let unit = cubek::matmul::launch::Strategy::SimpleUnit(Default::default());
+        let launched = crate::exec::matmul::launch(
+            &unit,
+            &op.client,
+            (ap.binding(), DType::F32.into()),
+            (bp.binding(), DType::F32.into()),
+            (op.clone().binding(), DType::F32.into()),
+        );
+        match launched {
+            Ok(()) => Tensor::from_primitive(TensorPrimitive::Float(op)),
+            Err(_) => a.matmul(b),
+        }
+    }};
+}
+
 /// The largest allocation cubecl's pool takes on `device` (wgpu: the
 /// adapter's storage-binding limit; CUDA: a quarter of the card).
 fn cube_max_buffer<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<u64> {
@@ -430,6 +461,13 @@ macro_rules! cube_compute {
 
             fn max_buffer(device: &Self::Device) -> Option<u64> {
                 cube_max_buffer::<$runtime>(device)
+            }
+
+            fn matmul_f32(
+                a: burn::tensor::Tensor<Self, 2>,
+                b: burn::tensor::Tensor<Self, 2>,
+            ) -> burn::tensor::Tensor<Self, 2> {
+                cube_matmul_f32!(a, b)
             }
 
             fn linear(

@@ -12,7 +12,8 @@ use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mas
 use super::on_device;
 use super::reallocation::reallocated_nm_mask;
 use super::sparsegpt::{SparseGptOptions, fasterprune};
-use super::stats::{LayerStats, Stat};
+use super::sparsegpt_device::Factored;
+use super::stats::{Hessian, LayerStats, Stat};
 use super::{LayerMethod, Pattern, PruneError};
 use crate::memory::tag::{self, Category, tagged};
 use crate::model::llama::{DecoderLayer, LinearInput};
@@ -70,18 +71,16 @@ pub(super) fn prune_linears<B: Compute>(
             }
             continue;
         }
-        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
         if B::is_device() && config.method == LayerMethod::SparseGpt && config.dsnot.is_none() {
             // One factorisation per input: q/k/v and gate/up share theirs.
             let first = format!("model.layers.{}.{}.weight", t.index, input.linears()[0]);
-            let h = stat.and_then(|s| s.hessian).ok_or_else(|| {
-                PruneError::Invalid(format!("{first}: no statistics were collected"))
-            })?;
             let hinv = {
                 let _stats = tag::tag(Category::Statistics);
                 let _sweep = timing::work(Work::Sweep);
-                let cols = (h.len() as f64).sqrt() as usize;
-                super::sparsegpt_device::Factored::of(h, cols, config.percdamp)
+                factored(stats.as_mut(), input, nsamples, config, t.device)
+                    .ok_or_else(|| {
+                        PruneError::Invalid(format!("{first}: no statistics were collected"))
+                    })?
                     .map_err(|e| not_positive_definite(&first, e))?
             };
             for name in input.linears() {
@@ -94,6 +93,7 @@ pub(super) fn prune_linears<B: Compute>(
             }
             continue;
         }
+        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
         for name in input.linears() {
             let full = format!("model.layers.{}.{name}.weight", t.index);
             let w = writer.as_deref_mut();
@@ -111,6 +111,24 @@ pub(super) fn prune_linears<B: Compute>(
         }
     }
     Ok(linears)
+}
+
+/// `input`'s `Hinv` for SparseGPT's device sweep, factored where its
+/// Hessian was summed (`None`: no Hessian was collected).
+fn factored<B: Compute>(
+    stats: Option<&mut LayerStats<B>>,
+    input: LinearInput,
+    nsamples: usize,
+    config: &PruneConfig,
+    device: &B::Device,
+) -> Option<Result<Factored<B>, super::linalg::NotPositiveDefinite>> {
+    Some(match stats?.finish_hessian(input, nsamples)? {
+        Hessian::Device(h) => Factored::on_device(h, config.percdamp, config.blocksize),
+        Hessian::Host(h) => {
+            let cols = (h.len() as f64).sqrt() as usize;
+            Factored::of(h, cols, config.percdamp, config.blocksize, device)
+        }
+    })
 }
 
 /// The weight of a linear as host f32 in PyTorch orientation `[out, in]`.
@@ -295,7 +313,7 @@ fn sparsegpt_on_device<B: Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
     full_name: &str,
-    hinv: &super::sparsegpt_device::Factored,
+    hinv: &Factored<B>,
     config: &PruneConfig,
     writer: Option<&mut PrunedWriter>,
     ckpt: &Checkpoint,

@@ -6,6 +6,7 @@ pub mod activations;
 pub mod config;
 pub mod dsnot;
 pub mod engine;
+pub mod factor_device;
 pub mod gradprobe;
 pub mod linalg;
 pub mod linear;

@@ -1,8 +1,9 @@
 //! SparseGPT's sweep on the device: the same blocked Optimal Brain Surgeon
 //! update as [`super::sparsegpt::fasterprune`], with the weight kept where
-//! it is. The factorisation stays on the host (the Hessian comes back once
-//! per linear input, `Hinv` goes up once: in² · 4 bytes each way), as the
-//! issue allows; everything weight-sized is a device op:
+//! it is. `Hinv` is factored where the Hessian is
+//! ([`super::factor_device`]: only its diagonal blocks cross the bus); a
+//! distributed run's Hessian, summed on the host, is factored there and
+//! goes up once per linear input. Everything weight-sized is a device op:
 //!
 //! - per block of 128 inputs, the unstructured mask is one threshold over
 //!   the block's `W1² / diag(Hinv1)²` ([`super::on_device`]'s bisection);
@@ -11,7 +12,7 @@
 //! - per input, the OBS step `W1[i:] -= Hinv1[i, i:]ᵀ ⊗ err` is one outer
 //!   product;
 //! - after a block, the lazy update `W[i2:] -= Hinv[i1:i2, i2:]ᵀ · Err1` is
-//!   one matrix product.
+//!   one matrix product, in exact f32 ([`Compute::matmul_f32`]).
 //!
 //! Both products run over every row of their block or matrix: `Hinv` is
 //! upper triangular, so rows already swept take zeros (and are overwritten
@@ -41,40 +42,104 @@ pub struct DevicePruned<B: Compute> {
 }
 
 /// An input's `Hinv` (the upper Cholesky factor of the dampened inverse
-/// Hessian, `in × in`) and its dead inputs, factored once on the host for
-/// every linear that reads the input.
-pub struct Factored {
-    hinv: Vec<f32>,
+/// Hessian, `in × in`, on the device), its diagonal blocks of the sweep's
+/// block size on the host, and its dead inputs: factored once for every
+/// linear that reads the input.
+pub struct Factored<B: Compute> {
+    hinv: Tensor<B, 2>,
+    blocks: Vec<Vec<f32>>,
+    block: usize,
     dead: Vec<bool>,
     cols: usize,
 }
 
-impl Factored {
-    /// Factors the Hessian `h` (`cols × cols`, consumed).
-    pub fn of(h: Vec<f32>, cols: usize, percdamp: f64) -> Result<Self, NotPositiveDefinite> {
+impl<B: Compute> Factored<B> {
+    /// Factors the host Hessian `h` (`cols × cols`, consumed) on the host
+    /// and uploads `Hinv` (a distributed run's, summed across ranks).
+    pub fn of(
+        h: Vec<f32>,
+        cols: usize,
+        percdamp: f64,
+        block: usize,
+        device: &B::Device,
+    ) -> Result<Self, NotPositiveDefinite> {
         let (hinv, dead) = dampened_hinv(h, cols, percdamp)?;
-        Ok(Self { hinv, dead, cols })
+        let block = block.clamp(1, cols.max(1));
+        let blocks = (0..cols)
+            .step_by(block)
+            .map(|i1| {
+                let i2 = (i1 + block).min(cols);
+                (i1..i2)
+                    .flat_map(|r| hinv[r * cols + i1..r * cols + i2].iter().copied())
+                    .collect()
+            })
+            .collect();
+        if B::is_device() {
+            crate::exec::transfer::uploaded(hinv.len() as u64 * 4);
+        }
+        let hinv = Tensor::from_data(TensorData::new(hinv, [cols, cols]), device);
+        Ok(Self {
+            hinv,
+            blocks,
+            block,
+            dead,
+            cols,
+        })
+    }
+
+    /// Factors the Hessian `h` (`[cols, cols]`, f32, consumed) where it is
+    /// ([`super::factor_device`]), in blocks of the sweep's size.
+    pub fn on_device(
+        h: Tensor<B, 2>,
+        percdamp: f64,
+        block: usize,
+    ) -> Result<Self, NotPositiveDefinite> {
+        let cols = h.dims()[0];
+        let block = block.clamp(1, cols.max(1));
+        let f = super::factor_device::factor(h, percdamp, block)?;
+        Ok(Self {
+            hinv: f.hinv,
+            blocks: f.blocks,
+            block,
+            dead: f.dead,
+            cols,
+        })
+    }
+
+    /// `Hinv`'s diagonal, from its diagonal blocks.
+    fn diagonal(&self) -> Vec<f32> {
+        (0..self.cols)
+            .map(|j| {
+                let (k, r) = (j / self.block, j % self.block);
+                let c = (self.cols - k * self.block).min(self.block);
+                self.blocks[k][r * c + r]
+            })
+            .collect()
     }
 }
 
-/// SparseGPT on `w` (`[in, out]` on the device) with its input's `hinv`.
+/// SparseGPT on `w` (`[in, out]` on the device) with its input's `Hinv`
+/// (factored at `options.blocksize`).
 pub fn prune<B: Compute>(
     w: Tensor<B, 2>,
-    factored: &Factored,
+    factored: &Factored<B>,
     options: SparseGptOptions,
 ) -> DevicePruned<B> {
     let [cols, out] = w.dims();
     assert_eq!(cols, factored.cols, "Hinv of another input");
+    assert_eq!(
+        factored.block,
+        options.blocksize.clamp(1, cols.max(1)),
+        "Hinv factored at another block size"
+    );
     let dtype = w.dtype();
     let device = w.device();
-    let (host_hinv, dead) = (&factored.hinv, factored.dead.clone());
-    let diag: Vec<f32> = (0..cols).map(|j| host_hinv[j * cols + j]).collect();
-    crate::exec::transfer::uploaded((host_hinv.len() + diag.len()) as u64 * 4);
-    let hinv = Tensor::<B, 2>::from_data(TensorData::new(host_hinv.clone(), [cols, cols]), &device);
-    let blocks = Blocks {
-        hinv: host_hinv,
-        cols,
-    };
+    let dead = factored.dead.clone();
+    let diag = factored.diagonal();
+    if B::is_device() {
+        crate::exec::transfer::uploaded(diag.len() as u64 * 4);
+    }
+    let hinv = factored.hinv.clone();
     let diag = Tensor::<B, 2>::from_data(TensorData::new(diag, [cols, 1]), &device);
     // A working copy in f32 that nothing else holds (the kernel sweeps it
     // in place).
@@ -93,7 +158,7 @@ pub fn prune<B: Compute>(
     let mut i1 = 0;
     while i1 < cols {
         let i2 = (i1 + options.blocksize.max(1)).min(cols);
-        let hinv1 = blocks.upload::<B>(i1, i2, &device);
+        let hinv1 = upload_block::<B>(&factored.blocks[i1 / factored.block], i2 - i1, &device);
         let diag1 = diag.clone().slice([i1..i2, 0..1]);
         let err1;
         (wf, err1) = sweep(wf, i1, &hinv1, diag1, options);
@@ -117,7 +182,7 @@ pub fn prune<B: Compute>(
                     .expand([i2 - i1, cols]),
                 0.0,
             );
-            let update = h.transpose().matmul(err1);
+            let update = B::matmul_f32(h.transpose(), err1);
             if i1 == 0 {
                 // The sweep at its widest: the working copy beside the
                 // update's product (every block's is the same size).
@@ -138,6 +203,10 @@ pub fn prune<B: Compute>(
     crate::exec::transfer::read_back(
         zeros.bytes.len() as u64 + error.as_ref().map_or(0, |e| e.bytes.len() as u64),
     );
+    // The sweep's last products and the zero count's flags are freed: they
+    // go back before the caller holds the pruned weight beside the one it
+    // replaces (the pool would keep them reserved, `exec::cube`).
+    crate::exec::release_free::<B>(&device);
     DevicePruned {
         weight,
         zeros: zeros.iter::<i64>().next().unwrap_or(0).max(0) as u64,
@@ -145,24 +214,13 @@ pub fn prune<B: Compute>(
     }
 }
 
-/// The diagonal blocks of `Hinv` as the host has them, each uploaded
-/// contiguous when its block comes (the kernel reads it whole).
-struct Blocks<'a> {
-    hinv: &'a [f32],
-    cols: usize,
-}
-
-impl Blocks<'_> {
-    /// `Hinv[i1:i2, i1:i2]` on the device.
-    fn upload<B: Compute>(&self, i1: usize, i2: usize, device: &B::Device) -> Tensor<B, 2> {
-        let count = i2 - i1;
-        let mut block = Vec::with_capacity(count * count);
-        for r in i1..i2 {
-            block.extend_from_slice(&self.hinv[r * self.cols + i1..r * self.cols + i2]);
-        }
+/// `Hinv[i1:i2, i1:i2]` (`count × count`, from the host's copy) on the
+/// device, contiguous: the sweep's kernel reads it whole.
+fn upload_block<B: Compute>(block: &[f32], count: usize, device: &B::Device) -> Tensor<B, 2> {
+    if B::is_device() {
         crate::exec::transfer::uploaded(block.len() as u64 * 4);
-        Tensor::from_data(TensorData::new(block, [count, count]), device)
     }
+    Tensor::from_data(TensorData::new(block.to_vec(), [count, count]), device)
 }
 
 /// Rows `row0 .. row0 + count` of `wf` swept with the block's `hinv1` and
@@ -278,34 +336,40 @@ mod tests {
                 &Default::default(),
             )
             .transpose();
-            let dev = prune(wt, &Factored::of(h.clone(), cols, 0.01).unwrap(), options);
-            let got: Vec<f32> = dev.weight.transpose().into_data().iter::<f32>().collect();
-            let zeros = host.weight.iter().filter(|v| **v == 0.0).count() as u64;
-            assert_eq!(dev.zeros, got.iter().filter(|v| **v == 0.0).count() as u64);
-            let masks_differ = host
-                .weight
-                .iter()
-                .zip(&got)
-                .filter(|(a, b)| (**a == 0.0) != (**b == 0.0))
-                .count();
-            let worst = host
-                .weight
-                .iter()
-                .zip(&got)
-                .map(|(a, b)| (a - b).abs())
-                .fold(0f32, f32::max);
-            assert!(
-                masks_differ <= rows * cols / 500,
-                "{pattern:?}: {masks_differ} positions differ"
-            );
-            assert!(worst < 1e-3, "{pattern:?}: weights differ by {worst}");
-            assert!(dev.zeros.abs_diff(zeros) <= (rows * cols / 500) as u64);
-            assert!(
-                (dev.error - host.error).abs() <= 1e-3 * host.error.abs().max(1.0),
-                "{} vs {}",
-                dev.error,
-                host.error
-            );
+            let device = Default::default();
+            let on_host = Factored::<Cpu>::of(h.clone(), cols, 0.01, 32, &device).unwrap();
+            let hd = Tensor::<Cpu, 2>::from_data(TensorData::new(h.clone(), [cols, cols]), &device);
+            let on_device = Factored::<Cpu>::on_device(hd, 0.01, 32).unwrap();
+            for factored in [on_host, on_device] {
+                let dev = prune(wt.clone(), &factored, options);
+                let got: Vec<f32> = dev.weight.transpose().into_data().iter::<f32>().collect();
+                let zeros = host.weight.iter().filter(|v| **v == 0.0).count() as u64;
+                assert_eq!(dev.zeros, got.iter().filter(|v| **v == 0.0).count() as u64);
+                let masks_differ = host
+                    .weight
+                    .iter()
+                    .zip(&got)
+                    .filter(|(a, b)| (**a == 0.0) != (**b == 0.0))
+                    .count();
+                let worst = host
+                    .weight
+                    .iter()
+                    .zip(&got)
+                    .map(|(a, b)| (a - b).abs())
+                    .fold(0f32, f32::max);
+                assert!(
+                    masks_differ <= rows * cols / 500,
+                    "{pattern:?}: {masks_differ} positions differ"
+                );
+                assert!(worst < 1e-3, "{pattern:?}: weights differ by {worst}");
+                assert!(dev.zeros.abs_diff(zeros) <= (rows * cols / 500) as u64);
+                assert!(
+                    (dev.error - host.error).abs() <= 1e-3 * host.error.abs().max(1.0),
+                    "{} vs {}",
+                    dev.error,
+                    host.error
+                );
+            }
         }
     }
 }

@@ -114,6 +114,12 @@ fn column_square_sums<B: Compute>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     }
 }
 
+/// A finished Hessian: where it was summed.
+pub enum Hessian<B: Compute> {
+    Device(Tensor<B, 2>),
+    Host(Vec<f32>),
+}
+
 fn add<B: Compute, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, D>) {
     *acc = Some(match acc.take() {
         Some(a) => a + t,
@@ -180,7 +186,8 @@ impl<B: Compute> LayerStats<B> {
         let norms_left = self.needs.norms && norms.is_none();
         if self.needs.moments || self.needs.hessian || norms_left {
             let mut x2 = flat;
-            if x2.dtype() != DType::F32 {
+            let half = x2.dtype() != DType::F32;
+            if half {
                 x2 = x2.cast(FloatDType::F32);
                 // The f32 copy beside the input it was cast from.
                 crate::exec::watch::after_op();
@@ -200,7 +207,14 @@ impl<B: Compute> LayerStats<B> {
                 norms = Some(column_square_sums(x2.clone()));
             }
             if self.needs.hessian {
-                let xtx = x2.clone().transpose().matmul(x2.clone());
+                // f16 and bf16 values are exact in TF32, so Burn's
+                // matmul (tensor cores on CUDA) loses nothing on them; an
+                // f32 input keeps its 23 bits (`Compute::matmul_f32`).
+                let xtx = if half {
+                    x2.clone().transpose().matmul(x2.clone())
+                } else {
+                    B::matmul_f32(x2.clone().transpose(), x2.clone())
+                };
                 // This batch's `Xᵀ X` beside the sum it joins and its f32 input.
                 crate::exec::watch::after_op();
                 drop(x2);
@@ -254,6 +268,26 @@ impl<B: Compute> LayerStats<B> {
         let host = host(Some(norms), 1.0 / n)?;
         crate::exec::transfer::uploaded(host.len() as u64 * 4);
         Some(Tensor::from_floats(host.as_slice(), &device))
+    }
+
+    /// The Hessian of `input` over `nsamples` windows (SparseGPT's `2/n ·
+    /// Σ Xᵀ X`, f32): left on the device in a run of one process, else
+    /// summed across ranks on the host. `None` when none was collected.
+    pub fn finish_hessian(&mut self, input: LinearInput, nsamples: usize) -> Option<Hessian<B>> {
+        let scale = 2.0 / nsamples.max(1) as f64;
+        let a = self.acc.get_mut(&input)?;
+        let h = a.hessian.take()?;
+        let done = a.norms.is_none() && a.sum.is_none() && a.var.is_none();
+        if done {
+            self.acc.remove(&input);
+        }
+        let hessian = if crate::exec::dist::world().1 == 1 {
+            Hessian::Device(h.mul_scalar(scale))
+        } else {
+            Hessian::Host(host(Some(h), scale)?)
+        };
+        self.held.set(self.bytes());
+        Some(hessian)
     }
 
     /// The statistics of `input` over `nsamples` windows, on the host.

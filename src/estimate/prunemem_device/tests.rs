@@ -35,6 +35,21 @@ fn the_pool_holds_the_calibration_set_one_layer_and_its_statistics() {
         component(&e, "prune", "statistics"),
         (3 * h * h + i * i) * 4
     );
+    // SparseGPT's widest moment is the down projection's factorisation on
+    // the device (`prune::factor_device`): its Hessian beside an `i × i`
+    // product, a block column and its diagonal block.
+    // (Here a 2048-token forward is wider still.) The pool keeps the
+    // block's panel, its diagonal block and a row mask freed beside it.
+    let (in_use, reserved) = super::sparsegpt_moment(&a, &w);
+    assert_eq!(in_use, (2 * i * i + i * 128 + 128 * 128) * 4);
+    assert_eq!(reserved - in_use, (i * 128 + 128 * 128 + i) * 4);
+    // Logs from before it: the host factored `Hinv`; the gate and up
+    // projections' sweep was the widest (`Hinv`, working copy and product
+    // beside the down projection's Hessian).
+    let mut host = w.clone();
+    host.factor_on_device = false;
+    let sweep = (i * i + h * h + 2 * h * i + 128 * (h + i)) * 4;
+    assert_eq!(super::sparsegpt_moment(&a, &host), (sweep, sweep));
     // The windows' rows go up, never the table; it did before
     // `embedding_rows`.
     assert_eq!(component(&e, "calibration", "embeddings"), 0);
