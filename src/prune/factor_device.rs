@@ -162,11 +162,11 @@ fn diagonal<B: Compute>(h: &Tensor<B, 2>) -> Vec<f32> {
     let flat = h.clone().reshape([n * n]);
     let head = flat
         .clone()
-        .slice([0..n * n - 1])
+        .slice(0..n * n - 1)
         .reshape([n - 1, n + 1])
         .slice([0..n - 1, 0..1])
         .reshape([1, n - 1]);
-    let last = flat.slice([n * n - 1..n * n]).reshape([1, 1]);
+    let last = flat.slice(n * n - 1..n * n).reshape([1, 1]);
     read(Tensor::cat(vec![head, last], 1))
 }
 
