@@ -115,12 +115,9 @@ impl Run {
         // (`model::vocab`; the estimate's `embedding_rows`).
         plan.settings.insert("embedding".into(), "rows".into());
         if exec.is_device() {
-            // SparseGPT's Hinv is factored where the Hessian is, in a run
-            // of one process (`prune::factor_device`; the estimate's
-            // `factor_on_device`).
-            if crate::exec::dist::world().1 == 1 {
-                plan.settings.insert("factor".into(), "device".into());
-            }
+            // SparseGPT's Hinv is factored on the device
+            // (`prune::factor_device`; the estimate's `factor_on_device`).
+            plan.settings.insert("factor".into(), "device".into());
             options.profiler.device = exec.probe();
             plan.settings
                 .insert("adapter".into(), exec.adapter().into());

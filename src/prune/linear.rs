@@ -113,8 +113,9 @@ pub(super) fn prune_linears<B: Compute>(
     Ok(linears)
 }
 
-/// `input`'s `Hinv` for SparseGPT's device sweep, factored where its
-/// Hessian was summed (`None`: no Hessian was collected).
+/// `input`'s `Hinv` for SparseGPT's device sweep, factored on the device
+/// (`None`: no Hessian was collected). A distributed run's Hessian, summed
+/// across ranks on the host, goes up once first.
 fn factored<B: Compute>(
     stats: Option<&mut LayerStats<B>>,
     input: LinearInput,
@@ -122,13 +123,15 @@ fn factored<B: Compute>(
     config: &PruneConfig,
     device: &B::Device,
 ) -> Option<Result<Factored<B>, super::linalg::NotPositiveDefinite>> {
-    Some(match stats?.finish_hessian(input, nsamples)? {
-        Hessian::Device(h) => Factored::on_device(h, config.percdamp, config.blocksize),
+    let h = match stats?.finish_hessian(input, nsamples)? {
+        Hessian::Device(h) => h,
         Hessian::Host(h) => {
             let cols = (h.len() as f64).sqrt() as usize;
-            Factored::of(h, cols, config.percdamp, config.blocksize, device)
+            crate::exec::transfer::uploaded(h.len() as u64 * 4);
+            Tensor::from_data(TensorData::new(h, [cols, cols]), device)
         }
-    })
+    };
+    Some(Factored::on_device(h, config.percdamp, config.blocksize))
 }
 
 /// The weight of a linear as host f32 in PyTorch orientation `[out, in]`.

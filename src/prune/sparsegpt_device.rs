@@ -1,9 +1,9 @@
 //! SparseGPT's sweep on the device: the same blocked Optimal Brain Surgeon
 //! update as [`super::sparsegpt::fasterprune`], with the weight kept where
-//! it is. `Hinv` is factored where the Hessian is
-//! ([`super::factor_device`]: only its diagonal blocks cross the bus); a
-//! distributed run's Hessian, summed on the host, is factored there and
-//! goes up once per linear input. Everything weight-sized is a device op:
+//! it is. `Hinv` is factored on the device ([`super::factor_device`]:
+//! only its diagonal blocks cross the bus; a distributed run's Hessian,
+//! summed across ranks on the host, goes up once per linear input first).
+//! Everything weight-sized is a device op:
 //!
 //! - per block of 128 inputs, the unstructured mask is one threshold over
 //!   the block's `W1² / diag(Hinv1)²` ([`super::on_device`]'s bisection);
@@ -55,7 +55,8 @@ pub struct Factored<B: Compute> {
 
 impl<B: Compute> Factored<B> {
     /// Factors the host Hessian `h` (`cols × cols`, consumed) on the host
-    /// and uploads `Hinv` (a distributed run's, summed across ranks).
+    /// and uploads `Hinv`: what the engine did before `on_device`, kept as
+    /// the reference the device factorisation is tested against.
     pub fn of(
         h: Vec<f32>,
         cols: usize,

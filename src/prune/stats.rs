@@ -272,7 +272,8 @@ impl<B: Compute> LayerStats<B> {
 
     /// The Hessian of `input` over `nsamples` windows (SparseGPT's `2/n ·
     /// Σ Xᵀ X`, f32): left on the device in a run of one process, else
-    /// summed across ranks on the host. `None` when none was collected.
+    /// summed across ranks on the host (the reduction). `None` when none
+    /// was collected.
     pub fn finish_hessian(&mut self, input: LinearInput, nsamples: usize) -> Option<Hessian<B>> {
         let scale = 2.0 / nsamples.max(1) as f64;
         let a = self.acc.get_mut(&input)?;
