@@ -833,6 +833,11 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
             "{method}: reserved peak {reserved_peak} for an in-use peak of {top_used}"
         );
         if method == "sparsegpt" {
+            // Every f32 product took the exact (unit) matmul: none handed
+            // its operands back to Burn's, which runs TF32 on CUDA.
+            let k = &json["device_kernels"]["matmul"];
+            assert!(k["ran"].as_u64() > Some(0), "{k}");
+            assert_eq!(k["fell_back"].as_u64(), Some(0), "{k}");
             // The factorisation on the device is in the estimate: the
             // pool's peak in use and reserved within 5%.
             let (code, stdout, stderr) =
