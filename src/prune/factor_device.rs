@@ -119,25 +119,35 @@ pub fn factor<B: Compute>(
     // The pool keeps a freed buffer for a tensor of its own size only
     // (`exec::cube`): the update's product goes back before Hinv is made.
     crate::exec::release_free::<B>(&device);
-    // Step 2: Hinv = R⁻¹, one block column at a time, left to right.
+    let hinv = inverse(h, &blocks, nb);
+    Ok(DeviceFactor { hinv, blocks, dead })
+}
+
+/// Step 2: `Hinv = R⁻¹`, one block column at a time, left to right, from
+/// step 1's factor `r` (its block columns above the diagonal, zero from
+/// the diagonal down; consumed) and the host's inverse diagonal blocks.
+fn inverse<B: Compute>(r: Tensor<B, 2>, blocks: &[Vec<f32>], nb: usize) -> Tensor<B, 2> {
+    let [n, _] = r.dims();
+    let device = r.device();
     let mut hinv = Tensor::<B, 2>::zeros([n, n], &device);
-    for (j, &j0) in starts.iter().enumerate() {
+    for (j, block) in blocks.iter().enumerate() {
+        let j0 = j * nb;
         let j1 = (j0 + nb).min(n);
         let c = j1 - j0;
         if j > 0 && c != nb {
             // The full blocks' buffers go back before the short one's.
             crate::exec::release_free::<B>(&device);
         }
-        let xjj = upload(&blocks[j], c, &device);
+        let xjj = upload(block, c, &device);
         let column = if j0 == 0 {
             Tensor::<B, 2>::zeros([n, c], &device)
         } else {
             // R[:, j] is zero from row j0 on (step 1 wrote it so); Hinv's
             // columns from j0 on are still zero.
-            let r = h.clone().slice([0..n, j0..j1]);
-            B::matmul_f32(B::matmul_f32(hinv.clone(), r), xjj.clone()).neg()
+            let rj = r.clone().slice([0..n, j0..j1]);
+            B::matmul_f32(B::matmul_f32(hinv.clone(), rj), xjj.clone()).neg()
         };
-        if j == 0 || j + 1 == starts.len() {
+        if j == 0 || j + 1 == blocks.len() {
             // Hinv beside the factor (the first and the last column's
             // moments, where the pool is read).
             crate::exec::watch::after_op();
@@ -146,9 +156,9 @@ pub fn factor<B: Compute>(
         hinv = hinv.slice_assign([0..n, j0..j1], column);
     }
     // The factor goes back before the sweep allocates its own shapes.
-    drop(h);
+    drop(r);
     crate::exec::release_free::<B>(&device);
-    Ok(DeviceFactor { hinv, blocks, dead })
+    hinv
 }
 
 /// The diagonal of `h` (`[n, n]`, f32) on the host (`n · 4` bytes): the
