@@ -66,10 +66,7 @@ impl OnDevice for Rates {
             println!(
                 "n {n}: host {host_s:.3} s; device {:.3} s (first call, compiling: {:.3} s), \
                  max |diff| {:.2e} of max |Hinv| {:.2e}",
-                secs[1],
-                secs[0],
-                worst,
-                scale
+                secs[1], secs[0], worst, scale
             );
             products::<B>(&h, n, device);
         }

@@ -142,7 +142,10 @@ fn sparsegpt_moment(a: &Arch, w: &Workload) -> (u64, u64) {
         let b = n.min(128);
         // Logs without the plan's `factor: device` factored on the host.
         let (factor, freed) = match w.factor_on_device {
-            true => (2 * n * n * 4 + n * b * 4 + b * b * 4, n * b * 4 + b * b * 4 + n * 4),
+            true => (
+                2 * n * n * 4 + n * b * 4 + b * b * 4,
+                n * b * 4 + b * b * 4 + n * 4,
+            ),
             false => (0, 0),
         };
         let sweep = n * n * 4 + 2 * n * o * 4 + 128 * (n + o) * 4;
