@@ -33,6 +33,7 @@ use burn::prelude::*;
 use burn::tensor::{DType, FloatDType};
 
 use super::linalg::{NotPositiveDefinite, inverse_upper_cholesky};
+use super::sparsegpt::dampening;
 use crate::exec::Compute;
 
 /// `Hinv` on the device, with what the sweep reads on the host: its
@@ -42,27 +43,6 @@ pub struct DeviceFactor<B: Compute> {
     pub hinv: Tensor<B, 2>,
     pub blocks: Vec<Vec<f32>>,
     pub dead: Vec<bool>,
-}
-
-/// The dampening the reference applies: a dead input (a zero diagonal,
-/// an input never active) gets 1 on its diagonal, then every diagonal
-/// entry gains `percdamp` times their mean. Returns the dead flags and
-/// what each diagonal entry gains.
-pub fn dampening(diag: &[f32], percdamp: f64) -> (Vec<bool>, Vec<f32>) {
-    let dead: Vec<bool> = diag.iter().map(|d| *d == 0.0).collect();
-    let n = diag.len().max(1) as f64;
-    let mean = diag
-        .iter()
-        .zip(&dead)
-        .map(|(d, dead)| if *dead { 1.0 } else { *d as f64 })
-        .sum::<f64>()
-        / n;
-    let damp = (percdamp * mean) as f32;
-    let add = dead
-        .iter()
-        .map(|dead| if *dead { 1.0 + damp } else { damp })
-        .collect();
-    (dead, add)
 }
 
 /// Factors the Hessian `h` (`[in, in]`, f32, consumed) in blocks of `nb`.
@@ -189,8 +169,9 @@ fn read<B: Compute>(t: Tensor<B, 2>) -> Vec<f32> {
     data.into_vec().unwrap_or_default()
 }
 
-/// A `c × c` host block on the device, counted as uploaded.
-fn upload<B: Compute>(x: &[f32], c: usize, device: &B::Device) -> Tensor<B, 2> {
+/// A `c × c` host block on the device (contiguous, as the sweep's kernel
+/// reads it), counted as uploaded.
+pub(super) fn upload<B: Compute>(x: &[f32], c: usize, device: &B::Device) -> Tensor<B, 2> {
     if B::is_device() {
         crate::exec::transfer::uploaded(x.len() as u64 * 4);
     }

@@ -13,7 +13,7 @@ use super::on_device;
 use super::reallocation::reallocated_nm_mask;
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::sparsegpt_device::Factored;
-use super::stats::{Hessian, LayerStats, Stat};
+use super::stats::{LayerStats, Stat};
 use super::{LayerMethod, Pattern, PruneError};
 use crate::memory::tag::{self, Category, tagged};
 use crate::model::llama::{DecoderLayer, LinearInput};
@@ -77,7 +77,7 @@ pub(super) fn prune_linears<B: Compute>(
             let hinv = {
                 let _stats = tag::tag(Category::Statistics);
                 let _sweep = timing::work(Work::Sweep);
-                factored(stats.as_mut(), input, nsamples, config, t.device)
+                factored(stats.as_mut(), input, nsamples, config)
                     .ok_or_else(|| {
                         PruneError::Invalid(format!("{first}: no statistics were collected"))
                     })?
@@ -114,23 +114,14 @@ pub(super) fn prune_linears<B: Compute>(
 }
 
 /// `input`'s `Hinv` for SparseGPT's device sweep, factored on the device
-/// (`None`: no Hessian was collected). A distributed run's Hessian, summed
-/// across ranks on the host, goes up once first.
+/// (`None`: no Hessian was collected).
 fn factored<B: Compute>(
     stats: Option<&mut LayerStats<B>>,
     input: LinearInput,
     nsamples: usize,
     config: &PruneConfig,
-    device: &B::Device,
 ) -> Option<Result<Factored<B>, super::linalg::NotPositiveDefinite>> {
-    let h = match stats?.finish_hessian(input, nsamples)? {
-        Hessian::Device(h) => h,
-        Hessian::Host(h) => {
-            let cols = (h.len() as f64).sqrt() as usize;
-            crate::exec::transfer::uploaded(h.len() as u64 * 4);
-            Tensor::from_data(TensorData::new(h, [cols, cols]), device)
-        }
-    };
+    let h = stats?.finish_hessian(input, nsamples)?;
     Some(Factored::on_device(h, config.percdamp, config.blocksize))
 }
 

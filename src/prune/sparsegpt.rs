@@ -40,26 +40,41 @@ pub struct SparseGptOptions {
     pub blocksize: usize,
 }
 
+/// The dampening the reference applies: a dead input (a zero diagonal,
+/// an input never active) gets 1 on its diagonal, then every diagonal
+/// entry gains `percdamp` times their mean. Returns the dead flags and
+/// what each diagonal entry gains.
+pub fn dampening(diag: &[f32], percdamp: f64) -> (Vec<bool>, Vec<f32>) {
+    let dead: Vec<bool> = diag.iter().map(|d| *d == 0.0).collect();
+    let n = diag.len().max(1) as f64;
+    let mean = diag
+        .iter()
+        .zip(&dead)
+        .map(|(d, dead)| if *dead { 1.0 } else { *d as f64 })
+        .sum::<f64>()
+        / n;
+    let damp = (percdamp * mean) as f32;
+    let add = dead
+        .iter()
+        .map(|dead| if *dead { 1.0 + damp } else { damp })
+        .collect();
+    (dead, add)
+}
+
 /// SparseGPT's `Hinv` from the Hessian `h` (`cols × cols`, consumed):
 /// dead inputs (zero diagonal) get a 1 there, the diagonal is dampened by
-/// `percdamp` of its mean, then the upper Cholesky factor of the inverse.
-/// Also returns which inputs were dead (their weights count as zero).
+/// `percdamp` of its mean ([`dampening`]), then the upper Cholesky factor
+/// of the inverse. Also returns which inputs were dead (their weights count
+/// as zero).
 pub fn dampened_hinv(
     mut h: Vec<f32>,
     cols: usize,
     percdamp: f64,
 ) -> Result<(Vec<f32>, Vec<bool>), NotPositiveDefinite> {
-    let mut dead = vec![false; cols];
-    for (j, d) in dead.iter_mut().enumerate() {
-        if h[j * cols + j] == 0.0 {
-            h[j * cols + j] = 1.0;
-            *d = true;
-        }
-    }
-    let mean_diag = (0..cols).map(|j| h[j * cols + j] as f64).sum::<f64>() / cols as f64;
-    let damp = (percdamp * mean_diag) as f32;
-    for j in 0..cols {
-        h[j * cols + j] += damp;
+    let diag: Vec<f32> = (0..cols).map(|j| h[j * cols + j]).collect();
+    let (dead, add) = dampening(&diag, percdamp);
+    for (j, a) in add.iter().enumerate() {
+        h[j * cols + j] += a;
     }
     Ok((inverse_upper_cholesky(&h, cols)?, dead))
 }

@@ -29,6 +29,7 @@ use burn::prelude::*;
 use burn::tensor::{Bool, DType, FloatDType};
 
 use super::Pattern;
+use super::factor_device::upload;
 use super::linalg::NotPositiveDefinite;
 use super::sparsegpt::{SparseGptOptions, dampened_hinv};
 use crate::exec::{Compute, reduce};
@@ -159,7 +160,8 @@ pub fn prune<B: Compute>(
     let mut i1 = 0;
     while i1 < cols {
         let i2 = (i1 + options.blocksize.max(1)).min(cols);
-        let hinv1 = upload_block::<B>(&factored.blocks[i1 / factored.block], i2 - i1, &device);
+        // `Hinv[i1:i2, i1:i2]`, from the host's copy.
+        let hinv1 = upload::<B>(&factored.blocks[i1 / factored.block], i2 - i1, &device);
         let diag1 = diag.clone().slice([i1..i2, 0..1]);
         let err1;
         (wf, err1) = sweep(wf, i1, &hinv1, diag1, options);
@@ -213,15 +215,6 @@ pub fn prune<B: Compute>(
         zeros: zeros.iter::<i64>().next().unwrap_or(0).max(0) as u64,
         error: error.and_then(|e| e.iter::<f32>().next()).unwrap_or(0.0) as f64,
     }
-}
-
-/// `Hinv[i1:i2, i1:i2]` (`count × count`, from the host's copy) on the
-/// device, contiguous: the sweep's kernel reads it whole.
-fn upload_block<B: Compute>(block: &[f32], count: usize, device: &B::Device) -> Tensor<B, 2> {
-    if B::is_device() {
-        crate::exec::transfer::uploaded(block.len() as u64 * 4);
-    }
-    Tensor::from_data(TensorData::new(block.to_vec(), [count, count]), device)
 }
 
 /// Rows `row0 .. row0 + count` of `wf` swept with the block's `hinv1` and

@@ -114,12 +114,6 @@ fn column_square_sums<B: Compute>(x: Tensor<B, 2>) -> Tensor<B, 1> {
     }
 }
 
-/// A finished Hessian: where it was summed.
-pub enum Hessian<B: Compute> {
-    Device(Tensor<B, 2>),
-    Host(Vec<f32>),
-}
-
 fn add<B: Compute, const D: usize>(acc: &mut Option<Tensor<B, D>>, t: Tensor<B, D>) {
     *acc = Some(match acc.take() {
         Some(a) => a + t,
@@ -271,24 +265,25 @@ impl<B: Compute> LayerStats<B> {
     }
 
     /// The Hessian of `input` over `nsamples` windows (SparseGPT's `2/n ·
-    /// Σ Xᵀ X`, f32): left on the device in a run of one process, else
-    /// summed across ranks on the host (the reduction). `None` when none
-    /// was collected.
-    pub fn finish_hessian(&mut self, input: LinearInput, nsamples: usize) -> Option<Hessian<B>> {
+    /// Σ Xᵀ X`, f32), left on the device, for its factorisation there. In a
+    /// distributed run the sums meet on the host first (the reduction),
+    /// then go back up, as [`Self::finish_norms`]'s do.
+    pub fn finish_hessian(&mut self, input: LinearInput, nsamples: usize) -> Option<Tensor<B, 2>> {
         let scale = 2.0 / nsamples.max(1) as f64;
         let a = self.acc.get_mut(&input)?;
         let h = a.hessian.take()?;
-        let done = a.norms.is_none() && a.sum.is_none() && a.var.is_none();
-        if done {
+        if a.norms.is_none() && a.sum.is_none() && a.var.is_none() {
             self.acc.remove(&input);
         }
-        let hessian = if crate::exec::dist::world().1 == 1 {
-            Hessian::Device(h.mul_scalar(scale))
-        } else {
-            Hessian::Host(host(Some(h), scale)?)
-        };
         self.held.set(self.bytes());
-        Some(hessian)
+        if crate::exec::dist::world().1 == 1 {
+            return Some(h.mul_scalar(scale));
+        }
+        let [n, _] = h.dims();
+        let device = h.device();
+        let host = host(Some(h), scale)?;
+        crate::exec::transfer::uploaded(host.len() as u64 * 4);
+        Some(Tensor::from_data(TensorData::new(host, [n, n]), &device))
     }
 
     /// The statistics of `input` over `nsamples` windows, on the host.
