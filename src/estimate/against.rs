@@ -68,6 +68,9 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     let num = |k: &str, default: u64| get(k).and_then(|v| v.as_u64()).unwrap_or(default);
     let mut w = Workload::new(task);
     w.engine = Engine::Prunemem;
+    if let Some(b) = plan.host.matmul_workspace {
+        w.matmul_workspace = b;
+    }
     w.device = if plan.device.starts_with("cuda") {
         Device::Cuda
     } else if plan.device.starts_with("wgpu") {

@@ -256,6 +256,9 @@ pub struct Workload {
     pub embedding_rows: bool,
     /// SparseGPT's `Hinv` factored on the device (plan: `factor: device`).
     pub factor_on_device: bool,
+    /// Heap the CPU's products keep per pool thread (`gemm`'s L2 block;
+    /// the run's plan, else this machine's: `model::matmul::workspace_bytes`).
+    pub matmul_workspace: u64,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
@@ -298,6 +301,7 @@ impl Workload {
             rms_norm_kernel: false,
             embedding_rows: true,
             factor_on_device: true,
+            matmul_workspace: crate::model::matmul::workspace_bytes(),
             compressed: None,
         }
     }
@@ -336,11 +340,9 @@ pub fn category_of(name: &str) -> Category {
         Category::Masks
     } else if has("weight") || has("embedding") || has("load") || has("saved values") {
         Category::Weights
-    } else if has("activation")
-        || has("calibration")
-        || has("hidden")
-        || has("rotary")
-        || has("KV cache")
+    } else if ["activation", "calibration", "hidden", "rotary", "KV cache"]
+        .into_iter()
+        .any(has)
     {
         Category::Activations
     } else {

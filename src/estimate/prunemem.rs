@@ -32,8 +32,20 @@ mod eval;
 use eval::eval_phase;
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
-/// allocator metadata, the pages of small-allocation arenas.
-const RUNTIME_NON_HEAP: u64 = (10 << 20) + DEVICE_BACKENDS_LINKED;
+/// allocator metadata, the pages of small-allocation arenas. 10 MiB is a
+/// release build's at its first stage (10.0 MiB on the grid's runs,
+/// default features, 2026-11-27).
+const RUNTIME_NON_HEAP: u64 = (10 << 20) + DEBUG_BUILD + DEVICE_BACKENDS_LINKED;
+/// What a debug build (the profile `cargo test` builds, so CI's grid)
+/// maps beyond a release build: its larger code. Measured on the 14 grid
+/// cases, one build after the other on one machine, 2026-11-27: the same
+/// heap to the byte; RSS minus heap 6.5-8.4 MiB higher at the first stage
+/// and 8.0-10.2 MiB higher at the peaks (debug `--features wgpu,mpi`
+/// against release, default features), of which [`WGPU_LINKED`] counts 4.5;
+/// 3.5 MiB centres the debug grid (-2.2% to +1.2%). Measured on the binary
+/// cargo wrote: a `cp` copy of it mapped 3.6 MiB more (magnitude-h1024-l6,
+/// two runs each).
+const DEBUG_BUILD: u64 = if cfg!(debug_assertions) { 7 << 19 } else { 0 };
 /// What linking Burn's device backends adds to every run's resident set
 /// before any device is opened: the binary's larger relocated data and its
 /// libraries' pages. `wgpu`, measured on the grid's debug runs, 2026-11-24:
@@ -50,24 +62,31 @@ const WGPU_LINKED: u64 = if cfg!(feature = "wgpu") { 9 << 19 } else { 0 };
 /// 257.9 to 259.4) and 2.6 MiB (training on SmolLM2's 2-layer cut, 698.3
 /// to 700.9); the other phases by 0.4-3.9 MiB.
 pub const CUDA_LINKED: u64 = if cfg!(feature = "cuda") { 2 << 20 } else { 0 };
-/// Resident bytes added by durable logging and heap attribution: the
-/// category table of `memory::tag` (576 KiB once its pages are touched) and
-/// the rest measured, not itemised — the grid's peaks rose by 1.2-3.1 MB
-/// (mean 2.3 MB) with those changes, 2026-11-23.
-const OBSERVABILITY: u64 = 2 << 20;
-/// Live heap before model work: the tokenizer's word cache (a BPE's
-/// 10 000-word table, 0.8 MB; its vocabulary and merges are counted from
-/// the model's tokenizer, `super::tokenizer`), profiler, sinks,
-/// configuration.
-const HEAP_BASE: u64 = 5 << 19;
-/// Resident memory added once compute has run: per-thread matmul packing
-/// buffers and attention scratch (2 MiB of live heap on every grid run), and
-/// [`THREAD_WORKSPACE`], see `docs/estimator.md`.
-const COMPUTE_WORKSPACE: u64 = THREAD_WORKSPACE + (2 << 20);
+/// Heap added by durable logging and heap attribution: the category table
+/// of `memory::tag` (576 KiB once its pages are touched) and the sinks'
+/// buffers. The grid's peaks rose by 1.2-3.1 MB with those changes,
+/// 2026-11-23; at the peaks of the grid's release runs, 2026-11-27, the
+/// heap outside the engine's categories and the tokenizer was 0.9-1.0 MiB.
+const OBSERVABILITY: u64 = 1 << 20;
+/// Live heap before model work beside the tokenizer's own tables (counted
+/// from the model's tokenizer, `super::tokenizer`): the tokenizer's word
+/// cache (a BPE's 10 000-word table, 0.8 MB), profiler, sinks,
+/// configuration. 2.15 MiB of heap at the grid's first stage, 0.77 of it
+/// the tokenizer's counted tables (2026-11-27; it had been 2.5 MiB).
+const HEAP_BASE: u64 = 3 << 19;
 /// The compute threads' stacks and allocator arenas: RSS minus heap rises
 /// from about 10 to about 16 MiB once the worker threads have run and stays
-/// there, see `docs/estimator.md`.
+/// there (release builds: 10.0 to 15.4-17.2 MiB at the grid's peaks,
+/// 2026-11-27), see `docs/estimator.md`.
 const THREAD_WORKSPACE: u64 = 6 << 20;
+/// Resident memory added once compute has run: [`THREAD_WORKSPACE`] and
+/// the `gemm` crate's packing block in each pool thread, which the first
+/// product allocates and keeps (`model::matmul::workspace_bytes`: 2 MiB on
+/// the 1 MiB-L2 machine the constants were first fitted on, where it was a
+/// constant; 4 MiB on a 2 MiB-L2 one, whose grid read 2 MiB under).
+fn compute_workspace(w: &Workload) -> u64 {
+    THREAD_WORKSPACE + w.matmul_workspace
+}
 /// The same for a run without calibration (magnitude): no matmul, only
 /// the pruning threads' sorts. It was `THREAD_WORKSPACE` until the sorts
 /// stopped leaving a vector per row in those threads' arenas (7122d62);
@@ -107,31 +126,22 @@ pub(super) fn method(w: &Workload) -> Option<Method> {
 /// with `T·2h` live and the down input with `T·(h + i)`, so a slab on top
 /// stays under `T·(2h + 2i)`. (It had been added on top, 4 MiB over on
 /// every Wanda, RIA, OWL and DSnoT-Wanda case; measured 2026-11-26.)
+///
+/// The `gemm` crate may pack a product's left operand (`m × kc` f32, kc ≤
+/// 512) beside it, depending on its cache blocking: on the 1 MiB-L2 EPYC
+/// the constants were fitted on, for outputs wider than 2 048 columns
+/// (`2048 × 1024 · 1024 × n`: 4 MiB more from n = 2 176, 2026-11-26); on a
+/// 2 MiB-L2 Xeon, for none of the grid's shapes (2026-11-27), nor on CI's
+/// machine (its dsnot-magnitude-h1024-l2 read as far under that case's
+/// estimate as the others). It is not counted: a 7B layer's would be about
+/// 1% of its peak.
 fn forward(a: &Arch, tokens: u64) -> u64 {
-    forward_values(a, tokens) + gemm_packed_lhs(tokens, a.hidden, a.intermediate)
+    forward_values(a, tokens)
 }
 
 /// The forward's f32 values alone, `T·(2h + 2i)`.
 fn forward_values(a: &Arch, tokens: u64) -> u64 {
     tokens * (2 * a.hidden + 2 * a.intermediate) * 4
-}
-
-/// The `gemm` crate's packed copy of a product's left operand, `m × kc`
-/// f32 (`kc` = `k` split into blocks of at most 512), made when the
-/// output is wider than 2 048 columns; narrower products pack only the
-/// right operand (1 MiB, in [`COMPUTE_WORKSPACE`]). Measured for one
-/// product per process with the counting allocator on this project's
-/// machine (AMD EPYC, AVX-512, 1 MiB L2, 32 MiB L3), 2026-11-26:
-/// `2048 × 1024 · 1024 × n` packs 1.0 MiB up to n = 2 048 and 5.0 MiB from
-/// n = 2 176; `4096 × 576 · 576 × 3072` 5.5 MiB. The blocking comes from
-/// the CPU's cache sizes, so another CPU may pack differently. The up
-/// projection's product runs at the forward's peak.
-fn gemm_packed_lhs(m: u64, k: u64, n: u64) -> u64 {
-    if n <= 2048 || k == 0 {
-        return 0;
-    }
-    let kc = k.div_ceil(k.div_ceil(512));
-    m * kc * 4
 }
 
 /// The forward with SparseGPT's Hessian accumulation: three `h²`
@@ -275,7 +285,7 @@ fn load_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
         .add(
             "compute workspace",
             if w.eval_dense && w.eval_windows > 0 {
-                COMPUTE_WORKSPACE
+                compute_workspace(w)
             } else {
                 0
             },
@@ -307,7 +317,7 @@ fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
             },
         )
         .add("calibration buffers", sh.calibration)
-        .add("compute workspace", COMPUTE_WORKSPACE)
+        .add("compute workspace", compute_workspace(w))
 }
 
 /// The layer loop, at the largest of its moments: a layer's load, its
@@ -342,7 +352,10 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
         ("weights (one layer)", a.layer_params() * sh.c)
     };
     let (rotary, workspace) = if sh.calibrated {
-        (rope_tables(a, w, sh.batch, sh.nsamples), COMPUTE_WORKSPACE)
+        (
+            rope_tables(a, w, sh.batch, sh.nsamples),
+            compute_workspace(w),
+        )
     } else {
         (0, PRUNING_THREADS_WORKSPACE)
     };
@@ -417,7 +430,7 @@ fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phas
     let sh = Shape::uncalibrated(a, w, 0, notes);
     let mut out: Vec<Phase> = super::reference::gradprobe_prunemem(a, w, notes)
         .into_iter()
-        .map(|p| sh.base(p).add("compute workspace", COMPUTE_WORKSPACE))
+        .map(|p| sh.base(p).add("compute workspace", compute_workspace(w)))
         .collect();
     if w.eval_windows > 0 {
         let stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
@@ -518,7 +531,7 @@ fn owl_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
         "rotary tables",
         rope_tables(a, w, w.batch_size.min(w.nsamples.max(1)), w.nsamples),
     )
-    .add("compute workspace", COMPUTE_WORKSPACE)
+    .add("compute workspace", compute_workspace(w))
     .add(t_name, t)
 }
 

@@ -26,6 +26,10 @@ use crate::events::stages;
 /// stacks, allocator arenas) plus the heap before the model: 21.7-27.5 MB
 /// at the grid's peaks (mean 24.9 MB).
 const RUNTIME: u64 = (24 << 20) + DEVICE_BACKENDS_LINKED;
+/// The products' packing blocks inside [`RUNTIME`] as fitted: 2 MiB on that
+/// machine's 1 MiB L2 (`model::matmul::workspace_bytes`). A step counts
+/// the run's own machine's instead (4 MiB on a 2 MiB-L2 one).
+const FITTED_MATMUL_WORKSPACE: u64 = 2 << 20;
 /// What linking Burn's device backends adds to a training run's resident
 /// set. `wgpu` adds more than to a prune's (autodiff's code pages too):
 /// measured on the grid's debug runs, 2026-11-24, the peaks rose by
@@ -148,7 +152,10 @@ fn held_by_every_moment(a: &Arch, w: &Workload, name: &str, stages: [&str; 2]) -
         0
     };
     Phase::new(name, &stages)
-        .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
+        .add(
+            "runtime (binary, threads, allocator)",
+            RUNTIME - FITTED_MATMUL_WORKSPACE + w.matmul_workspace + workspace,
+        )
         .add("weights", a.params * 4)
 }
 

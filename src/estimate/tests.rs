@@ -1,5 +1,6 @@
 //! The estimator's own invariants: every component has a measured category,
-//! and a phase's categories sum to its total.
+//! and a phase's categories sum to its total; the run machine's matmul
+//! workspace is counted.
 
 use super::*;
 
@@ -56,4 +57,45 @@ fn categories_of_a_phase_sum_to_its_total() {
         p.by_category().iter().map(|(_, b)| b).sum::<u64>(),
         p.total()
     );
+}
+
+/// The CPU's products keep a packing block per pool thread
+/// (`model::matmul::workspace_bytes`): a run's plan records its machine's,
+/// `--against` reads it, and every phase after compute counts it, while a
+/// run without products (plain magnitude) does not.
+#[test]
+fn the_run_machines_matmul_workspace_is_counted() {
+    use crate::events::plan::{HostInfo, ModelInfo, RunPlan};
+    let (small, large) = (2u64 << 20, 10u64 << 20);
+    let plan = |method: &str| RunPlan {
+        command: "prune".into(),
+        method: Some(method.into()),
+        model: Some(ModelInfo {
+            params: 15_471_104,
+            layers: 4,
+            hidden: 512,
+            intermediate: 1408,
+            heads: 8,
+            kv_heads: 2,
+            head_dim: 64,
+            vocab: 8192,
+            max_positions: 4096,
+            tied_embeddings: true,
+            stored_dtype: "f32".into(),
+            ..Default::default()
+        }),
+        host: HostInfo {
+            matmul_workspace: Some(small),
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let peak = |method: &str, bytes: u64| {
+        let (arch, mut w) = against::workload_of(&plan(method)).unwrap();
+        assert_eq!(w.matmul_workspace, small, "read from the plan");
+        w.matmul_workspace = bytes;
+        estimate(&arch, &w).unwrap().peak()
+    };
+    assert_eq!(peak("wanda", large) - peak("wanda", small), large - small);
+    assert_eq!(peak("magnitude", large), peak("magnitude", small));
 }

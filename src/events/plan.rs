@@ -60,6 +60,11 @@ pub struct HostInfo {
     pub cores: Option<usize>,
     pub memory_total: Option<u64>,
     pub os: String,
+    /// Heap the CPU's matrix products keep once they have run: a packing
+    /// block per pool thread, sized from this CPU's L2 cache (the jobs fill
+    /// it; absent from older logs and from watched scripts' plans).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub matmul_workspace: Option<u64>,
 }
 
 impl HostInfo {
@@ -69,6 +74,7 @@ impl HostInfo {
             cores: std::thread::available_parallelism().ok().map(|n| n.get()),
             memory_total: reading.system_total,
             os: format!("{}-{}", std::env::consts::OS, std::env::consts::ARCH),
+            matmul_workspace: None,
         }
     }
 }

@@ -184,7 +184,11 @@ pub fn base_plan(command: &str, argv: Vec<String>) -> RunPlan {
     RunPlan {
         command: command.into(),
         argv,
-        host: HostInfo::current(),
+        host: HostInfo {
+            // What the estimator counts for this machine's products.
+            matmul_workspace: Some(crate::model::matmul::workspace_bytes()),
+            ..HostInfo::current()
+        },
         ..Default::default()
     }
 }

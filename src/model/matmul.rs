@@ -39,6 +39,23 @@ impl<'a> MatRef<'a> {
     }
 }
 
+/// Heap a thread keeps once it has run part of a product, until it exits:
+/// the `gemm` crate's thread-local packing block, as large as the L2 cache
+/// it detects on this CPU (`gemm_common::cache::CACHE_INFO`): 1 MiB on the
+/// AMD EPYC the CPU estimator was fitted on, 2 MiB on the 2 MiB-L2 Xeon
+/// that measured it, 2026-11-27.
+pub fn thread_block_bytes() -> u64 {
+    gemm_common::cache::CACHE_INFO[1].cache_bytes as u64
+}
+
+/// The blocks of every thread the CPU's products run on (rayon's pool):
+/// what the first product leaves on the heap for the rest of the run
+/// (`tests/matmul_workspace.rs`). The CPU estimator counts it, and a run's
+/// plan records it for comparisons with the run's own machine.
+pub fn workspace_bytes() -> u64 {
+    thread_block_bytes() * rayon::current_num_threads() as u64
+}
+
 /// `a · b` as a new row-major `[a.rows, b.cols]` matrix.
 pub fn sgemm(a: MatRef<'_>, b: MatRef<'_>) -> Vec<f32> {
     assert_eq!(a.cols, b.rows, "sgemm: inner dimensions differ");

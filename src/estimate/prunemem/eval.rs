@@ -2,7 +2,7 @@
 //! hidden states and, after the layers, the head's table and its logits
 //! chunk (or the resident model), in `prunemem`'s terms.
 
-use super::{COMPUTE_WORKSPACE, LOGIT_CHUNK_ELEMS, Shape, forward, load_transient, rope_tables};
+use super::{LOGIT_CHUNK_ELEMS, Shape, compute_workspace, forward, load_transient, rope_tables};
 use crate::estimate::{Arch, Phase, Workload};
 
 /// An evaluation phase: weights (resident, or the layer streamed with the
@@ -88,6 +88,6 @@ pub(super) fn eval_phase(
             "rotary tables",
             rope_tables(a, w, eval_batch, w.eval_windows),
         )
-        .add("compute workspace", COMPUTE_WORKSPACE)
+        .add("compute workspace", compute_workspace(w))
         .add(t_name, t)
 }

@@ -1,0 +1,34 @@
+//! The CPU's matrix products keep a packing block per thread for the rest
+//! of the process, as large as the CPU's L2 cache as the `gemm` crate
+//! detects it: what `model::matmul::workspace_bytes` says and the CPU
+//! estimator counts (it had been a constant fitted on a 1 MiB-L2 CPU, and
+//! a 2 MiB-L2 machine's runs measured 2 MiB more than predicted).
+
+#[global_allocator]
+static GLOBAL: prunemem::memory::CountingAllocator = prunemem::memory::CountingAllocator;
+
+use prunemem::memory::alloc::heap_allocated;
+use prunemem::model::matmul::{MatRef, sgemm, thread_block_bytes};
+
+#[test]
+fn a_product_leaves_one_l2_block_per_pool_thread() {
+    let block = thread_block_bytes();
+    assert!(block >= 64 << 10, "an L2 cache of {block} bytes");
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    // The decoder's shape: 2048 tokens by 512, times a 512 × 512 weight.
+    let (m, k, n) = (2048, 512, 512);
+    let a = vec![1f32; m * k];
+    let b = vec![0.5f32; k * n];
+    let before = heap_allocated().unwrap();
+    let out = pool.install(|| sgemm(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n)));
+    let kept = heap_allocated().unwrap() - before - (out.len() * 4) as u64;
+    assert_eq!(out[0], 256.0);
+    assert_eq!(kept, 2 * block, "two pool threads, one block each");
+    // A second product reuses the blocks.
+    let again = heap_allocated().unwrap();
+    let out2 = pool.install(|| sgemm(MatRef::row_major(&a, m, k), MatRef::row_major(&b, k, n)));
+    assert_eq!(heap_allocated().unwrap() - again, (out2.len() * 4) as u64);
+}
