@@ -256,8 +256,7 @@ pub struct Workload {
     pub embedding_rows: bool,
     /// SparseGPT's `Hinv` factored on the device (plan: `factor: device`).
     pub factor_on_device: bool,
-    /// Heap the CPU's products keep per pool thread (`gemm`'s L2 block;
-    /// the run's plan, else this machine's: `model::matmul::workspace_bytes`).
+    /// The CPU products' packing blocks (`model::matmul::workspace_bytes`).
     pub matmul_workspace: u64,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
@@ -324,6 +323,7 @@ pub struct Component {
 /// heap.
 pub fn category_of(name: &str) -> Category {
     let has = |k: &str| name.contains(k);
+    let activations = ["activation", "calibration", "hidden", "rotary", "KV cache"];
     if has("runtime") || has("CUDA context") || has("workspace") || has("reserve") {
         Category::Runtime
     } else if has("text and tokens") || has("tokenizer") {
@@ -340,10 +340,7 @@ pub fn category_of(name: &str) -> Category {
         Category::Masks
     } else if has("weight") || has("embedding") || has("load") || has("saved values") {
         Category::Weights
-    } else if ["activation", "calibration", "hidden", "rotary", "KV cache"]
-        .into_iter()
-        .any(has)
-    {
+    } else if activations.map(has).contains(&true) {
         Category::Activations
     } else {
         Category::Untagged
