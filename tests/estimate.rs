@@ -72,8 +72,11 @@ fn grid_half_within_five_percent(part: usize) {
     let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled");
     assert!(
         failures.is_empty(),
-        "estimates off by more than 5%: {failures:?} (transparent huge pages: {})",
-        thp.as_deref().map_or("n/a", str::trim)
+        "estimates off by more than 5%: {failures:?} (transparent huge pages: {}; \
+         the products' packing blocks: {} bytes per thread, {} in all)",
+        thp.as_deref().map_or("n/a", str::trim),
+        prunemem::model::matmul::thread_block_bytes(),
+        prunemem::model::matmul::workspace_bytes()
     );
 }
 
