@@ -126,6 +126,22 @@ fn f32_bytes<B: Compute>(t: &Option<Tensor<B, 1>>) -> u64 {
     t.as_ref().map_or(0, |t| t.dims()[0] as u64 * 4)
 }
 
+/// `t` times `scale`, left on the device. In a distributed run the ranks'
+/// sums meet on the host first ([`host`]'s reduction) and the total goes
+/// back up, counted as uploaded.
+fn scaled_on_device<B: Compute, const D: usize>(
+    t: Tensor<B, D>,
+    scale: f64,
+) -> Option<Tensor<B, D>> {
+    if crate::exec::dist::world().1 == 1 {
+        return Some(t.mul_scalar(scale));
+    }
+    let (dims, device) = (t.dims(), t.device());
+    let host = host(Some(t), scale)?;
+    crate::exec::transfer::uploaded(host.len() as u64 * 4);
+    Some(Tensor::from_data(TensorData::new(host, dims), &device))
+}
+
 /// An accumulator on the host, summed across ranks in a distributed run
 /// (`exec::dist`), times `scale`.
 fn host<B: Compute, const D: usize>(t: Option<Tensor<B, D>>, scale: f64) -> Option<Vec<f32>> {
@@ -249,25 +265,19 @@ impl<B: Compute> LayerStats<B> {
 
     /// `scaler_row` of `input` over `nsamples` windows, left on the device
     /// (f32, `[in]`): what the device path's metrics read. In a distributed
-    /// run the sums meet on the host first (the reduction), then go back up.
+    /// run the sums meet on the host first (the reduction), then go back up
+    /// ([`scaled_on_device`]).
     pub fn finish_norms(&mut self, input: LinearInput, nsamples: usize) -> Option<Tensor<B, 1>> {
         let n = nsamples.max(1) as f64;
         let a = self.acc.remove(&input)?;
         self.held.set(self.bytes());
-        let norms = a.norms?;
-        if crate::exec::dist::world().1 == 1 {
-            return Some(norms.mul_scalar(1.0 / n));
-        }
-        let device = norms.device();
-        let host = host(Some(norms), 1.0 / n)?;
-        crate::exec::transfer::uploaded(host.len() as u64 * 4);
-        Some(Tensor::from_floats(host.as_slice(), &device))
+        scaled_on_device(a.norms?, 1.0 / n)
     }
 
     /// The Hessian of `input` over `nsamples` windows (SparseGPT's `2/n ·
     /// Σ Xᵀ X`, f32), left on the device, for its factorisation there. In a
     /// distributed run the sums meet on the host first (the reduction),
-    /// then go back up, as [`Self::finish_norms`]'s do.
+    /// then go back up ([`scaled_on_device`]).
     pub fn finish_hessian(&mut self, input: LinearInput, nsamples: usize) -> Option<Tensor<B, 2>> {
         let scale = 2.0 / nsamples.max(1) as f64;
         let a = self.acc.get_mut(&input)?;
@@ -276,14 +286,7 @@ impl<B: Compute> LayerStats<B> {
             self.acc.remove(&input);
         }
         self.held.set(self.bytes());
-        if crate::exec::dist::world().1 == 1 {
-            return Some(h.mul_scalar(scale));
-        }
-        let [n, _] = h.dims();
-        let device = h.device();
-        let host = host(Some(h), scale)?;
-        crate::exec::transfer::uploaded(host.len() as u64 * 4);
-        Some(Tensor::from_data(TensorData::new(host, [n, n]), &device))
+        scaled_on_device(h, scale)
     }
 
     /// The statistics of `input` over `nsamples` windows, on the host.
