@@ -134,13 +134,8 @@ pub(super) fn method(w: &Workload) -> Option<Method> {
 /// 2 MiB-L2 Xeon, for none of the grid's shapes (2026-11-27), nor on CI's
 /// machine (its dsnot-magnitude-h1024-l2 read as far under that case's
 /// estimate as the others). It is not counted: a 7B layer's would be about
-/// 1% of its peak.
+/// 1% of its peak. So the forward is its f32 values, `T·(2h + 2i)`.
 fn forward(a: &Arch, tokens: u64) -> u64 {
-    forward_values(a, tokens)
-}
-
-/// The forward's f32 values alone, `T·(2h + 2i)`.
-fn forward_values(a: &Arch, tokens: u64) -> u64 {
     tokens * (2 * a.hidden + 2 * a.intermediate) * 4
 }
 
@@ -162,7 +157,7 @@ fn forward_with_hessians(a: &Arch, tokens: u64, batches: u64) -> u64 {
         } else {
             tokens * i * 4
         };
-    let during = forward_values(a, tokens) + hessians;
+    let during = forward(a, tokens) + hessians;
     let at_mlp_input = tokens * (10 * h + 24 * i) * 4 / 10 + (i * i + 3 * h * h) * 4;
     during.max(at_mlp_input)
 }
