@@ -7,7 +7,9 @@
 //!   cargo run --release --features cuda --example matmul_rate -- cuda [TOKENS] [NAMES...]
 //!
 //! Defaults: 4096 tokens (8 windows of 512), a Llama-3.2-1B layer's
-//! shapes and its head's, every name in `exec::matmul::NAMES`.
+//! shapes and its head's, every name in `exec::matmul::NAMES`; then the
+//! head as the evaluation multiplies it, its table in the stored
+//! `[vocab, hidden]` layout (`PRUNEMEM_HEAD_MATMUL=NAME` runs a name there).
 
 use std::time::Instant;
 
@@ -97,6 +99,61 @@ impl OnDevice for Rates {
             }
         }
         prunemem::exec::matmul::set("auto");
+        if self.tokens >= 1024 {
+            head_in_stored_layout::<B>(&self.names, device);
+        }
+    }
+}
+
+/// The head's product as the evaluation runs it: a chunk's 261 rows times
+/// the `[vocab, hidden]` table read in its stored layout
+/// (`Compute::matmul_rows`, `PRUNEMEM_HEAD_MATMUL`), for every name; `auto`
+/// is Burn's matmul on the transposed view, the evaluation's default.
+fn head_in_stored_layout<B: Compute>(names: &[String], device: &B::Device) {
+    let (rows, hidden, vocab) = (261, 2048, 128_256);
+    let random = |shape: [usize; 2]| {
+        Tensor::<B, 2>::random(shape, burn::tensor::Distribution::Default, device)
+            .cast(FloatDType::F16)
+    };
+    let (x, table) = (random([rows, hidden]), random([vocab, hidden]));
+    let flop = 2.0 * (rows * hidden * vocab) as f64;
+    let product = |name: &str| match B::matmul_rows(x.clone(), table.clone(), name) {
+        Ok(y) => (y, true),
+        Err((x, t)) => (x.matmul(t.transpose()), name == "auto"),
+    };
+    let sync = |y: Tensor<B, 2>| {
+        let _ = y.slice([0..1, 0..1]).into_data();
+    };
+    let mut reference = None;
+    for name in names {
+        let (y, own) = product(name);
+        let y = y.cast(FloatDType::F32);
+        let want = reference.get_or_insert_with(|| y.clone()).clone();
+        let err: f32 = (y - want.clone()).abs().max().into_scalar().elem();
+        let scale: f32 = want.abs().max().into_scalar().elem();
+        for _ in 0..2 {
+            sync(product(name).0);
+        }
+        let t = Instant::now();
+        let mut last = None;
+        for _ in 0..10 {
+            last = Some(product(name).0);
+        }
+        if let Some(y) = last {
+            sync(y);
+        }
+        let s = t.elapsed().as_secs_f64() / 10.0;
+        println!(
+            "head {rows}x{hidden} · ({vocab}x{hidden})ᵀ stored layout {name}{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}",
+            if own {
+                ""
+            } else {
+                " (cannot take it: Burn's matmul ran)"
+            },
+            s * 1e3,
+            flop / s / 1e12,
+            err / scale.max(1e-30),
+        );
     }
 }
 

@@ -392,6 +392,7 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
     // The attention the plan named (f16 on wgpu: the flash kernel) ran in
     // every layer's forward, and the run says so.
     assert_eq!(plan.settings["attention"], "unit", "{:?}", plan.settings);
+    assert_eq!(plan.settings["head_matmul"], "auto", "{:?}", plan.settings);
     let attention = &summary.results["attention"];
     assert_eq!(attention["kernel"], "unit", "{attention}");
     assert!(attention["fused"].as_u64() > Some(0), "{attention}");
@@ -939,12 +940,14 @@ fn unsupported_device_requests_are_one_line() {
 }
 
 /// `prunemem eval` of two 32-token windows of `text` with `args`, the
-/// device's largest buffer lowered to `max_buffer` when given.
+/// device's largest buffer lowered to `max_buffer` when given, and `env`
+/// set.
 fn eval_windows(
     model: &Path,
     text: &Path,
     args: &[&str],
     max_buffer: Option<&str>,
+    env: &[(&str, &str)],
 ) -> (Option<i32>, String, String) {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"));
     cmd.args([
@@ -963,6 +966,7 @@ fn eval_windows(
     if let Some(m) = max_buffer {
         cmd.env("PRUNEMEM_MAX_BUFFER", m);
     }
+    cmd.envs(env.iter().copied());
     let out = cmd.output().unwrap();
     (
         out.status.code(),
@@ -983,6 +987,7 @@ fn a_device_eval_is_estimated_from_its_buffers() {
         &text,
         &["--device", "wgpu", "--log-memory", s(&logs)],
         None,
+        &[],
     );
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
     let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
@@ -1016,7 +1021,11 @@ fn perplexity_of((code, stdout, stderr): (Option<i32>, String, String)) -> f64 {
 }
 
 /// An untied head goes up in shards like the embedding: the same bits as
-/// one table (f16, `PRUNEMEM_MAX_BUFFER=256KiB`: four shards).
+/// one table (f16, `PRUNEMEM_MAX_BUFFER=256KiB`: four shards). And with
+/// `PRUNEMEM_HEAD_MATMUL` naming cubek's unit kernel, the head's product
+/// reads the table in its stored layout, whole or in shards, every launch
+/// taken (none handed back to Burn's matmul), to the perplexity Burn's
+/// matmul gives.
 fn untied_head_in_shards() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
@@ -1028,17 +1037,24 @@ fn untied_head_in_shards() {
     prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
     let text = dir.path().join("text.txt");
     std::fs::write(&text, support::sample_text(2000)).unwrap();
-    let eval = |max_buffer| {
-        perplexity_of(eval_windows(
-            &model,
-            &text,
-            &["--device", "wgpu"],
-            max_buffer,
-        ))
+    let run = |max_buffer, env: &[(&str, &str)]| {
+        eval_windows(&model, &text, &["--device", "wgpu"], max_buffer, env)
     };
+    let eval = |max_buffer| perplexity_of(run(max_buffer, &[]));
     let (whole, sharded) = (eval(None), eval(Some("256KiB")));
     println!("untied head: perplexity whole {whole}, in shards {sharded}");
     assert_eq!(whole.to_bits(), sharded.to_bits(), "{whole} vs {sharded}");
+    let unit = [("PRUNEMEM_HEAD_MATMUL", "simple_unit")];
+    for (max_buffer, burns) in [(None, whole), (Some("256KiB"), sharded)] {
+        let out = run(max_buffer, &unit);
+        let json = support::json_line(&out.1);
+        let named = perplexity_of(out);
+        println!("untied head, unit kernel ({max_buffer:?}): perplexity {named}");
+        assert!((named / burns - 1.0).abs() < 1e-6, "{named} vs {burns}");
+        let matmul = &json["device_kernels"]["matmul"];
+        assert!(matmul["ran"].as_u64() > Some(0), "{json}");
+        assert_eq!(matmul["fell_back"], 0, "{json}");
+    }
 }
 
 /// A table past the device's largest buffer (lavapipe: 128 MiB; a 49 152 ×
@@ -1070,7 +1086,7 @@ fn a_table_past_the_devices_largest_buffer_is_sharded_and_a_resident_model_refus
     let eval = |device: &str, dtype: &str, extra: &[&str], max_buffer: Option<&str>| {
         let mut args = vec!["--device", device, "--dtype", dtype];
         args.extend_from_slice(extra);
-        eval_windows(&model, &text, &args, max_buffer)
+        eval_windows(&model, &text, &args, max_buffer, &[])
     };
     let ppl = perplexity_of;
     // Streamed, the f32 table goes up in shards: the CPU backend's figure.
@@ -1524,8 +1540,60 @@ impl OnDevice for KernelsAgainstHost {
         out.extend(swiglu_cases::<B>(&mut rng, device));
         out.extend(square_sum_cases::<B>(&mut rng, device));
         out.extend(rms_norm_cases::<B>(&mut rng, device));
+        out.extend(head_cases::<B>(&mut rng, device));
         out
     }
+}
+
+/// The head's product with its `[vocab, hidden]` table in the stored
+/// layout (`Compute::matmul_rows`, what `PRUNEMEM_HEAD_MATMUL` names) with
+/// cubek's unit kernel, the strategy lavapipe runs, against f64 on the
+/// host: a chunk's 261 rows by a vocabulary no multiple of a tile, worst
+/// error relative to the largest logit.
+fn head_cases<B: Compute>(
+    rng: &mut prunemem::model::synthetic::Normal,
+    device: &B::Device,
+) -> Vec<(String, f64, bool)> {
+    use burn::prelude::{Tensor, TensorData};
+    use burn::tensor::FloatDType;
+    let (n, k, m) = (261usize, 96usize, 1000usize);
+    let (a, b) = (rng.vec(n * k, 1.0), rng.vec(m * k, 1.0));
+    let mut out = Vec::new();
+    for dtype in [FloatDType::F32, FloatDType::F16] {
+        let h = Tensor::<B, 2>::from_data(TensorData::new(a.clone(), [n, k]), device).cast(dtype);
+        let table =
+            Tensor::<B, 2>::from_data(TensorData::new(b.clone(), [m, k]), device).cast(dtype);
+        let (sa, sb) = (host_f32(h.clone()), host_f32(table.clone()));
+        let want: Vec<f64> = (0..n * m)
+            .map(|i| {
+                let (r, c) = (i / m, i % m);
+                (0..k)
+                    .map(|j| sa[r * k + j] as f64 * sb[c * k + j] as f64)
+                    .sum()
+            })
+            .collect();
+        let scale = want.iter().fold(0f64, |x, v| x.max(v.abs()));
+        let error = |got: Tensor<B, 2>| {
+            assert_eq!(got.dims(), [n, m]);
+            let got = host_f32(got);
+            got.iter()
+                .zip(&want)
+                .map(|(g, w)| (*g as f64 - w).abs())
+                .fold(0f64, f64::max)
+                / scale
+        };
+        let burns = error(h.clone().matmul(table.clone().transpose()));
+        let (worst, ran) = match B::matmul_rows(h, table, "simple_unit") {
+            Ok(product) => (error(product), true),
+            Err(_) => (f64::NAN, false),
+        };
+        out.push((
+            format!("head product {dtype:?} (Burn's matmul: {burns:.2e})"),
+            worst,
+            ran,
+        ));
+    }
+    out
 }
 
 /// The RMS norm's kernel against f64 on the host (`x / sqrt(mean(x²) +
@@ -1748,6 +1816,14 @@ fn the_selection_and_loss_kernels_give_the_hosts_answers() {
                 let burns = burns_error(&case, "Burn's ops: ");
                 assert!(miss < 1e-5, "{case}: relative error {miss}");
                 assert!(miss <= burns.max(1e-6), "{case}: {miss} past Burn's ops");
+            }
+            // The output's own rounding, and no further from f64 than
+            // Burn's matmul on the transposed view.
+            false if case.starts_with("head product") => {
+                let burns = burns_error(&case, "Burn's matmul: ");
+                let unit = if case.contains("F16") { 1e-3 } else { 1e-6 };
+                assert!(miss < unit, "{case}: relative error {miss}");
+                assert!(miss <= 2.0 * burns.max(unit / 10.0), "{case}: {miss}");
             }
             false => assert!(miss < 1e-5, "{case}: relative error {miss}"),
         }

@@ -11,7 +11,9 @@
 #   BIN=path/to/prunemem KIT=dir WANDA_REPO=path scripts/bench/cuda.sh OUTDIR
 #
 # FACTOR_BIN (optional): examples/factor_rate built with --features cuda,
-# run first on FACTOR_SIZES (default 4096 8192 14336).
+# run first on FACTOR_SIZES (default 4096 8192 14336). MATMUL_BIN
+# (optional): examples/matmul_rate, the same way: every matmul strategy on
+# a 1B layer's linears and on the head, in both of the head's layouts.
 #
 # KIT holds tokenizer.json, tokenizer_config.json (SmolLM2's) and
 # wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
@@ -20,7 +22,11 @@
 # compiled by the run before and loaded from the cache; prunemem-host is
 # that with --keep-pruned host; prunemem-24 and reference-24 prune 2:4;
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
-# tensor cores or on plain units, PRUNEMEM_ATTENTION) with NSAMPLES × SEQLEN (default the benchmark protocol's
+# tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
+# head's product with HEAD_MATMUL, default double_tma_mma,
+# PRUNEMEM_HEAD_MATMUL; prunemem-profile is a short run, 8 calibration and
+# 8 evaluation windows, under cubecl's per-kernel profile, its kernels by
+# time in RUN.kernels.txt) with NSAMPLES × SEQLEN (default the benchmark protocol's
 # 32 × 512) and EVAL_WINDOWS windows, in f16. Every step has its own time
 # limit (STEP_TIMEOUT seconds, default 150), and after every step the whole
 # OUTDIR is packed into ARCHIVE (when set) and the table printed
@@ -132,6 +138,30 @@ factor_rate() {
   return $rc
 }
 
+# The matmul strategies alone (`examples/matmul_rate.rs`).
+matmul_rate() {
+  "$MATMUL_BIN" cuda 4096 ${MATMUL_NAMES:-auto double_tma_mma specialized_tma_mma simple_tma_mma double_cyclic_cmma} \
+      >"$out/matmul-rate.txt" 2>&1
+  local rc=$?
+  cat "$out/matmul-rate.txt"
+  return $rc
+}
+
+# A short run under cubecl's profile (every kernel synchronised and timed,
+# so its seconds are not a run's): which kernels the time went to, and the
+# phases' seconds of the same run in its RUN.json.
+profile_run() {
+  local model=$1 method=$2 run=$3
+  local -a common=(--nsamples 8 --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
+                   --eval-text "$TEXT" --eval-lines first-half --eval-windows 8)
+  CUBECL_DEBUG_OPTION=profile CUBECL_DEBUG_LOG="$out/$run.cubecl.log" prunemem_run "$model" "$method" "$run"
+  local rc=$?
+  python3 scripts/bench/cubecl_profile.py "$out/$run.cubecl.log" >"$out/$run.kernels.txt" 2>&1
+  head -n 25 "$out/$run.kernels.txt"
+  gzip -f "$out/$run.cubecl.log"
+  return $rc
+}
+
 if [ -n "$doing" ]; then
   shift
   "$@"
@@ -139,8 +169,10 @@ if [ -n "$doing" ]; then
 fi
 common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
         --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
-export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-}
+export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-} \
+    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} SEQLEN TEXT
 [ -n "${FACTOR_BIN:-}" ] && step factor-rate factor_rate
+[ -n "${MATMUL_BIN:-}" ] && step matmul-rate matmul_rate
 for shape in $SHAPES; do
   model=$out/models/$shape
   step "make-$shape" make_model "$shape" "$model" || continue
@@ -158,6 +190,9 @@ for shape in $SHAPES; do
       # cubek's flash attention instead of Burn's separate kernels.
       prunemem-flash) PRUNEMEM_ATTENTION=accelerated step "$shape-$method-flash" prunemem_run "$model" "$method" "$shape-$method-flash" ;;
       prunemem-unit) PRUNEMEM_ATTENTION=unit step "$shape-$method-unit" prunemem_run "$model" "$method" "$shape-$method-unit" ;;
+      # The head's product with a named strategy on its stored table.
+      prunemem-head) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} step "$shape-$method-head" prunemem_run "$model" "$method" "$shape-$method-head" ;;
+      prunemem-profile) step "$shape-$method-profile" profile_run "$model" "$method" "$shape-$method-profile" ;;
       reference-24) step "ref-$shape-$method-24" reference_run "$model" "$method" "ref-$shape-$method-24" --sparsity-type 2:4 ;;
       *) echo "unknown tool $tool in RUNS" >&2 ;;
     esac

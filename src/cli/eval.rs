@@ -2,7 +2,6 @@
 //! [`EvalJob`], and the printing of its perplexity.
 
 use clap::Args;
-use serde_json::json;
 
 use super::CliResult;
 use super::common::{RunFlags, job_error, logs_written};
@@ -57,12 +56,7 @@ pub fn run(args: EvalArgs, argv: Vec<String>) -> CliResult<i32> {
     let o = jobs::eval::run(&job, args.run.run_options()?).map_err(job_error)?;
     let r = &o.perplexity;
     if args.json {
-        println!(
-            "{}",
-            json!({"perplexity": r.perplexity, "windows": r.windows, "seqlen": o.seqlen,
-                   "tokens": r.windows * o.seqlen, "seconds": r.seconds,
-                   "tokens_per_second": r.tokens_per_second, "rss_peak": o.summary.rss_peak})
-        );
+        println!("{}", jobs::eval::json_line(&o));
     } else {
         println!(
             "perplexity {:.4} over {} windows × {} tokens ({} tokens) in {:.1}s, {:.0} tokens/s",

@@ -195,6 +195,22 @@ pub trait Compute: Backend {
         a.matmul(b)
     }
 
+    /// `a · bᵀ` (`[n, k] · [m, k]ᵀ`) with cubek's strategy `strategy`
+    /// (`exec::matmul::NAMES`): the head's product, its `[vocab, hidden]`
+    /// table read in its stored layout, not copied transposed. `Err` gives
+    /// the arguments back where the backend has no such kernel, the name
+    /// is Burn's own (`auto`), or the kernel declines the shapes; the
+    /// caller then takes Burn's matmul (`exec::matmul::times_rows`).
+    #[allow(clippy::type_complexity)]
+    fn matmul_rows(
+        a: Tensor<Self, 2>,
+        b: Tensor<Self, 2>,
+        strategy: &str,
+    ) -> Result<Tensor<Self, 2>, (Tensor<Self, 2>, Tensor<Self, 2>)> {
+        let _ = strategy;
+        Err((a, b))
+    }
+
     /// A linear layer's forward.
     fn linear(linear: &Linear<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         linear.forward(x)

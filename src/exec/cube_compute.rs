@@ -108,6 +108,40 @@ macro_rules! cube_matmul_f32 {
     }};
 }
 
+/// [`super::Compute::matmul_rows`] on a cube backend: cubek's strategy
+/// by name on `a` and `b`'s transposed view (a column-major operand, which
+/// cubek's kernels read in place), into a new `[n, m]` tensor of `a`'s
+/// dtype. The arguments back for `auto`, an unknown name, mixed dtypes,
+/// or a kernel that declines.
+macro_rules! cube_matmul_rows {
+    ($a:expr, $b:expr, $strategy:expr) => {{
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let (a, b) = ($a, $b);
+        let Some(strategy) = crate::exec::matmul::strategy($strategy) else {
+            return Err((a, b));
+        };
+        if a.dtype() != b.dtype() {
+            return Err((a, b));
+        }
+        let ([n, _], [m, _]) = (a.dims(), b.dims());
+        let out = Tensor::<Self, 2>::empty([n, m], (&a.device(), a.dtype()));
+        let ap = a.clone().into_primitive().tensor();
+        let bp = b.clone().transpose().into_primitive().tensor();
+        let op = out.into_primitive().tensor();
+        let launched = crate::exec::matmul::launch(
+            &strategy,
+            &op.client,
+            (ap.binding(), a.dtype().into()),
+            (bp.binding(), b.dtype().into()),
+            (op.clone().binding(), op.dtype.into()),
+        );
+        match launched {
+            Ok(()) => Ok(Tensor::from_primitive(TensorPrimitive::Float(op))),
+            Err(_) => Err((a, b)),
+        }
+    }};
+}
+
 /// The largest allocation cubecl's pool takes on `device` (wgpu: the
 /// adapter's storage-binding limit; CUDA: a quarter of the card).
 fn cube_max_buffer<R: burn::cubecl::Runtime>(device: &R::Device) -> Option<u64> {
@@ -468,6 +502,17 @@ macro_rules! cube_compute {
                 b: burn::tensor::Tensor<Self, 2>,
             ) -> burn::tensor::Tensor<Self, 2> {
                 cube_matmul_f32!(a, b)
+            }
+
+            fn matmul_rows(
+                a: burn::tensor::Tensor<Self, 2>,
+                b: burn::tensor::Tensor<Self, 2>,
+                strategy: &str,
+            ) -> Result<
+                burn::tensor::Tensor<Self, 2>,
+                (burn::tensor::Tensor<Self, 2>, burn::tensor::Tensor<Self, 2>),
+            > {
+                cube_matmul_rows!(a, b, strategy)
             }
 
             fn linear(

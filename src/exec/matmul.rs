@@ -62,6 +62,39 @@ pub fn measured_default(cuda_with_tma: bool) -> &'static str {
     }
 }
 
+/// The head's strategy (`PRUNEMEM_HEAD_MATMUL`): the evaluation's
+/// `[rows, hidden] · [vocab, hidden]ᵀ` reads the table in its stored
+/// layout, which `examples/matmul_rate.rs` had not timed on a GPU (its
+/// `[in, out]` head row ran at 41 TFLOP/s with `auto` and 102–121 with
+/// the TMA strategies on an H100), so Burn's matmul stays the default
+/// until a GPU measures it (`matmul_rate` prints both layouts).
+static HEAD: Named = Named::new("PRUNEMEM_HEAD_MATMUL", NAMES, "Burn's matmul");
+
+/// Uses `name` for the head's product from now on; `false` (nothing
+/// changed) for an unknown name.
+pub fn set_head(name: &str) -> bool {
+    HEAD.set(name)
+}
+
+/// The head's strategy in use: `PRUNEMEM_HEAD_MATMUL`'s, or the last
+/// [`set_head`], else `auto` (Burn's matmul).
+pub fn head_name() -> &'static str {
+    HEAD.chosen_or(|| "auto")
+}
+
+/// `a · bᵀ` for a `[n, k]` `a` and a `[m, k]` `b` stored row by row (the
+/// head's table): the head's strategy ([`head_name`]) where the backend
+/// runs it, else Burn's matmul on the transposed view.
+pub fn times_rows<B: super::Compute>(
+    a: burn::tensor::Tensor<B, 2>,
+    b: burn::tensor::Tensor<B, 2>,
+) -> burn::tensor::Tensor<B, 2> {
+    match B::matmul_rows(a, b, head_name()) {
+        Ok(product) => product,
+        Err((a, b)) => a.matmul(b.transpose()),
+    }
+}
+
 /// The name in use: `PRUNEMEM_MATMUL`'s, or the last [`set`], else
 /// `default()` (asked once, on the first call); `auto` (Burn's matmul) for
 /// an unknown `PRUNEMEM_MATMUL` (said once on stderr).
@@ -76,8 +109,10 @@ pub fn chosen(default: impl FnOnce() -> &'static str) -> Option<Strategy> {
     strategy(chosen_name_or(default))
 }
 
+/// The strategy called `name`; `None` for `auto` (Burn's matmul) and
+/// unknown names.
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
-fn strategy(name: &str) -> Option<Strategy> {
+pub fn strategy(name: &str) -> Option<Strategy> {
     Some(match name {
         "simple_cyclic_cmma" => Strategy::SimpleCyclicCmma(Default::default()),
         "simple_cyclic_mma" => Strategy::SimpleCyclicMma(Default::default()),

@@ -21,7 +21,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Kernel {
-    /// A linear's product with the named cubek strategy (`exec::matmul`).
+    /// A product with a named cubek strategy (`exec::matmul`): a linear's,
+    /// the head's (`PRUNEMEM_HEAD_MATMUL`), SparseGPT's exact f32 ones.
     Matmul,
     /// cubek's flash attention (`exec::attention`).
     Attention,

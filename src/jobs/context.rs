@@ -129,6 +129,12 @@ impl Run {
                 "attention".into(),
                 crate::exec::attention::planned(cuda, f16).into(),
             );
+            // The head's product (`exec::matmul::times_rows`): Burn's
+            // matmul unless PRUNEMEM_HEAD_MATMUL names a strategy.
+            plan.settings.insert(
+                "head_matmul".into(),
+                crate::exec::matmul::head_name().into(),
+            );
             // The MLP's gate (written over the gate's buffer), Wanda's
             // norms and the RMS norm run prunemem's kernels on every cube
             // device.

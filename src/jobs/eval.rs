@@ -21,6 +21,22 @@ pub struct Outcome {
     pub sink_errors: Vec<String>,
 }
 
+/// The JSON line `eval --json` prints: the perplexity and its pace, the
+/// peaks, and the run's recorded results as prune's line has them (on a
+/// device the pool's reserved peak, bytes and kernels by phase, which of
+/// prunemem's kernels ran, NVML's utilisation; the seconds by phase).
+pub fn json_line(o: &Outcome) -> serde_json::Value {
+    let (r, s) = (&o.perplexity, &o.summary);
+    let mut line = json!({
+        "perplexity": r.perplexity, "windows": r.windows, "seqlen": o.seqlen,
+        "tokens": r.windows * o.seqlen, "seconds": r.seconds,
+        "tokens_per_second": r.tokens_per_second, "rss_peak": s.rss_peak,
+        "device_peak": s.device_peak,
+    });
+    super::prune_output::recorded_results(&mut line, s);
+    line
+}
+
 pub fn run(job: &EvalJob, options: RunOptions) -> Result<Outcome, JobError> {
     job.validate()?;
     let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;

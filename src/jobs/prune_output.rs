@@ -41,10 +41,16 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         })),
         "layers": o.prune.layers.len(),
     });
+    recorded_results(&mut line, s);
+    line
+}
+
+/// The run's recorded results beside a `--json` line's own keys (prune's
+/// and eval's).
+pub(super) fn recorded_results(line: &mut Value, s: &crate::events::RunSummary) {
     for key in RESULTS_AS_THEY_ARE {
         line[key] = json!(s.results.get(key));
     }
-    line
 }
 
 /// The run's results `--json` prints as the run recorded them (`null`

@@ -502,7 +502,7 @@ impl<'a, B: Compute> Head<'a, B> {
         let _span = timing::work(Work::Gemm);
         let logits = match self {
             Head::Linear(l) => l.forward(h.clone()),
-            Head::Tied(e) => h.clone().matmul(e.weight.val().transpose()),
+            Head::Tied(e) => crate::exec::matmul::times_rows(h.clone(), e.weight.val()),
             Head::Sharded(s) => s.logits(h.clone()),
         };
         crate::exec::watch::after_op();

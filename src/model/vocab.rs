@@ -119,7 +119,7 @@ impl<B: Compute> Shards<B> {
         let parts: Vec<Tensor<B, 2>> = self
             .parts
             .iter()
-            .map(|(_, shard)| h.clone().matmul(shard.clone().transpose()))
+            .map(|(_, shard)| crate::exec::matmul::times_rows(h.clone(), shard.clone()))
             .collect();
         Tensor::cat(parts, 1)
     }
