@@ -2,7 +2,8 @@
 //! the statistics pass, pruning, the output pass, writing, evaluation) and
 //! by kind of work (matrix products, attention, norms/rope/activations,
 //! statistics, selection and sorting, SparseGPT's sweep, checkpoint I/O,
-//! logits), measured where the work is done.
+//! logits, uploads to a device, and a device run's computing thread
+//! waiting for its reader thread), measured where the work is done.
 //!
 //! Code marks what it is doing with scoped spans ([`work`], [`phase`]).
 //! Work spans are exclusive per thread: opening one pauses the enclosing one
@@ -39,7 +40,16 @@ pub enum Work {
     Io,
     /// Log-softmax and losses over logits.
     Logits,
+    /// Host tensors put on the device by the computing thread (cubecl copies
+    /// them into its staging memory there, then the bus carries them).
+    Upload,
+    /// The computing thread waiting for the reader thread's next layer or
+    /// the head's table: the device idles on the host.
+    ReaderWait,
 }
+
+/// How many kinds of work there are.
+const WORK_COUNT: usize = 11;
 
 /// A phase of a run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,7 +63,7 @@ pub enum Phase {
     Eval,
 }
 
-const WORKS: [Work; 9] = [
+const WORKS: [Work; WORK_COUNT] = [
     Work::Gemm,
     Work::Attention,
     Work::Elementwise,
@@ -63,6 +73,8 @@ const WORKS: [Work; 9] = [
     Work::Refine,
     Work::Io,
     Work::Logits,
+    Work::Upload,
+    Work::ReaderWait,
 ];
 /// How many phases there are.
 pub const PHASE_COUNT: usize = 6;
@@ -89,6 +101,8 @@ impl Work {
             Work::Refine => "dsnot_refine",
             Work::Io => "checkpoint_io",
             Work::Logits => "logits",
+            Work::Upload => "upload",
+            Work::ReaderWait => "waiting_for_reader",
         }
     }
 }
@@ -106,7 +120,7 @@ impl Phase {
     }
 }
 
-static WORK_NS: [AtomicU64; 9] = [const { AtomicU64::new(0) }; 9];
+static WORK_NS: [AtomicU64; WORK_COUNT] = [const { AtomicU64::new(0) }; WORK_COUNT];
 static PHASE_NS: [AtomicU64; PHASE_COUNT] = [const { AtomicU64::new(0) }; 6];
 
 thread_local! {
@@ -193,7 +207,7 @@ pub type Seconds = Vec<(&'static str, f64)>;
 /// The process's totals at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Totals {
-    work: [u64; 9],
+    work: [u64; WORK_COUNT],
     phase: [u64; 6],
 }
 

@@ -389,6 +389,12 @@ fn a_device_run_logs_device_bytes_at_every_stage() {
         panic!("no summary")
     };
     assert!(summary.device_peak.is_some_and(|p| p > 0));
+    // The computing thread's uploads and its waits on the reader thread
+    // are timed (is the device waiting on the host?).
+    let work = &summary.results["seconds_by_work"];
+    for kind in ["upload", "waiting_for_reader", "checkpoint_io"] {
+        assert!(work[kind].as_f64() > Some(0.0), "{kind}: {work}");
+    }
     // The attention the plan named (f16 on wgpu: the flash kernel) ran in
     // every layer's forward, and the run says so.
     assert_eq!(plan.settings["attention"], "unit", "{:?}", plan.settings);

@@ -178,6 +178,7 @@ impl<B: Compute> Kept<B> {
         match self.layers.get(i) {
             Some(Layer::Device(l)) => Ok(LayerRef::Borrowed(l)),
             Some(Layer::Host(h)) => {
+                let _upload = crate::timing::work(crate::timing::Work::Upload);
                 let mut layer = skeleton_layer::<B>(config, device);
                 let snapshots: Vec<TensorSnapshot> = h
                     .tensors

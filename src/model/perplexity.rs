@@ -392,9 +392,11 @@ fn streamed_nll<B: Compute>(
         crate::exec::release_free::<B>(device);
         let head = match ahead {
             Some(read) => {
+                let wait = crate::timing::work(Work::ReaderWait);
                 let data = read.join().map_err(|_| {
                     ModelError::Checkpoint("reading the head's table failed".into())
                 })??;
+                drop(wait);
                 LmHead::from_host(data, dtype, device)?
             }
             None => LmHead::load(ckpt, dtype, device)?,

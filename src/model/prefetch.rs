@@ -82,9 +82,13 @@ pub fn for_each_layer<E: From<ModelError>>(
         let mut next = ahead.then(|| read(0));
         for i in 0..layers {
             let ready = match next.take() {
-                Some(h) => Some(h.join().map_err(|_| {
-                    ModelError::Checkpoint(format!("reading model.layers.{i} failed"))
-                })??),
+                Some(h) => {
+                    // Time the device idles on the host (`seconds_by_work`).
+                    let _wait = crate::timing::work(crate::timing::Work::ReaderWait);
+                    Some(h.join().map_err(|_| {
+                        ModelError::Checkpoint(format!("reading model.layers.{i} failed"))
+                    })??)
+                }
                 None => None,
             };
             if ahead && i + 1 < layers {
@@ -127,6 +131,7 @@ pub fn upload_layer<B: Backend>(
         })
         .collect();
     let _tag = crate::memory::tag::tag(crate::memory::tag::Category::Weights);
+    let _upload = crate::timing::work(crate::timing::Work::Upload);
     let result = module.apply(snapshots, None, None, false);
     if let Some(e) = result.errors.first() {
         return Err(ModelError::Checkpoint(format!(

@@ -310,6 +310,7 @@ impl<B: Compute> LmHead<B> {
         if B::is_device() {
             crate::exec::transfer::uploaded(data.bytes.len() as u64);
         }
+        let _upload = crate::timing::work(crate::timing::Work::Upload);
         let mut e = burn::nn::EmbeddingConfig::new(vocab, hidden).init(device);
         e.weight =
             burn::module::Param::from_tensor(Tensor::from_data(data, (device, dtype.burn())));
