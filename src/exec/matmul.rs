@@ -70,14 +70,8 @@ pub fn measured_default(cuda_with_tma: bool) -> &'static str {
 /// until a GPU measures it (`matmul_rate` prints both layouts).
 static HEAD: Named = Named::new("PRUNEMEM_HEAD_MATMUL", NAMES, "Burn's matmul");
 
-/// Uses `name` for the head's product from now on; `false` (nothing
-/// changed) for an unknown name.
-pub fn set_head(name: &str) -> bool {
-    HEAD.set(name)
-}
-
-/// The head's strategy in use: `PRUNEMEM_HEAD_MATMUL`'s, or the last
-/// [`set_head`], else `auto` (Burn's matmul).
+/// The head's strategy in use: `PRUNEMEM_HEAD_MATMUL`'s, else `auto`
+/// (Burn's matmul).
 pub fn head_name() -> &'static str {
     HEAD.chosen_or(|| "auto")
 }
