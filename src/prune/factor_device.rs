@@ -181,7 +181,7 @@ pub(super) fn upload<B: Compute>(x: &[f32], c: usize, device: &B::Device) -> Ten
 #[cfg(test)]
 mod tests {
     //! The blocked device factorisation against the host's on Burn's CPU
-    //! backend (the ops a device runs); `tests/device.rs` repeats it on
+    //! backend (the ops a device runs); `tests/device/` repeats it on
     //! wgpu.
     use super::*;
     use crate::exec::Cpu;

@@ -13,7 +13,7 @@
 //! selection must take exactly `k` and the threshold value repeats, a
 //! second bisection over input positions takes the first ties in column
 //! order, as the host path's stable sort does, so the masks are the host
-//! path's to the position (`tests/device.rs` compares them).
+//! path's to the position (`tests/device/` compares them).
 //!
 //! On cubecl's backends the per-output selection is one kernel launch
 //! (`Compute::smallest_per_column`, `exec::kernels`) running the same
@@ -315,7 +315,7 @@ fn nm_mask<B: Compute>(keys: Tensor<B, 2, Int>, n: usize, m: usize) -> Tensor<B,
 mod tests {
     //! The device path against the host path on Burn's CPU backend (the
     //! default `float_bits` goes through the host; the ops are the ones a
-    //! device runs). `tests/device.rs` repeats the comparison on wgpu.
+    //! device runs). `tests/device/` repeats the comparison on wgpu.
     use super::*;
     use crate::exec::Cpu;
     use crate::prune::methods;

@@ -23,7 +23,7 @@
 //! Burn keeps a linear `[in, out]`, so PyTorch's column `i` (one input) is
 //! row `i` here, and the sweep walks rows. The arithmetic is f32 as on the
 //! host; the order of the sums differs (the device's matrix products), so
-//! weights agree to rounding and masks to near-ties (`tests/device.rs`).
+//! weights agree to rounding and masks to near-ties (`tests/device/`).
 
 use burn::prelude::*;
 use burn::tensor::{Bool, DType, FloatDType};
@@ -300,7 +300,7 @@ fn sweep_with_ops<B: Compute>(
 #[cfg(test)]
 mod tests {
     //! The device sweep against the host's `fasterprune` on Burn's CPU
-    //! backend (the same ops a device runs); `tests/device.rs` repeats it
+    //! backend (the same ops a device runs); `tests/device/` repeats it
     //! on wgpu.
     use super::*;
     use crate::exec::Cpu;

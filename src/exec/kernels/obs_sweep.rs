@@ -14,7 +14,7 @@
 //!
 //! The host path (`prune::sparsegpt::fasterprune`) and the Burn-ops path
 //! (`prune::sparsegpt_device`, on backends without this kernel) remain the
-//! references: `tests/device.rs` compares them on lavapipe.
+//! references: `tests/device/` compares them on lavapipe.
 
 use cubecl::prelude::*;
 

@@ -6,7 +6,7 @@
 //! evaluation, magnitude), 110 KiB of the 96-wide fixture's 793 KiB
 //! reserve and 0.7 GB at a 7B shape with 2048-token windows in batches of
 //! 8. On lavapipe it is also closer to the exact value than Burn's ops
-//! (`tests/device.rs`: 4.7 against 11.8 f32 units, 0.5 against 1.4 f16
+//! (`tests/device/`: 4.7 against 11.8 f32 units, 0.5 against 1.4 f16
 //! units). Where the gate's buffer is the gate's alone (the gate
 //! projection's fresh output), the product is written over it
 //! ([`launch_swiglu_in_place`]): the pool then holds two

@@ -1,0 +1,162 @@
+//! What crosses the bus: a device prune moves no weight-sized tensor back
+//! to the host, and its uploads are what the engine says they are.
+
+use super::*;
+
+/// The device path keeps the weights where they are (issue 42): pruning a
+/// layer with magnitude, Wanda or RIA reads back counts and flags only,
+/// SparseGPT adds its factorisation's diagonal blocks (and is estimated),
+/// an evaluation window reads back one loss, no scratch checkpoint is
+/// written, the pool reserves no more than 1.25× its bytes in use plus the
+/// largest buffer (at every stage and over the run), and kernel launches
+/// are counted by phase.
+#[test]
+fn a_device_prune_moves_no_weights_across_the_bus() {
+    let (dir, model, text) = wide_fixture();
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    for (method, cap) in [
+        ("wanda", None),
+        ("magnitude", None),
+        ("ria", Some("1GiB")),
+        ("sparsegpt", None),
+    ] {
+        let logs = dir.path().join(format!("logs-{method}"));
+        let mut extra = vec![
+            "--eval-text",
+            s(&text),
+            "--eval-windows",
+            "3",
+            "--log-memory",
+            s(&logs),
+            "--json",
+        ];
+        if let Some(cap) = cap {
+            extra.extend(["--device-memory", cap]);
+        }
+        let mut argv = wanda_on_wgpu(&model, &text, &extra);
+        let at = argv.iter().position(|a| *a == "wanda").unwrap();
+        argv[at] = method;
+        let (code, stdout, stderr) = run_prunemem(&argv);
+        assert_eq!(code, Some(0), "{method}: {stdout}\n{stderr}");
+        let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        println!("{method}: transfers {}", json["transfers"]);
+        let t = &json["transfers"];
+        let layers = config.num_layers as u64;
+        let per_layer = t["prune"]["device_to_host_bytes"].as_u64().unwrap_or(0) / layers;
+        // SparseGPT factors each input's Hessian where it is
+        // (`prune::factor_device`): its diagonal and its diagonal blocks
+        // come back, never the `in × in` Hessian.
+        let factor = match method {
+            "sparsegpt" => {
+                let (h, i) = (config.hidden_size, config.intermediate_size);
+                [h, h, h, i].iter().map(|n| (n * n.min(&128) + n) * 4).sum()
+            }
+            _ => 0,
+        } as u64;
+        assert!(
+            per_layer <= (64 << 10) + factor,
+            "{method}: {per_layer} bytes back per layer: {t}"
+        );
+        // The calibration's embedding uploads the windows' hidden states
+        // (4 × 32 tokens, f16), never the vocabulary table; magnitude has
+        // no calibration.
+        let windows = match method {
+            "magnitude" => 0,
+            _ => (4 * 32 * config.hidden_size * 2) as u64,
+        };
+        assert_eq!(
+            t["other"]["host_to_device_bytes"].as_u64(),
+            Some(windows),
+            "{method}: {t}"
+        );
+        // Statistics stay on the device for these methods.
+        assert_eq!(
+            t["stats_pass"]["device_to_host_bytes"]
+                .as_u64()
+                .unwrap_or(0),
+            0,
+            "{t}"
+        );
+        let per_window = t["eval"]["device_to_host_bytes"].as_u64().unwrap() / 3;
+        assert!(
+            per_window <= 4 << 10,
+            "{method}: {per_window} bytes back per window: {t}"
+        );
+        assert!(
+            t["prune"]["kernels"].as_u64() > Some(0),
+            "kernels not counted: {t}"
+        );
+        // No scratch checkpoint: the layers waited in memory.
+        let kept = json["pruned_layers_kept"].as_str().unwrap();
+        assert_eq!(
+            kept,
+            if cap.is_some() { "device" } else { "host" },
+            "{method}"
+        );
+        let events = events(&logs);
+        assert!(
+            events.iter().all(|e| !matches!(e, Event::Message { text, .. } if text.contains("streams the pruned layers"))),
+            "a scratch checkpoint was written"
+        );
+        // The pool's reserve follows its use: at every stage, and over the run.
+        let largest = [
+            config.vocab_size * config.hidden_size * 2,
+            config.intermediate_size * config.hidden_size * 8,
+            prunemem::model::perplexity::device_chunk_rows(config.vocab_size).min(31)
+                * config.vocab_size
+                * 4,
+            // SparseGPT's factorisation: the widest input's `in × in` product.
+            match method {
+                "sparsegpt" => config.intermediate_size.pow(2) * 4,
+                _ => 0,
+            },
+        ]
+        .into_iter()
+        .max()
+        .unwrap() as u64;
+        let mut top_used = 0;
+        for e in &events {
+            let Event::Stage { snapshot } = e else {
+                continue;
+            };
+            let (Some(used), Some(reserved)) =
+                (snapshot.device_allocated, snapshot.device_reserved)
+            else {
+                continue;
+            };
+            top_used = top_used.max(snapshot.device_peak.unwrap_or(used));
+            assert!(
+                reserved as f64 <= 1.25 * used as f64 + largest as f64,
+                "{method} {}: reserved {reserved} for {used} in use (largest buffer {largest})",
+                snapshot.label
+            );
+        }
+        let reserved_peak = json["device_reserved_peak"].as_u64().unwrap();
+        println!(
+            "{method}: in use peak {top_used}, reserved peak {reserved_peak} (in {}), largest buffer {largest}",
+            json["device_reserved_peak_phase"]
+        );
+        assert!(
+            reserved_peak as f64 <= 1.25 * top_used as f64 + largest as f64,
+            "{method}: reserved peak {reserved_peak} for an in-use peak of {top_used}"
+        );
+        if method == "sparsegpt" {
+            // Every f32 product took the exact (unit) matmul: none handed
+            // its operands back to Burn's, which runs TF32 on CUDA.
+            let k = &json["device_kernels"]["matmul"];
+            assert!(k["ran"].as_u64() > Some(0), "{k}");
+            assert_eq!(k["fell_back"].as_u64(), Some(0), "{k}");
+            // The factorisation on the device is in the estimate: the
+            // pool's peak in use and reserved within 5%.
+            let (code, stdout, stderr) =
+                run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
+            assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+            let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+            for p in [&cmp["peak"], &cmp["reserved"]] {
+                println!("{method}: {p}");
+                let error = p["error_percent"].as_f64().expect("measured");
+                assert!(error.abs() <= 5.0, "{method}: {p}");
+            }
+        }
+    }
+}

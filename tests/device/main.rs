@@ -1,0 +1,135 @@
+//! The device path (Burn's wgpu backend through cubecl) against the CPU
+//! path, on a real Vulkan device: in CI and on a machine without a GPU,
+//! Mesa's lavapipe (`apt-get install mesa-vulkan-drivers libvulkan1`).
+//!
+//! Masks of tests/fixtures/tiny-llama pruned on the device equal the CPU
+//! backend's (or agree ≥ 99.9% where f32 summation order differs, with
+//! every differing position a near-tie), perplexity agrees within 0.1%,
+//! every stage of a device run carries device bytes, and a run over its
+//! `--device-memory` ends with status `oom`, exit code 3 and complete logs.
+//!
+//! By subject: `masks` (the device's answers against the CPU backend's),
+//! `runs` (whole runs through the CLI: logs, pool, OOM), `bus` (what
+//! crosses it), `eval` (the device evaluation), `kernels` (prunemem's own
+//! kernels against the host's answers); the fixtures they share are here.
+//!
+//! Built only with `--features wgpu`; with the feature, a missing Vulkan
+//! driver fails these tests (they never skip).
+#![cfg(feature = "wgpu")]
+
+#[path = "../support/mod.rs"]
+mod support;
+
+mod bus;
+mod eval;
+mod kernels;
+mod masks;
+mod runs;
+
+use std::collections::HashMap;
+use std::path::Path;
+
+use prunemem::events::{Event, RunStatus};
+use prunemem::exec::{Compute, DeviceSpec, Exec, OnDevice, WgpuSelect};
+use prunemem::model::llama::LAYER_LINEARS;
+use prunemem::model::perplexity::{self, EvalOptions, Weights};
+use prunemem::model::{Checkpoint, ComputeDtype};
+use prunemem::prune::engine::{self, PruneConfig, Source, weight_out_in};
+use prunemem::prune::{Method, Pattern};
+use support::{quiet_profiler, run_prunemem, s};
+
+const WGPU: DeviceSpec = DeviceSpec::Wgpu(WgpuSelect::Default);
+
+fn tiny_llama() -> std::path::PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-llama")
+}
+
+/// Deterministic calibration windows over tiny-llama's vocabulary.
+fn windows(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
+    let mut x = seed.wrapping_mul(6364136223846793005).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            (0..len)
+                .map(|_| {
+                    x = x
+                        .wrapping_mul(6364136223846793005)
+                        .wrapping_add(1442695040888963407);
+                    ((x >> 33) % vocab as u64) as u32
+                })
+                .collect()
+        })
+        .collect()
+}
+
+fn wgpu() -> Exec {
+    Exec::open(WGPU, None)
+        .unwrap_or_else(|e| panic!("the wgpu device must open (CI installs lavapipe): {e}"))
+}
+
+/// A synthetic model and text for the command-line runs.
+fn cli_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    prunemem::model::synthetic::write_checkpoint(
+        &model,
+        &prunemem::model::synthetic::SyntheticSpec::default(),
+    )
+    .unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    (dir, model, text)
+}
+
+/// `prune --method wanda` on the fixture on `--device wgpu`, then `extra`.
+fn wanda_on_wgpu<'a>(model: &'a Path, text: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut argv = vec![
+        "prune",
+        "--model",
+        s(model),
+        "--method",
+        "wanda",
+        "--nsamples",
+        "4",
+        "--seqlen",
+        "32",
+        "--calib-text",
+        s(text),
+        "--device",
+        "wgpu",
+        "--ui",
+        "none",
+    ];
+    argv.extend_from_slice(extra);
+    argv
+}
+
+fn events(dir: &Path) -> Vec<Event> {
+    let text = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
+    text.lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect()
+}
+
+/// `prunemem report LOGS --out OUT`, and the report's markdown.
+fn prunemem_report(logs: &Path, out: &Path) -> String {
+    let (code, stdout, stderr) = run_prunemem(&["report", s(logs), "--out", s(out)]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    std::fs::read_to_string(out.join("report.md")).unwrap()
+}
+
+/// A model wide enough that the pool's per-buffer padding is small beside
+/// its tensors (the 64-wide fixture's many tiny buffers are not).
+fn wide_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        hidden: 256,
+        intermediate: 704,
+        vocab: 2048,
+        ..Default::default()
+    };
+    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    (dir, model, text)
+}
