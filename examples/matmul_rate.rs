@@ -10,6 +10,9 @@
 //! shapes and its head's, every name in `exec::matmul::NAMES`; then the
 //! head as the evaluation multiplies it, its table in the stored
 //! `[vocab, hidden]` layout (`PRUNEMEM_HEAD_MATMUL=NAME` runs a name there).
+//! Each linear is timed twice: its weight in Burn's `[in, out]` layout, and
+//! as the checkpoint stores it, seen transposed
+//! (`PRUNEMEM_WEIGHT_LAYOUT=stored`).
 
 use std::time::Instant;
 
@@ -43,6 +46,32 @@ fn per_call<B: Compute>(linear: &burn::nn::Linear<B>, x: &Tensor<B, 3>, calls: u
     t.elapsed().as_secs_f64() / calls as f64
 }
 
+/// One linear's rate with the strategy in use, against `want`: whether
+/// the strategy took it, milliseconds, TFLOP/s, the largest difference.
+fn rate<B: Compute>(linear: &burn::nn::Linear<B>, x: &Tensor<B, 3>, want: Tensor<B, 3>) -> String {
+    let [_, rows, inp] = x.dims();
+    let [_, out] = linear.weight.val().dims();
+    let matmul = prunemem::exec::tally::Kernel::Matmul;
+    let before = prunemem::exec::tally::Tally::now().of(matmul);
+    let y = <B as Compute>::linear(linear, x.clone()).cast(FloatDType::F32);
+    let own = prunemem::exec::tally::Tally::now().of(matmul).fell_back == before.fell_back;
+    let err: f32 = (y - want.clone()).abs().max().into_scalar().elem();
+    let scale: f32 = (want.abs().max() + 1.0).into_scalar().elem();
+    let s = per_call(linear, x, 10);
+    format!(
+        "{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}{}",
+        if own {
+            ""
+        } else {
+            " (cannot take it: Burn's matmul ran)"
+        },
+        s * 1e3,
+        2.0 * (rows * inp * out) as f64 / s / 1e12,
+        err / scale,
+        if err > 0.1 { " (DIFFERS)" } else { "" }
+    )
+}
+
 impl OnDevice for Rates {
     type Output = ();
     fn run<B: Compute>(self, device: &B::Device) {
@@ -67,35 +96,26 @@ impl OnDevice for Rates {
             let x =
                 Tensor::<B, 3>::random([1, rows, inp], burn::tensor::Distribution::Default, device)
                     .cast(FloatDType::F16);
-            let flop = 2.0 * (rows * inp * out) as f64;
+            // The same weight as the checkpoint stores it (`[out, in]`),
+            // seen transposed (`PRUNEMEM_WEIGHT_LAYOUT=stored`).
+            let mut stored = linear.clone();
+            let out_in = linear.weight.val().transpose().into_data();
+            stored.weight = burn::module::Param::from_tensor(
+                Tensor::<B, 2>::from_data(out_in, (device, burn::tensor::DType::F16)).transpose(),
+            );
             let mut reference = None;
             for name in &self.names {
                 if !prunemem::exec::matmul::set(name) {
                     println!("{name}: unknown");
                     continue;
                 }
-                let matmul = prunemem::exec::tally::Kernel::Matmul;
-                let before = prunemem::exec::tally::Tally::now().of(matmul);
-                let y = <B as Compute>::linear(&linear, x.clone()).cast(FloatDType::F32);
-                let own =
-                    prunemem::exec::tally::Tally::now().of(matmul).fell_back == before.fell_back;
-                let base = Tensor::<B, 3>::zeros(y.dims(), device);
-                let want = reference.get_or_insert_with(|| y.clone()).clone();
-                let err: f32 = (y - want).abs().max().into_scalar().elem();
-                let scale: f32 = (base + 1.0).max().into_scalar().elem();
-                let s = per_call(&linear, &x, 10);
-                println!(
-                    "{rows}x{inp} · {inp}x{out} {name}{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}{}",
-                    if own {
-                        ""
-                    } else {
-                        " (cannot take it: Burn's matmul ran)"
-                    },
-                    s * 1e3,
-                    flop / s / 1e12,
-                    err / scale,
-                    if err > 0.1 { " (DIFFERS)" } else { "" }
-                );
+                for (layout, lin) in [("", &linear), (", stored layout", &stored)] {
+                    let want = reference.get_or_insert_with(|| {
+                        <B as Compute>::linear(lin, x.clone()).cast(FloatDType::F32)
+                    });
+                    let line = rate(lin, &x, want.clone());
+                    println!("{rows}x{inp} · {inp}x{out} {name}{layout}{line}");
+                }
             }
         }
         prunemem::exec::matmul::set("auto");

@@ -10,7 +10,8 @@
 //! intermediate, 128 256 tokens) stored in bf16 and converted to f16, with
 //! the threads rayon has. The figures are wall seconds and the f16 bytes
 //! made per second; the checkpoint is written first (random weights) and
-//! read from the page cache.
+//! read from the page cache. With `PRUNEMEM_WEIGHT_LAYOUT=stored` the
+//! layer's linears are left as stored (`model::prefetch::stored_layout`).
 //!
 //!   cargo run --release --example reader_rate -- [VOCAB]
 

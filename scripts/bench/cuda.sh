@@ -24,7 +24,9 @@
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
 # tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
 # head's product with HEAD_MATMUL, default double_tma_mma,
-# PRUNEMEM_HEAD_MATMUL; prunemem-profile is a short run, 8 calibration and
+# PRUNEMEM_HEAD_MATMUL; prunemem-stored leaves the linears' weights as
+# stored, transposed on the device instead of the host,
+# PRUNEMEM_WEIGHT_LAYOUT=stored; prunemem-profile is a short run, 8 calibration and
 # 8 evaluation windows, under cubecl's per-kernel profile, its kernels by
 # time in RUN.kernels.txt) with NSAMPLES × SEQLEN (default the benchmark protocol's
 # 32 × 512) and EVAL_WINDOWS windows, in f16. Every step has its own time
@@ -192,6 +194,8 @@ for shape in $SHAPES; do
       prunemem-unit) PRUNEMEM_ATTENTION=unit step "$shape-$method-unit" prunemem_run "$model" "$method" "$shape-$method-unit" ;;
       # The head's product with a named strategy on its stored table.
       prunemem-head) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} step "$shape-$method-head" prunemem_run "$model" "$method" "$shape-$method-head" ;;
+      # The linears' weights as stored: no transposition on the host.
+      prunemem-stored) PRUNEMEM_WEIGHT_LAYOUT=stored step "$shape-$method-stored" prunemem_run "$model" "$method" "$shape-$method-stored" ;;
       prunemem-profile) step "$shape-$method-profile" profile_run "$model" "$method" "$shape-$method-profile" ;;
       reference-24) step "ref-$shape-$method-24" reference_run "$model" "$method" "ref-$shape-$method-24" --sparsity-type 2:4 ;;
       *) echo "unknown tool $tool in RUNS" >&2 ;;

@@ -129,6 +129,13 @@ impl Run {
                 "attention".into(),
                 crate::exec::attention::planned(cuda, f16).into(),
             );
+            // The linears' weights as the reader leaves them
+            // (`model::prefetch::stored_layout`).
+            let layout = match crate::model::prefetch::stored_layout() {
+                true => "stored",
+                false => "burn",
+            };
+            plan.settings.insert("weight_layout".into(), layout.into());
             // The head's product (`exec::matmul::times_rows`): Burn's
             // matmul unless PRUNEMEM_HEAD_MATMUL names a strategy.
             plan.settings.insert(

@@ -20,11 +20,15 @@ use super::checkpoint::skeleton_layer;
 use super::llama::DecoderLayer;
 use super::{Checkpoint, ComputeDtype, ModelError};
 
-/// One decoder layer on the host, in Burn's layout.
+/// One decoder layer on the host, in Burn's layout, or with its linears'
+/// weights as stored ([`stored_layout`]).
 pub struct HostLayer {
     index: usize,
     /// Module path (`self_attn.q_proj.weight`) and values.
     tensors: Vec<(String, TensorData)>,
+    /// The linears' weights as the checkpoint stores them (`[out, in]`),
+    /// by linear (`self_attn.q_proj`), when [`stored_layout`] is on.
+    stored: Vec<(String, TensorData)>,
 }
 
 impl HostLayer {
@@ -34,8 +38,23 @@ impl HostLayer {
 
     /// Bytes of the layer's values.
     pub fn bytes(&self) -> u64 {
-        self.tensors.iter().map(|(_, d)| d.bytes.len() as u64).sum()
+        let bytes = |t: &[(String, TensorData)]| -> u64 {
+            t.iter().map(|(_, d)| d.bytes.len() as u64).sum()
+        };
+        bytes(&self.tensors) + bytes(&self.stored)
     }
+}
+
+/// Whether the reader leaves the linears' weights as the checkpoint stores
+/// them (`[out, in]`) and the device takes each as the transposed view
+/// Burn's `Linear` reads (`PRUNEMEM_WEIGHT_LAYOUT=stored`), instead of
+/// transposing them on the host. The host's transposition costs as much as
+/// the dtype conversion (`examples/reader_rate.rs`); cubek reads a
+/// transposed operand in place, but the linears' speed in that layout has
+/// not been timed on a GPU, so Burn's layout stays the default.
+pub fn stored_layout() -> bool {
+    static STORED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *STORED.get_or_init(|| std::env::var("PRUNEMEM_WEIGHT_LAYOUT").is_ok_and(|v| v == "stored"))
 }
 
 /// Reads decoder layer `i` of `ckpt` in `dtype` (any thread).
@@ -53,16 +72,24 @@ pub fn read_layer(
         .take_while(|n| n.starts_with(&prefix))
         .collect();
     let mut tensors = Vec::with_capacity(names.len());
+    let mut stored = Vec::new();
     for name in names {
         let local = name[prefix.len()..].to_string();
         let matrix = ckpt.entry(&name).is_ok_and(|e| e.shape.len() == 2);
-        let data = match is_linear_weight(&local) && matrix {
-            true => ckpt.read_transposed(&name, dtype)?,
-            false => ckpt.read_converted(&name, dtype)?,
-        };
-        tensors.push((local, data));
+        match is_linear_weight(&local) && matrix {
+            true if stored_layout() => {
+                let linear = local.trim_end_matches(".weight").to_string();
+                stored.push((linear, ckpt.read_converted(&name, dtype)?));
+            }
+            true => tensors.push((local, ckpt.read_transposed(&name, dtype)?)),
+            false => tensors.push((local, ckpt.read_converted(&name, dtype)?)),
+        }
     }
-    Ok(HostLayer { index: i, tensors })
+    Ok(HostLayer {
+        index: i,
+        tensors,
+        stored,
+    })
 }
 
 /// Runs `each(i, ready)` for every decoder layer of `ckpt` in order. With
@@ -101,7 +128,7 @@ pub fn for_each_layer<E: From<ModelError>>(
 }
 
 /// Uploads `layer` to `device` (the computing thread).
-pub fn upload_layer<B: Backend>(
+pub fn upload_layer<B: crate::exec::Compute>(
     ckpt: &Checkpoint,
     layer: HostLayer,
     device: &B::Device,
@@ -139,11 +166,25 @@ pub fn upload_layer<B: Backend>(
             ckpt.dir.display()
         )));
     }
-    if let Some((missing, _)) = result.missing.first() {
+    // The linears kept as stored go up below.
+    let later = |m: &str| layer.stored.iter().any(|(l, _)| m == format!("{l}.weight"));
+    if let Some((missing, _)) = result.missing.iter().find(|(m, _)| !later(m)) {
         return Err(ModelError::MissingTensor {
             name: format!("model.layers.{i}.{missing}"),
             dir: ckpt.dir.display().to_string(),
         });
+    }
+    for (linear, data) in layer.stored {
+        let dtype = data.dtype;
+        let weight = Tensor::<B, 2>::from_data(data, (device, dtype));
+        match module.linear_mut(&linear) {
+            Some(l) => l.weight = burn::module::Param::from_tensor(weight.transpose()),
+            None => {
+                return Err(ModelError::Checkpoint(format!(
+                    "model.layers.{i}.{linear}: not a linear of a decoder layer"
+                )));
+            }
+        }
     }
     Ok(module)
 }

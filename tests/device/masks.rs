@@ -1,6 +1,7 @@
 //! The device's answers against the CPU backend's on tiny-llama: masks
 //! (every method and pattern), perplexity, GradProbe's decisions, two
-//! AdamW steps, and SparseGPT's sweep kernel against the host's weights.
+//! AdamW steps, SparseGPT's sweep kernel against the host's weights, and
+//! the linears' weights kept as stored against Burn's layout.
 
 use super::*;
 
@@ -357,5 +358,75 @@ fn the_sparsegpt_sweep_kernel_gives_the_hosts_weights() {
         assert_eq!(differ, 0, "{pattern}");
         assert!(worst < 1e-4, "{pattern}: {worst}");
         assert!(zeros >= 96 * 300 / 2, "{pattern}: {zeros}");
+    }
+}
+
+/// With `PRUNEMEM_WEIGHT_LAYOUT=stored` the reader leaves the linears'
+/// weights as stored (`[out, in]`, no transposition on the host) and the
+/// device takes each as a transposed view: Wanda and SparseGPT on the
+/// fixture save the same pruned weights to the bit as Burn's layout, with
+/// the same perplexity, the same bytes up, and no kernel handing its work
+/// back to Burn's ops.
+#[test]
+fn the_stored_weight_layout_prunes_as_burns() {
+    let (dir, model, text) = cli_fixture();
+    for method in ["wanda", "sparsegpt"] {
+        let run = |layout: &str| {
+            let save = dir.path().join(format!("{method}-{layout}"));
+            let logs = dir.path().join(format!("{method}-{layout}-logs"));
+            let extra = ["--json", "--eval-text", s(&text), "--eval-windows", "2"];
+            let mut argv = wanda_on_wgpu(&model, &text, &extra);
+            argv[4] = method;
+            let out = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"))
+                .args(&argv)
+                .args(["--save", s(&save), "--log-memory", s(&logs)])
+                .env("PRUNEMEM_WEIGHT_LAYOUT", layout)
+                .output()
+                .unwrap();
+            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+            let Some(Event::RunStarted { plan }) = events(&logs).into_iter().next() else {
+                panic!("no plan")
+            };
+            // The plan says which layout the run took.
+            assert_eq!(
+                plan.settings["weight_layout"], layout,
+                "{:?}",
+                plan.settings
+            );
+            let weights = std::fs::read(save.join("model.safetensors")).unwrap();
+            (support::json_line(&stdout), weights)
+        };
+        let ((burns, burns_weights), (stored, stored_weights)) = (run("burn"), run("stored"));
+        println!(
+            "{method}: perplexity {} (Burn's layout) and {} (stored)",
+            burns["perplexity"], stored["perplexity"]
+        );
+        assert!(burns["perplexity"].as_f64() > Some(1.0), "{burns}");
+        assert_eq!(burns["perplexity"], stored["perplexity"], "{method}");
+        assert!(
+            burns_weights == stored_weights,
+            "{method}: saved weights differ"
+        );
+        let up = |j: &serde_json::Value| {
+            let phases = j["transfers"].as_object().unwrap().values();
+            phases
+                .map(|p| p["host_to_device_bytes"].as_u64().unwrap())
+                .sum::<u64>()
+        };
+        assert!(up(&burns) > 0, "{}", burns["transfers"]);
+        for peak in ["device_peak", "device_reserved_peak"] {
+            println!("{method}: {peak} {} and {}", burns[peak], stored[peak]);
+            assert_eq!(burns[peak], stored[peak], "{method}: {peak}");
+        }
+        assert_eq!(up(&burns), up(&stored), "{method}: {}", stored["transfers"]);
+        for (name, uses) in stored["device_kernels"].as_object().unwrap() {
+            assert_eq!(
+                uses["fell_back"], 0,
+                "{method}, {name}: {}",
+                stored["device_kernels"]
+            );
+        }
     }
 }
