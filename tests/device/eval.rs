@@ -92,16 +92,12 @@ fn perplexity_of((code, stdout, stderr): (Option<i32>, String, String)) -> f64 {
 /// taken (none handed back to Burn's matmul), to the perplexity Burn's
 /// matmul gives.
 fn untied_head_in_shards() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
     let spec = prunemem::model::synthetic::SyntheticSpec {
         tied: false,
         vocab: 4096,
         ..Default::default()
     };
-    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
-    let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(2000)).unwrap();
+    let (_dir, model, text) = fixture_of(&spec, 2000);
     let run = |max_buffer, env: &[(&str, &str)]| {
         eval_windows(&model, &text, &["--device", "wgpu"], max_buffer, env)
     };
@@ -130,8 +126,6 @@ fn untied_head_in_shards() {
 /// one-tensor table, still fails in one line (exit 2) and its log says so.
 #[test]
 fn a_table_past_the_devices_largest_buffer_is_sharded_and_a_resident_model_refused() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
     // SmolLM2's vocabulary at 768 wide: 144 MiB in f32, past lavapipe's
     // 128 MiB buffers; 72 MiB in f16.
     let spec = prunemem::model::synthetic::SyntheticSpec {
@@ -144,9 +138,7 @@ fn a_table_past_the_devices_largest_buffer_is_sharded_and_a_resident_model_refus
         dtype: safetensors::Dtype::F16,
         ..Default::default()
     };
-    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
-    let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(2000)).unwrap();
+    let (dir, model, text) = fixture_of(&spec, 2000);
     let logs = dir.path().join("logs");
     let eval = |device: &str, dtype: &str, extra: &[&str], max_buffer: Option<&str>| {
         let mut args = vec!["--device", device, "--dtype", dtype];

@@ -66,18 +66,23 @@ fn wgpu() -> Exec {
         .unwrap_or_else(|e| panic!("the wgpu device must open (CI installs lavapipe): {e}"))
 }
 
-/// A synthetic model and text for the command-line runs.
-fn cli_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+/// A folder with a synthetic model of `spec` (`model/`) and `lines` lines
+/// of sample text (`text.txt`), for the command-line runs.
+fn fixture_of(
+    spec: &prunemem::model::synthetic::SyntheticSpec,
+    lines: usize,
+) -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("model");
-    prunemem::model::synthetic::write_checkpoint(
-        &model,
-        &prunemem::model::synthetic::SyntheticSpec::default(),
-    )
-    .unwrap();
+    prunemem::model::synthetic::write_checkpoint(&model, spec).unwrap();
     let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    std::fs::write(&text, support::sample_text(lines)).unwrap();
     (dir, model, text)
+}
+
+/// The default synthetic model (64 wide) and text for the command-line runs.
+fn cli_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
+    fixture_of(&Default::default(), 6000)
 }
 
 /// `prune --method wanda` on the fixture on `--device wgpu`, then `extra`.
@@ -120,16 +125,11 @@ fn prunemem_report(logs: &Path, out: &Path) -> String {
 /// A model wide enough that the pool's per-buffer padding is small beside
 /// its tensors (the 64-wide fixture's many tiny buffers are not).
 fn wide_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
     let spec = prunemem::model::synthetic::SyntheticSpec {
         hidden: 256,
         intermediate: 704,
         vocab: 2048,
         ..Default::default()
     };
-    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
-    let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(6000)).unwrap();
-    (dir, model, text)
+    fixture_of(&spec, 6000)
 }

@@ -230,15 +230,11 @@ fn the_pool_is_split_by_category(events: &[Event], model: &Path) {
 /// about 12 MiB per SmolLM2 layer) while the probe saw none of it.
 #[test]
 fn a_streamed_device_run_holds_steady_from_layer_to_layer() {
-    let dir = tempfile::tempdir().unwrap();
-    let model = dir.path().join("model");
     let spec = prunemem::model::synthetic::SyntheticSpec {
         layers: 12,
         ..Default::default()
     };
-    prunemem::model::synthetic::write_checkpoint(&model, &spec).unwrap();
-    let text = dir.path().join("text.txt");
-    std::fs::write(&text, support::sample_text(6000)).unwrap();
+    let (dir, model, text) = fixture_of(&spec, 6000);
     let logs = dir.path().join("logs");
     let (code, stdout, stderr) = run_prunemem(&wanda_on_wgpu(
         &model,
