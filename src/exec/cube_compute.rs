@@ -77,33 +77,48 @@ macro_rules! cube_linear {
     }};
 }
 
+/// `a · b` (`[m, k] · [k, n]`, any layouts cubek reads in place) with
+/// cubek's `strategy`, into a new `[m, n]` tensor of `a`'s dtype: `None`
+/// where the kernel declines (counted in `exec::tally` either way). Both
+/// operands are consumed; callers that fall back keep clones.
+macro_rules! cube_product {
+    ($a:expr, $b:expr, $strategy:expr) => {{
+        use burn::tensor::{Tensor, TensorPrimitive};
+        let (a, b) = ($a, $b);
+        let ([m, _], [_, n]) = (a.dims(), b.dims());
+        let out = Tensor::<Self, 2>::empty([m, n], (&a.device(), a.dtype()));
+        let ap = a.into_primitive().tensor();
+        let bp = b.into_primitive().tensor();
+        let op = out.into_primitive().tensor();
+        let (a_type, b_type) = (ap.dtype.into(), bp.dtype.into());
+        let launched = crate::exec::matmul::launch(
+            $strategy,
+            &op.client,
+            (ap.binding(), a_type),
+            (bp.binding(), b_type),
+            (op.clone().binding(), op.dtype.into()),
+        );
+        launched
+            .ok()
+            .map(|()| Tensor::<Self, 2>::from_primitive(TensorPrimitive::Float(op)))
+    }};
+}
+
 /// [`super::Compute::matmul_f32`] on a cube backend: cubek's unit matmul
 /// (`simple_unit`, what Burn's own matmul falls back to on devices without
 /// tensor cores, lavapipe's included), so no input is rounded to TF32.
 /// Burn's matmul where the inputs are not f32 or the kernel declines.
 macro_rules! cube_matmul_f32 {
     ($a:expr, $b:expr) => {{
-        use burn::tensor::{DType, Tensor, TensorPrimitive};
+        use burn::tensor::DType;
         let (a, b) = ($a, $b);
-        let ([m, _], [_, n]) = (a.dims(), b.dims());
         if a.dtype() != DType::F32 || b.dtype() != DType::F32 {
             return a.matmul(b);
         }
-        let out = Tensor::<Self, 2>::empty([m, n], (&a.device(), DType::F32));
-        let ap = a.clone().into_primitive().tensor();
-        let bp = b.clone().into_primitive().tensor();
-        let op = out.into_primitive().tensor();
         let unit = cubek::matmul::launch::Strategy::SimpleUnit(Default::default());
-        let launched = crate::exec::matmul::launch(
-            &unit,
-            &op.client,
-            (ap.binding(), DType::F32.into()),
-            (bp.binding(), DType::F32.into()),
-            (op.clone().binding(), DType::F32.into()),
-        );
-        match launched {
-            Ok(()) => Tensor::from_primitive(TensorPrimitive::Float(op)),
-            Err(_) => a.matmul(b),
+        match cube_product!(a.clone(), b.clone(), &unit) {
+            Some(product) => product,
+            None => a.matmul(b),
         }
     }};
 }
@@ -115,7 +130,6 @@ macro_rules! cube_matmul_f32 {
 /// or a kernel that declines.
 macro_rules! cube_matmul_rows {
     ($a:expr, $b:expr, $strategy:expr) => {{
-        use burn::tensor::{Tensor, TensorPrimitive};
         let (a, b) = ($a, $b);
         let Some(strategy) = crate::exec::matmul::strategy($strategy) else {
             return Err((a, b));
@@ -123,22 +137,7 @@ macro_rules! cube_matmul_rows {
         if a.dtype() != b.dtype() {
             return Err((a, b));
         }
-        let ([n, _], [m, _]) = (a.dims(), b.dims());
-        let out = Tensor::<Self, 2>::empty([n, m], (&a.device(), a.dtype()));
-        let ap = a.clone().into_primitive().tensor();
-        let bp = b.clone().transpose().into_primitive().tensor();
-        let op = out.into_primitive().tensor();
-        let launched = crate::exec::matmul::launch(
-            &strategy,
-            &op.client,
-            (ap.binding(), a.dtype().into()),
-            (bp.binding(), b.dtype().into()),
-            (op.clone().binding(), op.dtype.into()),
-        );
-        match launched {
-            Ok(()) => Ok(Tensor::from_primitive(TensorPrimitive::Float(op))),
-            Err(_) => Err((a, b)),
-        }
+        cube_product!(a.clone(), b.clone().transpose(), &strategy).ok_or((a, b))
     }};
 }
 
