@@ -392,11 +392,9 @@ fn streamed_nll<B: Compute>(
         crate::exec::release_free::<B>(device);
         let head = match ahead {
             Some(read) => {
-                let wait = crate::timing::work(Work::ReaderWait);
-                let data = read.join().map_err(|_| {
+                let data = timing::timed(Work::ReaderWait, || read.join()).map_err(|_| {
                     ModelError::Checkpoint("reading the head's table failed".into())
                 })??;
-                drop(wait);
                 LmHead::from_host(data, dtype, device)?
             }
             None => LmHead::load(ckpt, dtype, device)?,

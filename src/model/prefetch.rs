@@ -111,8 +111,8 @@ pub fn for_each_layer<E: From<ModelError>>(
             let ready = match next.take() {
                 Some(h) => {
                     // Time the device idles on the host (`seconds_by_work`).
-                    let _wait = crate::timing::work(crate::timing::Work::ReaderWait);
-                    Some(h.join().map_err(|_| {
+                    let read = crate::timing::timed(crate::timing::Work::ReaderWait, || h.join());
+                    Some(read.map_err(|_| {
                         ModelError::Checkpoint(format!("reading model.layers.{i} failed"))
                     })??)
                 }
