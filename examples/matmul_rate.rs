@@ -26,24 +26,43 @@ struct Rates {
     names: Vec<String>,
 }
 
-/// Seconds per call of `linear` on `x` (after two calls to compile and
-/// warm up), synchronised by reading one value back.
-fn per_call<B: Compute>(linear: &burn::nn::Linear<B>, x: &Tensor<B, 3>, calls: usize) -> f64 {
-    let sync = |y: Tensor<B, 3>| {
-        let _ = y.slice([0..1, 0..1, 0..1]).into_data();
+/// Seconds per call of `call` (after two calls to compile and warm up),
+/// synchronised by reading one value back.
+fn per_call<B: Compute, const D: usize>(call: impl Fn() -> Tensor<B, D>, calls: usize) -> f64 {
+    let sync = |y: Tensor<B, D>| {
+        let _ = y.flatten::<1>(0, D - 1).slice([0..1]).into_data();
     };
     for _ in 0..2 {
-        sync(<B as Compute>::linear(linear, x.clone()));
+        sync(call());
     }
     let t = Instant::now();
     let mut last = None;
     for _ in 0..calls {
-        last = Some(<B as Compute>::linear(linear, x.clone()));
+        last = Some(call());
     }
     if let Some(y) = last {
         sync(y);
     }
     t.elapsed().as_secs_f64() / calls as f64
+}
+
+/// What a rate line says after the shape and the name: whether the
+/// strategy took the product, milliseconds, TFLOP/s, the largest
+/// difference from the first name's output relative to its scale, and
+/// whether it differs.
+fn rate_line(own: bool, seconds: f64, flop: f64, relative: f32, differs: bool) -> String {
+    format!(
+        "{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}{}",
+        if own {
+            ""
+        } else {
+            " (cannot take it: Burn's matmul ran)"
+        },
+        seconds * 1e3,
+        flop / seconds / 1e12,
+        relative,
+        if differs { " (DIFFERS)" } else { "" }
+    )
 }
 
 /// One linear's rate with the strategy in use, against `want`: whether
@@ -57,19 +76,9 @@ fn rate<B: Compute>(linear: &burn::nn::Linear<B>, x: &Tensor<B, 3>, want: Tensor
     let own = prunemem::exec::tally::Tally::now().of(matmul).fell_back == before.fell_back;
     let err: f32 = (y - want.clone()).abs().max().into_scalar().elem();
     let scale: f32 = (want.abs().max() + 1.0).into_scalar().elem();
-    let s = per_call(linear, x, 10);
-    format!(
-        "{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}{}",
-        if own {
-            ""
-        } else {
-            " (cannot take it: Burn's matmul ran)"
-        },
-        s * 1e3,
-        2.0 * (rows * inp * out) as f64 / s / 1e12,
-        err / scale,
-        if err > 0.1 { " (DIFFERS)" } else { "" }
-    )
+    let s = per_call(|| <B as Compute>::linear(linear, x.clone()), 10);
+    let flop = 2.0 * (rows * inp * out) as f64;
+    rate_line(own, s, flop, err / scale, err > 0.1)
 }
 
 impl OnDevice for Rates {
@@ -141,9 +150,6 @@ fn head_in_stored_layout<B: Compute>(names: &[String], device: &B::Device) {
         Ok(y) => (y, true),
         Err((x, t)) => (x.matmul(t.transpose()), name == "auto"),
     };
-    let sync = |y: Tensor<B, 2>| {
-        let _ = y.slice([0..1, 0..1]).into_data();
-    };
     let mut reference = None;
     for name in names {
         let (y, own) = product(name);
@@ -151,29 +157,9 @@ fn head_in_stored_layout<B: Compute>(names: &[String], device: &B::Device) {
         let want = reference.get_or_insert_with(|| y.clone()).clone();
         let err: f32 = (y - want.clone()).abs().max().into_scalar().elem();
         let scale: f32 = want.abs().max().into_scalar().elem();
-        for _ in 0..2 {
-            sync(product(name).0);
-        }
-        let t = Instant::now();
-        let mut last = None;
-        for _ in 0..10 {
-            last = Some(product(name).0);
-        }
-        if let Some(y) = last {
-            sync(y);
-        }
-        let s = t.elapsed().as_secs_f64() / 10.0;
-        println!(
-            "head {rows}x{hidden} · ({vocab}x{hidden})ᵀ stored layout {name}{}: {:.3} ms, {:.1} TFLOP/s, max |diff| from the first {:.3e}",
-            if own {
-                ""
-            } else {
-                " (cannot take it: Burn's matmul ran)"
-            },
-            s * 1e3,
-            flop / s / 1e12,
-            err / scale.max(1e-30),
-        );
+        let s = per_call(|| product(name).0, 10);
+        let line = rate_line(own, s, flop, err / scale.max(1e-30), false);
+        println!("head {rows}x{hidden} · ({vocab}x{hidden})ᵀ stored layout {name}{line}");
     }
 }
 
