@@ -14,30 +14,12 @@ fn eval_windows(
     max_buffer: Option<&str>,
     env: &[(&str, &str)],
 ) -> (Option<i32>, String, String) {
-    let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"));
-    cmd.args([
-        "eval",
-        "--model",
-        s(model),
-        "--text",
-        s(text),
-        "--windows",
-        "2",
-        "--seqlen",
-        "32",
-    ])
-    .args(["--ui", "none", "--json"])
-    .args(args);
-    if let Some(m) = max_buffer {
-        cmd.env("PRUNEMEM_MAX_BUFFER", m);
-    }
-    cmd.envs(env.iter().copied());
-    let out = cmd.output().unwrap();
-    (
-        out.status.code(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
+    let mut argv = vec!["eval", "--model", s(model), "--text", s(text)];
+    argv.extend(["--windows", "2", "--seqlen", "32", "--ui", "none", "--json"]);
+    argv.extend_from_slice(args);
+    let mut env = env.to_vec();
+    env.extend(max_buffer.map(|m| ("PRUNEMEM_MAX_BUFFER", m)));
+    support::run_prunemem_with(&argv, &env)
 }
 
 /// `prunemem eval --device wgpu` is estimated as the device engine's own

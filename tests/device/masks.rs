@@ -377,15 +377,10 @@ fn the_stored_weight_layout_prunes_as_burns() {
             let extra = ["--json", "--eval-text", s(&text), "--eval-windows", "2"];
             let mut argv = wanda_on_wgpu(&model, &text, &extra);
             argv[4] = method;
-            let out = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"))
-                .args(&argv)
-                .args(["--save", s(&save), "--log-memory", s(&logs)])
-                .env("PRUNEMEM_WEIGHT_LAYOUT", layout)
-                .output()
-                .unwrap();
-            let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
-            let stderr = String::from_utf8_lossy(&out.stderr);
-            assert_eq!(out.status.code(), Some(0), "{stdout}\n{stderr}");
+            argv.extend(["--save", s(&save), "--log-memory", s(&logs)]);
+            let env = [("PRUNEMEM_WEIGHT_LAYOUT", layout)];
+            let (code, stdout, stderr) = support::run_prunemem_with(&argv, &env);
+            assert_eq!(code, Some(0), "{stdout}\n{stderr}");
             let Some(Event::RunStarted { plan }) = events(&logs).into_iter().next() else {
                 panic!("no plan")
             };

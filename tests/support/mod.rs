@@ -183,8 +183,14 @@ pub fn sample_text(words: usize) -> String {
 
 /// Runs the `prunemem` binary: (exit code, stdout, stderr).
 pub fn run_prunemem(args: &[&str]) -> (Option<i32>, String, String) {
+    run_prunemem_with(args, &[])
+}
+
+/// [`run_prunemem`] with the environment variables `env` set.
+pub fn run_prunemem_with(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"))
         .args(args)
+        .envs(env.iter().copied())
         .output()
         .expect("the prunemem binary runs");
     (
