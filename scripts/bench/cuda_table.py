@@ -129,6 +129,8 @@ def main(out):
             "ppl": j.get("perplexity"),
             "kept": j.get("pruned_layers_kept"),
             "transfers": j.get("transfers"),
+            "work": j.get("seconds_by_work"),
+            "kernels": j.get("device_kernels"),
         }
     print("| run | prune s | eval s | wall s | GPU util % over the step (samples) | GPU util % during the passes | "
           "nvidia-smi rise GiB | in use peak GiB | reserved peak GiB | pruned layers kept |")
@@ -152,6 +154,13 @@ def main(out):
     for name, r in rows.items():
         if r["transfers"]:
             print(f"{name} transfers: {json.dumps(r['transfers'])}")
+        # Where the computing thread waited on the host (upload,
+        # waiting_for_reader) beside the device's work, and which of
+        # prunemem's paths ran or handed back (pinned_upload included).
+        if r["work"]:
+            print(f"{name} seconds_by_work: {json.dumps(r['work'])}")
+        if r["kernels"]:
+            print(f"{name} device_kernels: {json.dumps(r['kernels'])}")
 
 
 if __name__ == "__main__":

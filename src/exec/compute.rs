@@ -35,6 +35,17 @@ pub trait Compute: Backend {
         Tensor::from_data(TensorData::new(bits, dims), &device)
     }
 
+    /// `data` on `device` through the backend's own staged copy
+    /// (`exec::upload`: page-locked staging on CUDA, `exec::pinned`);
+    /// `Err` says why not, and the caller takes Burn's `from_data`.
+    fn staged_upload<const D: usize>(
+        data: &TensorData,
+        device: &Self::Device,
+    ) -> Result<Tensor<Self, D>, String> {
+        let _ = (data, device);
+        Err("no staged upload on this backend".into())
+    }
+
     /// True when `t` takes the fused CPU kernels (RMSNorm, rotary, SwiGLU).
     fn fused<const D: usize>(_t: &Tensor<Self, D>) -> bool {
         false

@@ -351,8 +351,15 @@ macro_rules! cube_attention {
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
 macro_rules! cube_compute {
-    ($backend:ty, $runtime:ty, $cuda:expr) => {
+    ($backend:ty, $runtime:ty, $cuda:expr, $staged:path) => {
         impl super::Compute for $backend {
+            fn staged_upload<const D: usize>(
+                data: &burn::tensor::TensorData,
+                device: &Self::Device,
+            ) -> Result<burn::tensor::Tensor<Self, D>, String> {
+                $staged(data, device)
+            }
+
             fn obs_sweep(
                 w: burn::tensor::Tensor<Self, 2>,
                 row0: usize,
@@ -524,7 +531,21 @@ macro_rules! cube_compute {
     };
 }
 
+/// wgpu's staged upload: none (wgpu's queue stages its writes itself).
 #[cfg(feature = "wgpu")]
-cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime, false);
+fn wgpu_unstaged<const D: usize>(
+    _data: &burn::tensor::TensorData,
+    _device: &burn::backend::wgpu::WgpuDevice,
+) -> Result<burn::tensor::Tensor<Wgpu, D>, String> {
+    Err("wgpu has no page-locked staging".into())
+}
+
+#[cfg(feature = "wgpu")]
+cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime, false, wgpu_unstaged);
 #[cfg(feature = "cuda")]
-cube_compute!(Cuda, burn::cubecl::cuda::CudaRuntime, true);
+cube_compute!(
+    Cuda,
+    burn::cubecl::cuda::CudaRuntime,
+    true,
+    super::pinned::upload
+);

@@ -27,10 +27,14 @@ pub mod matmul;
 #[cfg(feature = "mpi")]
 mod mpi;
 mod named;
+#[cfg(feature = "cuda")]
+mod pinned;
 pub mod reduce;
 mod spec;
+pub mod staged;
 pub mod tally;
 pub mod transfer;
+pub mod upload;
 pub mod watch;
 
 use thiserror::Error;

@@ -15,9 +15,10 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// One of prunemem's device kernels (`exec::kernels`), or cubek's kernels
+/// One of prunemem's device kernels (`exec::kernels`), cubek's kernels
 /// that prunemem launches by name (the matmul strategy, the flash
-/// attention).
+/// attention), or its staged upload (not a kernel, but a request that
+/// hands its work back to Burn's the same way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Kernel {
@@ -40,9 +41,11 @@ pub enum Kernel {
     KthSmallest,
     /// SparseGPT's column sweep.
     ObsSweep,
+    /// An upload through page-locked staging (`exec::upload`).
+    PinnedUpload,
 }
 
-const KERNELS: [Kernel; 10] = [
+const KERNELS: [Kernel; 11] = [
     Kernel::Matmul,
     Kernel::Attention,
     Kernel::Swiglu,
@@ -53,6 +56,7 @@ const KERNELS: [Kernel; 10] = [
     Kernel::NM,
     Kernel::KthSmallest,
     Kernel::ObsSweep,
+    Kernel::PinnedUpload,
 ];
 const N: usize = KERNELS.len();
 
@@ -70,6 +74,7 @@ impl Kernel {
             Kernel::NM => "select_n_m",
             Kernel::KthSmallest => "kth_smallest",
             Kernel::ObsSweep => "obs_sweep",
+            Kernel::PinnedUpload => "pinned_upload",
         }
     }
 }

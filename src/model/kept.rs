@@ -180,19 +180,27 @@ impl<B: Compute> Kept<B> {
             Some(Layer::Host(h)) => {
                 let _upload = crate::timing::work(crate::timing::Work::Upload);
                 let mut layer = skeleton_layer::<B>(config, device);
-                let snapshots: Vec<TensorSnapshot> = h
-                    .tensors
-                    .iter()
-                    .map(|(path, containers, data)| {
-                        crate::exec::transfer::uploaded(data.bytes.len() as u64);
-                        TensorSnapshot::from_data(
-                            data.clone(),
-                            path.clone(),
-                            containers.clone(),
-                            burn::module::ParamId::new(),
-                        )
-                    })
-                    .collect();
+                let mut snapshots = Vec::new();
+                for (path, containers, data) in &h.tensors {
+                    crate::exec::transfer::uploaded(data.bytes.len() as u64);
+                    // The linears' weights (the bulk) through
+                    // `exec::upload`, read where they are kept.
+                    if let Some(linear) = super::prefetch::linear_of(&path.join(".")) {
+                        let weight = crate::exec::upload::tensor::<B, 2>(
+                            std::borrow::Cow::Borrowed(data),
+                            device,
+                        );
+                        super::prefetch::set_linear(&mut layer, linear, weight)
+                            .map_err(|e| ModelError::Checkpoint(format!("model.layers.{i}.{e}")))?;
+                        continue;
+                    }
+                    snapshots.push(TensorSnapshot::from_data(
+                        data.clone(),
+                        path.clone(),
+                        containers.clone(),
+                        burn::module::ParamId::new(),
+                    ));
+                }
                 let result = layer.apply(snapshots, None, None, false);
                 if let Some(e) = result.errors.first() {
                     return Err(ModelError::Checkpoint(format!(

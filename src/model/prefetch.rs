@@ -10,6 +10,7 @@
 //! to Burn's `[in, out]` here, in the conversion's own pass
 //! (`Checkpoint::read_transposed`), rather than by burn-store's adapter.
 
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::rc::Rc;
 
@@ -24,11 +25,14 @@ use super::{Checkpoint, ComputeDtype, ModelError};
 /// weights as stored ([`stored_layout`]).
 pub struct HostLayer {
     index: usize,
-    /// Module path (`self_attn.q_proj.weight`) and values.
+    /// Module path (`input_layernorm.weight`) and values: all but the
+    /// linears' weights.
     tensors: Vec<(String, TensorData)>,
-    /// The linears' weights as the checkpoint stores them (`[out, in]`),
-    /// by linear (`self_attn.q_proj`), when [`stored_layout`] is on.
-    stored: Vec<(String, TensorData)>,
+    /// The linears' weights by linear (`self_attn.q_proj`): Burn's `[in,
+    /// out]`, or as the checkpoint stores them (`[out, in]`) when
+    /// [`stored_layout`] is on.
+    linears: Vec<(String, TensorData)>,
+    stored: bool,
 }
 
 impl HostLayer {
@@ -41,7 +45,7 @@ impl HostLayer {
         let bytes = |t: &[(String, TensorData)]| -> u64 {
             t.iter().map(|(_, d)| d.bytes.len() as u64).sum()
         };
-        bytes(&self.tensors) + bytes(&self.stored)
+        bytes(&self.tensors) + bytes(&self.linears)
     }
 }
 
@@ -71,23 +75,26 @@ pub fn read_layer(
         .map(|(n, _)| n.clone())
         .take_while(|n| n.starts_with(&prefix))
         .collect();
+    let stored = stored_layout();
     let mut tensors = Vec::with_capacity(names.len());
-    let mut stored = Vec::new();
+    let mut linears = Vec::new();
     for name in names {
         let local = name[prefix.len()..].to_string();
         let matrix = ckpt.entry(&name).is_ok_and(|e| e.shape.len() == 2);
-        match is_linear_weight(&local) && matrix {
-            true if stored_layout() => {
-                let linear = local.trim_end_matches(".weight").to_string();
-                stored.push((linear, ckpt.read_converted(&name, dtype)?));
-            }
-            true => tensors.push((local, ckpt.read_transposed(&name, dtype)?)),
-            false => tensors.push((local, ckpt.read_converted(&name, dtype)?)),
-        }
+        let Some(linear) = linear_of(&local).filter(|_| matrix).map(str::to_string) else {
+            tensors.push((local, ckpt.read_converted(&name, dtype)?));
+            continue;
+        };
+        let data = match stored {
+            true => ckpt.read_converted(&name, dtype)?,
+            false => ckpt.read_transposed(&name, dtype)?,
+        };
+        linears.push((linear, data));
     }
     Ok(HostLayer {
         index: i,
         tensors,
+        linears,
         stored,
     })
 }
@@ -166,31 +173,54 @@ pub fn upload_layer<B: crate::exec::Compute>(
             ckpt.dir.display()
         )));
     }
-    // The linears kept as stored go up below.
-    let later = |m: &str| layer.stored.iter().any(|(l, _)| m == format!("{l}.weight"));
+    // The linears' weights go up below, through `exec::upload`.
+    let later = |m: &str| {
+        layer
+            .linears
+            .iter()
+            .any(|(l, _)| m == format!("{l}.weight"))
+    };
     if let Some((missing, _)) = result.missing.iter().find(|(m, _)| !later(m)) {
         return Err(ModelError::MissingTensor {
             name: format!("model.layers.{i}.{missing}"),
             dir: ckpt.dir.display().to_string(),
         });
     }
-    for (linear, data) in layer.stored {
-        let dtype = data.dtype;
-        let weight = Tensor::<B, 2>::from_data(data, (device, dtype));
-        match module.linear_mut(&linear) {
-            Some(l) => l.weight = burn::module::Param::from_tensor(weight.transpose()),
-            None => {
-                return Err(ModelError::Checkpoint(format!(
-                    "model.layers.{i}.{linear}: not a linear of a decoder layer"
-                )));
-            }
-        }
+    for (linear, data) in layer.linears {
+        let weight = crate::exec::upload::tensor::<B, 2>(Cow::Owned(data), device);
+        let weight = if layer.stored {
+            weight.transpose()
+        } else {
+            weight
+        };
+        set_linear(&mut module, &linear, weight)
+            .map_err(|e| ModelError::Checkpoint(format!("model.layers.{i}.{e}")))?;
     }
     Ok(module)
 }
 
-/// The seven projections' weights (`self_attn.q_proj.weight`...), which
-/// Burn stores transposed.
-fn is_linear_weight(local: &str) -> bool {
-    local.ends_with("_proj.weight")
+/// Sets the weight of `layer`'s linear `name` (`self_attn.q_proj`) to
+/// `weight` (Burn's `[in, out]`, or a transposed view of it); `Err` names
+/// a linear a decoder layer does not have.
+pub fn set_linear<B: crate::exec::Compute>(
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    weight: Tensor<B, 2>,
+) -> Result<(), String> {
+    match layer.linear_mut(name) {
+        Some(l) => {
+            l.weight = burn::module::Param::from_tensor(weight);
+            Ok(())
+        }
+        None => Err(format!("{name}: not a linear of a decoder layer")),
+    }
+}
+
+/// The linear (`self_attn.q_proj`) whose weight a module path names
+/// (`self_attn.q_proj.weight`): the seven projections, which Burn stores
+/// transposed.
+pub fn linear_of(local: &str) -> Option<&str> {
+    local
+        .strip_suffix(".weight")
+        .filter(|l| l.ends_with("_proj"))
 }

@@ -179,7 +179,8 @@ pub fn embed_windows<B: Compute>(
         crate::exec::transfer::uploaded(data.bytes.len() as u64);
     }
     let hidden = ckpt.config.hidden_size;
-    Ok(Tensor::<B, 2>::from_data(data, (device, dtype.burn())).reshape([windows.len(), s, hidden]))
+    let rows = crate::exec::upload::tensor::<B, 2>(std::borrow::Cow::Owned(data), device);
+    Ok(rows.reshape([windows.len(), s, hidden]))
 }
 
 /// Rows `rows` of the table `name` (`[rows, cols]`) converted to `target`,
@@ -312,8 +313,13 @@ impl<B: Compute> LmHead<B> {
         }
         let _upload = crate::timing::work(crate::timing::Work::Upload);
         let mut e = burn::nn::EmbeddingConfig::new(vocab, hidden).init(device);
-        e.weight =
-            burn::module::Param::from_tensor(Tensor::from_data(data, (device, dtype.burn())));
+        // Read in `dtype` (`read_table`); converted only if it was not.
+        let data = match data.dtype == dtype.burn() {
+            true => data,
+            false => data.convert_dtype(dtype.burn()),
+        };
+        let table = crate::exec::upload::tensor::<B, 2>(std::borrow::Cow::Owned(data), device);
+        e.weight = burn::module::Param::from_tensor(table);
         Ok(LmHead::Rows(e))
     }
 }

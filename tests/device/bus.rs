@@ -160,3 +160,63 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
         }
     }
 }
+
+/// `PRUNEMEM_UPLOAD=pinned` sends every large upload (a streamed layer's
+/// linears, a layer kept in host memory, the head's table, a batch's
+/// hidden states) to the backend's staged copy (`exec::upload`). wgpu has
+/// none: each request is handed back to Burn's `from_data` and counted,
+/// and the run is the same run, bit for bit. (The staged copy itself runs
+/// on CUDA only: `examples/upload_rate.rs`; its plan and loop are unit
+/// tested in `exec::staged`.)
+#[test]
+fn pinned_upload_requests_are_counted_and_change_nothing_on_wgpu() {
+    let (dir, model, text) = cli_fixture();
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    let run = |upload: &str| {
+        let logs = dir.path().join(format!("logs-{upload}"));
+        let extra = [
+            "--json",
+            "--eval-text",
+            s(&text),
+            "--eval-windows",
+            "2",
+            "--keep-pruned",
+            "host",
+            "--log-memory",
+            s(&logs),
+        ];
+        let argv = wanda_on_wgpu(&model, &text, &extra);
+        let env = [("PRUNEMEM_UPLOAD", upload)];
+        let (code, stdout, stderr) = support::run_prunemem_with(&argv, &env);
+        assert_eq!(code, Some(0), "{upload}: {stdout}\n{stderr}");
+        let Some(Event::RunStarted { plan }) = events(&logs).into_iter().next() else {
+            panic!("no plan")
+        };
+        assert_eq!(plan.settings["upload"], upload, "{:?}", plan.settings);
+        support::json_line(&stdout)
+    };
+    let (burn, pinned) = (run("burn"), run("pinned"));
+    assert!(burn["perplexity"].as_f64() > Some(1.0), "{burn}");
+    for key in [
+        "perplexity",
+        "transfers",
+        "device_peak",
+        "device_reserved_peak",
+    ] {
+        assert_eq!(burn[key], pinned[key], "{key}");
+    }
+    assert_eq!(pinned["pruned_layers_kept"], "host");
+    // Each layer's seven linears went up twice (streamed in, then back
+    // from host memory for the evaluation), each a request handed back.
+    let uses = &pinned["device_kernels"]["pinned_upload"];
+    println!("pinned_upload on wgpu: {uses}");
+    assert_eq!(uses["ran"].as_u64(), Some(0), "{uses}");
+    let linears = 2 * 7 * config.num_layers as u64;
+    assert!(uses["fell_back"].as_u64() > Some(linears), "{uses}");
+    // Nothing asked for it in Burn's run.
+    assert!(
+        burn["device_kernels"].get("pinned_upload").is_none(),
+        "{}",
+        burn["device_kernels"]
+    );
+}

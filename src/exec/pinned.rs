@@ -1,0 +1,203 @@
+//! CUDA uploads through two page-locked staging buffers on a stream of
+//! prunemem's own (`exec::staged` is the plan and the loop; this is its
+//! [`Link`] on the driver). cubecl 0.10 has no entry point that takes
+//! page-locked memory, so the tensor is allocated in cubecl's pool as an
+//! empty tensor of the right shape, and its bytes are written to the
+//! buffer's address with the driver's copies.
+//!
+//! Ordering with cubecl's own stream: the buffer may be memory a freed
+//! tensor held, which kernels already queued on cubecl's stream may still
+//! read, so the computing thread waits for that stream first (Burn's
+//! `sync`); the copies are complete before the tensor is handed back, so
+//! every kernel queued after sees its values. cubecl's own pageable copy
+//! waits for the stream too (the driver's rule for pageable memory).
+//!
+//! One link per computing thread, made on its first upload: the device's
+//! primary context (cubecl's own), a non-blocking stream, two buffers of
+//! [`CHUNK`] bytes, and an event per buffer. It lives as long as the
+//! thread.
+
+use std::cell::RefCell;
+
+use burn::backend::cuda::CudaDevice;
+use burn::prelude::*;
+use burn::tensor::TensorPrimitive;
+use cudarc::driver::{result, sys};
+
+use super::backends::Cuda;
+use super::staged::{self, Link, Piece};
+
+/// Bytes of each staging buffer: two of them are the page-locked host
+/// memory a run adds (64 MiB).
+pub const CHUNK: usize = 32 << 20;
+
+struct CudaLink {
+    ordinal: usize,
+    stream: sys::CUstream,
+    buffers: [*mut u8; 2],
+    events: [sys::CUevent; 2],
+    queued: [bool; 2],
+    /// The device address of the tensor being written.
+    dst: sys::CUdeviceptr,
+}
+
+fn err(what: &str, e: result::DriverError) -> String {
+    format!("{what}: {e:?}")
+}
+
+impl CudaLink {
+    fn open(ordinal: usize) -> Result<Self, String> {
+        // SAFETY: the device comes from `device::get`; the primary context
+        // is the one cubecl retained for it, made current on this thread.
+        unsafe {
+            result::init().map_err(|e| err("cuInit", e))?;
+            let dev = result::device::get(ordinal as i32).map_err(|e| err("cuDeviceGet", e))?;
+            let ctx =
+                result::primary_ctx::retain(dev).map_err(|e| err("retaining the context", e))?;
+            result::ctx::set_current(ctx).map_err(|e| err("cuCtxSetCurrent", e))?;
+            let stream = result::stream::create(result::stream::StreamKind::NonBlocking)
+                .map_err(|e| err("cuStreamCreate", e))?;
+            let mut buffers = [std::ptr::null_mut(); 2];
+            for b in &mut buffers {
+                *b =
+                    result::malloc_host(CHUNK, 0).map_err(|e| err("cuMemHostAlloc", e))? as *mut u8;
+            }
+            let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING;
+            let events = [
+                result::event::create(flags).map_err(|e| err("cuEventCreate", e))?,
+                result::event::create(flags).map_err(|e| err("cuEventCreate", e))?,
+            ];
+            Ok(Self {
+                ordinal,
+                stream,
+                buffers,
+                events,
+                queued: [false; 2],
+                dst: 0,
+            })
+        }
+    }
+}
+
+impl Link for CudaLink {
+    fn chunk(&self) -> usize {
+        CHUNK
+    }
+
+    fn wait(&mut self, k: usize) -> Result<(), String> {
+        if std::mem::take(&mut self.queued[k]) {
+            // SAFETY: the event was created by this link and recorded on
+            // its stream.
+            unsafe { result::event::synchronize(self.events[k]) }
+                .map_err(|e| err("cuEventSynchronize", e))?;
+        }
+        Ok(())
+    }
+
+    fn staging(&mut self, k: usize) -> &mut [u8] {
+        // SAFETY: `CHUNK` bytes of page-locked memory this link allocated;
+        // `wait(k)` came first, so no copy reads them.
+        unsafe { std::slice::from_raw_parts_mut(self.buffers[k], CHUNK) }
+    }
+
+    fn send(&mut self, k: usize, p: &Piece) -> Result<(), String> {
+        let src = self.buffers[k] as *const std::ffi::c_void;
+        let dst = self.dst + p.dst as u64;
+        // SAFETY: `src` holds the piece's bytes (`staged::send` filled
+        // them), `dst` lies in the tensor's buffer (its rows at their
+        // pitch), and both outlive the copy: the buffer is not refilled
+        // before its event, the tensor not handed back before `finish`.
+        let copied = unsafe {
+            if p.height == 1 {
+                sys::cuMemcpyHtoDAsync_v2(dst, src, p.width, self.stream).result()
+            } else {
+                let copy = sys::CUDA_MEMCPY2D {
+                    srcXInBytes: 0,
+                    srcY: 0,
+                    srcMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_HOST,
+                    srcHost: src,
+                    srcDevice: 0,
+                    srcArray: std::ptr::null_mut(),
+                    srcPitch: p.width,
+                    dstXInBytes: 0,
+                    dstY: 0,
+                    dstMemoryType: sys::CUmemorytype::CU_MEMORYTYPE_DEVICE,
+                    dstHost: std::ptr::null_mut(),
+                    dstDevice: dst,
+                    dstArray: std::ptr::null_mut(),
+                    dstPitch: p.dst_pitch,
+                    WidthInBytes: p.width,
+                    Height: p.height,
+                };
+                sys::cuMemcpy2DAsync_v2(&copy, self.stream).result()
+            }
+        };
+        copied.map_err(|e| err("copying to the device", e))?;
+        // SAFETY: this link's event and stream.
+        unsafe { result::event::record(self.events[k], self.stream) }
+            .map_err(|e| err("cuEventRecord", e))?;
+        self.queued[k] = true;
+        Ok(())
+    }
+
+    fn finish(&mut self) -> Result<(), String> {
+        self.queued = [false; 2];
+        // SAFETY: this link's stream.
+        unsafe { result::stream::synchronize(self.stream) }
+            .map_err(|e| err("cuStreamSynchronize", e))
+    }
+}
+
+impl Drop for CudaLink {
+    fn drop(&mut self) {
+        // SAFETY: this link's own stream, events and buffers, no copy in
+        // flight once the stream is synchronised.
+        unsafe {
+            let _ = result::stream::synchronize(self.stream);
+            for e in self.events {
+                let _ = result::event::destroy(e);
+            }
+            for b in self.buffers {
+                let _ = result::free_host(b as *mut std::ffi::c_void);
+            }
+            let _ = result::stream::destroy(self.stream);
+        }
+    }
+}
+
+thread_local! {
+    static LINK: RefCell<Option<CudaLink>> = const { RefCell::new(None) };
+}
+
+/// `data` (a float tensor's values) as a tensor on `device`, its bytes
+/// sent through this thread's link: `Err` says why not, and nothing is
+/// left allocated (the caller takes Burn's `from_data` instead).
+pub fn upload<const D: usize>(
+    data: &TensorData,
+    device: &CudaDevice,
+) -> Result<Tensor<Cuda, D>, String> {
+    if !data.dtype.is_float() || data.shape.len() != D {
+        return Err(format!("{:?} of rank {}", data.dtype, data.shape.len()));
+    }
+    let t = Tensor::<Cuda, D>::empty(data.shape.clone(), (device, data.dtype));
+    let prim = t.into_primitive().tensor();
+    let layout = staged::Rows::of(prim.meta.shape(), prim.meta.strides(), prim.dtype.size())
+        .ok_or_else(|| format!("a layout of strides {:?}", &prim.meta.strides()[..]))?;
+    let resource = prim
+        .client
+        .get_resource(prim.handle.clone())
+        .map_err(|e| format!("the buffer's address: {e:?}"))?;
+    // Kernels queued before may still read this memory's last tenant.
+    <Cuda as burn::tensor::backend::Backend>::sync(device)
+        .map_err(|e| format!("waiting for cubecl's stream: {e:?}"))?;
+    LINK.with_borrow_mut(|slot| {
+        if slot.as_ref().is_none_or(|l| l.ordinal != device.index) {
+            *slot = Some(CudaLink::open(device.index)?);
+        }
+        let link = slot.as_mut().expect("opened above");
+        link.dst = resource.resource().ptr;
+        staged::send(&data.bytes, layout, link)
+    })?;
+    drop(resource);
+    Ok(Tensor::from_primitive(TensorPrimitive::Float(prim)))
+}
