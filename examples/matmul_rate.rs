@@ -134,32 +134,39 @@ impl OnDevice for Rates {
     }
 }
 
-/// The head's product as the evaluation runs it: a chunk's 261 rows times
-/// the `[vocab, hidden]` table read in its stored layout
+/// The head's product as the evaluation runs it: a chunk's rows times the
+/// `[vocab, hidden]` table read in its stored layout
 /// (`Compute::matmul_rows`, `PRUNEMEM_HEAD_MATMUL`), for every name; `auto`
-/// is Burn's matmul on the transposed view, the evaluation's default.
+/// is Burn's matmul on the transposed view, the evaluation's default. The
+/// evaluation's chunk is 261 rows at this vocabulary
+/// (`model::perplexity::device_chunk_rows`); 1 022 and 2 044 rows are two
+/// and four 512-token windows' rows in one product, what a wider chunk
+/// would be worth.
 fn head_in_stored_layout<B: Compute>(names: &[String], device: &B::Device) {
-    let (rows, hidden, vocab) = (261, 2048, 128_256);
+    let (hidden, vocab) = (2048, 128_256);
     let random = |shape: [usize; 2]| {
         Tensor::<B, 2>::random(shape, burn::tensor::Distribution::Default, device)
             .cast(FloatDType::F16)
     };
-    let (x, table) = (random([rows, hidden]), random([vocab, hidden]));
-    let flop = 2.0 * (rows * hidden * vocab) as f64;
-    let product = |name: &str| match B::matmul_rows(x.clone(), table.clone(), name) {
-        Ok(y) => (y, true),
-        Err((x, t)) => (x.matmul(t.transpose()), name == "auto"),
-    };
-    let mut reference = None;
-    for name in names {
-        let (y, own) = product(name);
-        let y = y.cast(FloatDType::F32);
-        let want = reference.get_or_insert_with(|| y.clone()).clone();
-        let err: f32 = (y - want.clone()).abs().max().into_scalar().elem();
-        let scale: f32 = want.abs().max().into_scalar().elem();
-        let s = per_call(|| product(name).0, 10);
-        let line = rate_line(own, s, flop, err / scale.max(1e-30), false);
-        println!("head {rows}x{hidden} · ({vocab}x{hidden})ᵀ stored layout {name}{line}");
+    let table = random([vocab, hidden]);
+    for rows in [261, 1022, 2044] {
+        let x = random([rows, hidden]);
+        let flop = 2.0 * (rows * hidden * vocab) as f64;
+        let product = |name: &str| match B::matmul_rows(x.clone(), table.clone(), name) {
+            Ok(y) => (y, true),
+            Err((x, t)) => (x.matmul(t.transpose()), name == "auto"),
+        };
+        let mut reference = None;
+        for name in names {
+            let (y, own) = product(name);
+            let y = y.cast(FloatDType::F32);
+            let want = reference.get_or_insert_with(|| y.clone()).clone();
+            let err: f32 = (y - want.clone()).abs().max().into_scalar().elem();
+            let scale: f32 = want.abs().max().into_scalar().elem();
+            let s = per_call(|| product(name).0, 10);
+            let line = rate_line(own, s, flop, err / scale.max(1e-30), false);
+            println!("head {rows}x{hidden} · ({vocab}x{hidden})ᵀ stored layout {name}{line}");
+        }
     }
 }
 
