@@ -15,7 +15,9 @@
 //! One link per computing thread, made on its first upload: the device's
 //! primary context (cubecl's own), a non-blocking stream, two buffers of
 //! [`CHUNK`] bytes, and an event per buffer. It lives as long as the
-//! thread.
+//! process and is never torn down: a thread-local destructor would call
+//! the driver while the process exits, after cubecl may have released the
+//! context (the operating system frees page-locked memory at exit).
 
 use std::cell::RefCell;
 
@@ -145,23 +147,6 @@ impl Link for CudaLink {
         // SAFETY: this link's stream.
         unsafe { result::stream::synchronize(self.stream) }
             .map_err(|e| err("cuStreamSynchronize", e))
-    }
-}
-
-impl Drop for CudaLink {
-    fn drop(&mut self) {
-        // SAFETY: this link's own stream, events and buffers, no copy in
-        // flight once the stream is synchronised.
-        unsafe {
-            let _ = result::stream::synchronize(self.stream);
-            for e in self.events {
-                let _ = result::event::destroy(e);
-            }
-            for b in self.buffers {
-                let _ = result::free_host(b as *mut std::ffi::c_void);
-            }
-            let _ = result::stream::destroy(self.stream);
-        }
     }
 }
 
