@@ -14,8 +14,8 @@
 # run first on FACTOR_SIZES (default 4096 8192 14336). MATMUL_BIN
 # (optional): examples/matmul_rate, the same way: every matmul strategy on
 # a 1B layer's linears and on the head, in both of the head's layouts.
-# UPLOAD_BIN (optional): examples/upload_rate, Burn's upload against the
-# staged copy through page-locked memory at a run's sizes.
+# TRANSFER_BIN (optional): examples/transfer_rate, Burn's uploads and reads
+# against the staged copies through page-locked memory at a run's sizes.
 #
 # KIT holds tokenizer.json, tokenizer_config.json (SmolLM2's) and
 # wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
@@ -28,9 +28,10 @@
 # head's product with HEAD_MATMUL, default double_tma_mma,
 # PRUNEMEM_HEAD_MATMUL; prunemem-stored leaves the linears' weights as
 # stored, transposed on the device instead of the host,
-# PRUNEMEM_WEIGHT_LAYOUT=stored; prunemem-pinned uploads through
-# page-locked staging, PRUNEMEM_UPLOAD=pinned; prunemem-all takes the
-# head's strategy, the stored layout and the pinned uploads together
+# PRUNEMEM_WEIGHT_LAYOUT=stored; prunemem-pinned copies the large tensors
+# through page-locked staging, PRUNEMEM_TRANSFERS=pinned (prunemem-pinned-host
+# with --keep-pruned host); prunemem-all takes the
+# head's strategy, the stored layout and the pinned copies together
 # (prunemem-all-warm again, after the kernels it compiles are cached);
 # prunemem-profile is a short run, 8 calibration and
 # 8 evaluation windows, under cubecl's per-kernel profile, its kernels by
@@ -155,11 +156,11 @@ matmul_rate() {
   return $rc
 }
 
-# Uploads alone (`examples/upload_rate.rs`).
-upload_rate() {
-  "$UPLOAD_BIN" cuda >"$out/upload-rate.txt" 2>&1
+# The copies alone (`examples/transfer_rate.rs`).
+transfer_rate() {
+  "$TRANSFER_BIN" cuda >"$out/transfer-rate.txt" 2>&1
   local rc=$?
-  cat "$out/upload-rate.txt"
+  cat "$out/transfer-rate.txt"
   return $rc
 }
 
@@ -186,9 +187,9 @@ fi
 common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
         --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
 export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-} \
-    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} UPLOAD_BIN=${UPLOAD_BIN:-} SEQLEN TEXT
+    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SEQLEN TEXT
 [ -n "${FACTOR_BIN:-}" ] && step factor-rate factor_rate
-[ -n "${UPLOAD_BIN:-}" ] && step upload-rate upload_rate
+[ -n "${TRANSFER_BIN:-}" ] && step transfer-rate transfer_rate
 [ -n "${MATMUL_BIN:-}" ] && step matmul-rate matmul_rate
 for shape in $SHAPES; do
   model=$out/models/$shape
@@ -211,13 +212,14 @@ for shape in $SHAPES; do
       prunemem-head) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} step "$shape-$method-head" prunemem_run "$model" "$method" "$shape-$method-head" ;;
       # The linears' weights as stored: no transposition on the host.
       prunemem-stored) PRUNEMEM_WEIGHT_LAYOUT=stored step "$shape-$method-stored" prunemem_run "$model" "$method" "$shape-$method-stored" ;;
-      # Uploads through page-locked staging instead of cubecl's pageable copy.
-      prunemem-pinned) PRUNEMEM_UPLOAD=pinned step "$shape-$method-pinned" prunemem_run "$model" "$method" "$shape-$method-pinned" ;;
-      # Every opt-in at once: the head's strategy, the stored layout, pinned uploads.
-      prunemem-all) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} PRUNEMEM_WEIGHT_LAYOUT=stored PRUNEMEM_UPLOAD=pinned \
+      # Copies through page-locked staging instead of cubecl's pageable ones.
+      prunemem-pinned) PRUNEMEM_TRANSFERS=pinned step "$shape-$method-pinned" prunemem_run "$model" "$method" "$shape-$method-pinned" ;;
+      prunemem-pinned-host) PRUNEMEM_TRANSFERS=pinned step "$shape-$method-pinned-host" prunemem_run "$model" "$method" "$shape-$method-pinned-host" --keep-pruned host ;;
+      # Every opt-in at once: the head's strategy, the stored layout, pinned copies.
+      prunemem-all) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} PRUNEMEM_WEIGHT_LAYOUT=stored PRUNEMEM_TRANSFERS=pinned \
           step "$shape-$method-all" prunemem_run "$model" "$method" "$shape-$method-all" ;;
       # The same again, its kernels compiled by the run before.
-      prunemem-all-warm) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} PRUNEMEM_WEIGHT_LAYOUT=stored PRUNEMEM_UPLOAD=pinned \
+      prunemem-all-warm) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} PRUNEMEM_WEIGHT_LAYOUT=stored PRUNEMEM_TRANSFERS=pinned \
           step "$shape-$method-all-warm" prunemem_run "$model" "$method" "$shape-$method-all-warm" ;;
       prunemem-profile) step "$shape-$method-profile" profile_run "$model" "$method" "$shape-$method-profile" ;;
       reference-24) step "ref-$shape-$method-24" reference_run "$model" "$method" "ref-$shape-$method-24" --sparsity-type 2:4 ;;

@@ -36,7 +36,7 @@ pub trait Compute: Backend {
     }
 
     /// `data` on `device` through the backend's own staged copy
-    /// (`exec::upload`: page-locked staging on CUDA, `exec::pinned`);
+    /// (`exec::copies`: page-locked staging on CUDA, `exec::pinned`);
     /// `Err` says why not, and the caller takes Burn's `from_data`.
     fn staged_upload<const D: usize>(
         data: &TensorData,
@@ -44,6 +44,13 @@ pub trait Compute: Backend {
     ) -> Result<Tensor<Self, D>, String> {
         let _ = (data, device);
         Err("no staged upload on this backend".into())
+    }
+
+    /// `t`'s values on the host through the backend's own staged copy;
+    /// `Err` says why not, and the caller takes Burn's `into_data`.
+    fn staged_download<const D: usize>(t: &Tensor<Self, D>) -> Result<TensorData, String> {
+        let _ = t;
+        Err("no staged download on this backend".into())
     }
 
     /// True when `t` takes the fused CPU kernels (RMSNorm, rotary, SwiGLU).

@@ -351,13 +351,19 @@ macro_rules! cube_attention {
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
 macro_rules! cube_compute {
-    ($backend:ty, $runtime:ty, $cuda:expr, $staged:path) => {
+    ($backend:ty, $runtime:ty, $cuda:expr, $up:path, $down:path) => {
         impl super::Compute for $backend {
             fn staged_upload<const D: usize>(
                 data: &burn::tensor::TensorData,
                 device: &Self::Device,
             ) -> Result<burn::tensor::Tensor<Self, D>, String> {
-                $staged(data, device)
+                $up(data, device)
+            }
+
+            fn staged_download<const D: usize>(
+                t: &burn::tensor::Tensor<Self, D>,
+            ) -> Result<burn::tensor::TensorData, String> {
+                $down(t)
             }
 
             fn obs_sweep(
@@ -531,9 +537,9 @@ macro_rules! cube_compute {
     };
 }
 
-/// wgpu's staged upload: none (wgpu's queue stages its writes itself).
+/// wgpu's staged copies: none (wgpu's queue stages its writes itself).
 #[cfg(feature = "wgpu")]
-fn wgpu_unstaged<const D: usize>(
+fn wgpu_unstaged_up<const D: usize>(
     _data: &burn::tensor::TensorData,
     _device: &burn::backend::wgpu::WgpuDevice,
 ) -> Result<burn::tensor::Tensor<Wgpu, D>, String> {
@@ -541,11 +547,25 @@ fn wgpu_unstaged<const D: usize>(
 }
 
 #[cfg(feature = "wgpu")]
-cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime, false, wgpu_unstaged);
+fn wgpu_unstaged_down<const D: usize>(
+    _t: &burn::tensor::Tensor<Wgpu, D>,
+) -> Result<burn::tensor::TensorData, String> {
+    Err("wgpu has no page-locked staging".into())
+}
+
+#[cfg(feature = "wgpu")]
+cube_compute!(
+    Wgpu,
+    burn::backend::wgpu::WgpuRuntime,
+    false,
+    wgpu_unstaged_up,
+    wgpu_unstaged_down
+);
 #[cfg(feature = "cuda")]
 cube_compute!(
     Cuda,
     burn::cubecl::cuda::CudaRuntime,
     true,
-    super::pinned::upload
+    super::pinned::upload,
+    super::pinned::download
 );

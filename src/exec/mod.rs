@@ -17,6 +17,7 @@ pub mod cube;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[macro_use]
 mod cube_float;
+pub mod copies;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
 pub mod dist;
@@ -34,7 +35,6 @@ mod spec;
 pub mod staged;
 pub mod tally;
 pub mod transfer;
-pub mod upload;
 pub mod watch;
 
 use thiserror::Error;

@@ -1,6 +1,6 @@
-//! Host values into a device buffer through two fixed, page-locked staging
-//! buffers, one filled on every core while the other crosses the bus: the
-//! upload cubecl 0.10 does not offer. Its `create_tensor` copies every
+//! Host values into a device buffer, and back, through two fixed,
+//! page-locked staging buffers, one filled (or emptied) on every core while
+//! the other crosses the bus: the transfers cubecl 0.10 does not offer. Its `create_tensor` copies every
 //! upload into a fresh pageable vector on the calling thread (a second
 //! host copy, page faults included), and the CUDA server then copies from
 //! pageable memory, which the driver stages itself and which waits for the
@@ -10,7 +10,8 @@
 //! This module is the plan and the loop, apart from any driver: a tensor's
 //! bytes cut into pieces that fit a staging buffer (whole rows where the
 //! device pads its rows to a pitch), each piece copied into the buffer not
-//! in flight and sent. A [`Link`] is the driver's side (`exec::pinned` on
+//! in flight and sent ([`send`]), or fetched into one buffer while the
+//! other is copied out ([`receive`]). A [`Link`] is the driver's side (`exec::pinned` on
 //! CUDA); the tests drive the loop with a host-memory link.
 
 /// Where a tensor's rows lie in its device buffer: `rows` rows of
@@ -56,15 +57,16 @@ impl Rows {
     }
 }
 
-/// One piece: `height` rows of `width` bytes, from `src` (packed) to the
-/// device buffer at `dst`, rows `dst_pitch` bytes apart.
+/// One piece: `height` rows of `width` bytes, at `host` in the packed
+/// host bytes and at `device` in the device buffer, rows `device_pitch`
+/// bytes apart there.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Piece {
-    pub src: std::ops::Range<usize>,
-    pub dst: usize,
+    pub host: std::ops::Range<usize>,
+    pub device: usize,
     pub width: usize,
     pub height: usize,
-    pub dst_pitch: usize,
+    pub device_pitch: usize,
 }
 
 /// `layout`'s bytes cut into pieces of at most `chunk` bytes: runs of the
@@ -82,11 +84,11 @@ pub fn pieces(layout: Rows, chunk: usize) -> Option<Vec<Piece>> {
                 .map(|a| {
                     let b = (a + chunk).min(total);
                     Piece {
-                        src: a..b,
-                        dst: a,
+                        host: a..b,
+                        device: a,
                         width: b - a,
                         height: 1,
-                        dst_pitch: b - a,
+                        device_pitch: b - a,
                     }
                 })
                 .collect(),
@@ -102,58 +104,90 @@ pub fn pieces(layout: Rows, chunk: usize) -> Option<Vec<Piece>> {
             .map(|r| {
                 let h = per.min(layout.rows - r);
                 Piece {
-                    src: r * layout.row_bytes..(r + h) * layout.row_bytes,
-                    dst: r * layout.pitch,
+                    host: r * layout.row_bytes..(r + h) * layout.row_bytes,
+                    device: r * layout.pitch,
                     width: layout.row_bytes,
                     height: h,
-                    dst_pitch: layout.pitch,
+                    device_pitch: layout.pitch,
                 }
             })
             .collect(),
     )
 }
 
-/// The driver's side of an upload: two staging buffers and a queue.
+/// The driver's side of a transfer: two staging buffers and a queue.
 pub trait Link {
     /// Bytes each staging buffer holds.
     fn chunk(&self) -> usize;
-    /// Blocks until staging buffer `k`'s last piece has left it.
+    /// Blocks until staging buffer `k`'s last queued copy is done.
     fn wait(&mut self, k: usize) -> Result<(), String>;
-    /// Staging buffer `k`, to be filled (after [`Link::wait`]).
+    /// Staging buffer `k`, to be filled or read (after [`Link::wait`]).
     fn staging(&mut self, k: usize) -> &mut [u8];
-    /// Queues `piece` out of staging buffer `k` (its bytes at the start).
+    /// Queues `piece` out of staging buffer `k` (its bytes at the start)
+    /// to the device.
     fn send(&mut self, k: usize, piece: &Piece) -> Result<(), String>;
-    /// Blocks until everything queued has arrived.
+    /// Queues `piece` from the device into staging buffer `k` (its bytes
+    /// at the start).
+    fn fetch(&mut self, k: usize, piece: &Piece) -> Result<(), String>;
+    /// Blocks until everything queued is done.
     fn finish(&mut self) -> Result<(), String>;
+}
+
+/// 1 MiB per task of a copy on every core: big enough to amortise, small
+/// enough to share.
+const TASK: usize = 1 << 20;
+
+fn par_copy(dst: &mut [u8], src: &[u8]) {
+    use rayon::prelude::*;
+    dst.par_chunks_mut(TASK)
+        .zip(src.par_chunks(TASK))
+        .for_each(|(d, s)| d.copy_from_slice(s));
+}
+
+/// `layout`'s pieces for a transfer of `len` host bytes through `link`.
+fn plan(len: usize, layout: Rows, link: &impl Link) -> Result<Vec<Piece>, String> {
+    if len != layout.rows * layout.row_bytes {
+        return Err(format!(
+            "{len} bytes for {} rows of {} bytes",
+            layout.rows, layout.row_bytes
+        ));
+    }
+    pieces(layout, link.chunk()).ok_or_else(|| format!("a row of {} bytes", layout.row_bytes))
 }
 
 /// Sends `bytes` (`layout`'s rows, packed) through `link`: each piece
 /// copied on every core into the staging buffer not in flight, then
 /// queued; returns once the last has arrived.
 pub fn send(bytes: &[u8], layout: Rows, link: &mut impl Link) -> Result<(), String> {
-    use rayon::prelude::*;
-    if bytes.len() != layout.rows * layout.row_bytes {
-        return Err(format!(
-            "{} bytes for {} rows of {} bytes",
-            bytes.len(),
-            layout.rows,
-            layout.row_bytes
-        ));
-    }
-    let pieces = pieces(layout, link.chunk())
-        .ok_or_else(|| format!("a row of {} bytes", layout.row_bytes))?;
+    let pieces = plan(bytes.len(), layout, link)?;
     for (i, piece) in pieces.iter().enumerate() {
         let k = i % 2;
         link.wait(k)?;
-        let src = &bytes[piece.src.clone()];
-        let staging = &mut link.staging(k)[..src.len()];
-        // 1 MiB per task: big enough to amortise, small enough to share.
-        const TASK: usize = 1 << 20;
-        staging
-            .par_chunks_mut(TASK)
-            .zip(src.par_chunks(TASK))
-            .for_each(|(d, s)| d.copy_from_slice(s));
+        let src = &bytes[piece.host.clone()];
+        par_copy(&mut link.staging(k)[..src.len()], src);
         link.send(k, piece)?;
+    }
+    link.finish()
+}
+
+/// Fills `out` (`layout`'s rows, packed) from the device through `link`:
+/// the next piece is fetched into one staging buffer while the last is
+/// copied out of the other on every core.
+pub fn receive(out: &mut [u8], layout: Rows, link: &mut impl Link) -> Result<(), String> {
+    let pieces = plan(out.len(), layout, link)?;
+    if let Some(first) = pieces.first() {
+        link.fetch(0, first)?;
+    }
+    for (i, piece) in pieces.iter().enumerate() {
+        let k = i % 2;
+        // The other buffer was emptied in the step before.
+        if let Some(next) = pieces.get(i + 1) {
+            link.fetch(1 - k, next)?;
+        }
+        link.wait(k)?;
+        let dst = &mut out[piece.host.clone()];
+        let n = dst.len();
+        par_copy(dst, &link.staging(k)[..n]);
     }
     link.finish()
 }
@@ -199,8 +233,23 @@ mod tests {
             assert!(p.width * p.height <= self.chunk);
             for r in 0..p.height {
                 let from = &self.staging[k][r * p.width..(r + 1) * p.width];
-                let at = p.dst + r * p.dst_pitch;
+                let at = p.device + r * p.device_pitch;
                 self.device[at..at + p.width].copy_from_slice(from);
+            }
+            self.in_flight[k] = true;
+            self.sent += 1;
+            Ok(())
+        }
+        fn fetch(&mut self, k: usize, p: &Piece) -> Result<(), String> {
+            assert!(
+                !self.in_flight[k],
+                "staging {k} fetched into while in flight"
+            );
+            assert!(p.width * p.height <= self.chunk);
+            for r in 0..p.height {
+                let at = p.device + r * p.device_pitch;
+                let from = &self.device[at..at + p.width];
+                self.staging[k][r * p.width..(r + 1) * p.width].copy_from_slice(from);
             }
             self.in_flight[k] = true;
             self.sent += 1;
@@ -246,6 +295,32 @@ mod tests {
                 assert!(device[r * 16 + 10..(r + 1) * 16].iter().all(|&b| b == 0xEE));
             }
         }
+    }
+
+    #[test]
+    fn what_goes_up_comes_back_the_same_packed_or_pitched() {
+        for (shape, strides) in [([2, 3, 5], [24, 8, 1]), ([2, 3, 5], [15, 5, 1])] {
+            for chunk in [10, 16, 25, 1 << 10] {
+                let (bytes, device) = upload(&shape, &strides, 2, chunk);
+                let layout = Rows::of(&shape, &strides, 2).unwrap();
+                let mut link = HostLink::new(chunk, 0);
+                link.device = device;
+                let mut back = vec![0u8; bytes.len()];
+                receive(&mut back, layout, &mut link).unwrap();
+                assert_eq!(back, bytes, "{strides:?}, chunk {chunk}");
+                assert_eq!(link.sent, pieces(layout, chunk).unwrap().len());
+            }
+        }
+        let mut link = HostLink::new(8, 32);
+        let layout = Rows {
+            rows: 2,
+            row_bytes: 12,
+            pitch: 16,
+        };
+        assert!(
+            receive(&mut [0; 24], layout, &mut link).is_err(),
+            "a row past the chunk"
+        );
     }
 
     #[test]

@@ -17,8 +17,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 /// One of prunemem's device kernels (`exec::kernels`), cubek's kernels
 /// that prunemem launches by name (the matmul strategy, the flash
-/// attention), or its staged upload (not a kernel, but a request that
-/// hands its work back to Burn's the same way).
+/// attention), or its staged copies (not kernels, but requests that
+/// hand their work back to Burn's the same way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(usize)]
 pub enum Kernel {
@@ -41,11 +41,13 @@ pub enum Kernel {
     KthSmallest,
     /// SparseGPT's column sweep.
     ObsSweep,
-    /// An upload through page-locked staging (`exec::upload`).
+    /// An upload through page-locked staging (`exec::copies`).
     PinnedUpload,
+    /// A read back through page-locked staging (`exec::copies`).
+    PinnedDownload,
 }
 
-const KERNELS: [Kernel; 11] = [
+const KERNELS: [Kernel; 12] = [
     Kernel::Matmul,
     Kernel::Attention,
     Kernel::Swiglu,
@@ -57,6 +59,7 @@ const KERNELS: [Kernel; 11] = [
     Kernel::KthSmallest,
     Kernel::ObsSweep,
     Kernel::PinnedUpload,
+    Kernel::PinnedDownload,
 ];
 const N: usize = KERNELS.len();
 
@@ -75,6 +78,7 @@ impl Kernel {
             Kernel::KthSmallest => "kth_smallest",
             Kernel::ObsSweep => "obs_sweep",
             Kernel::PinnedUpload => "pinned_upload",
+            Kernel::PinnedDownload => "pinned_download",
         }
     }
 }

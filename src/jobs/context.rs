@@ -136,10 +136,10 @@ impl Run {
                 false => "burn",
             };
             plan.settings.insert("weight_layout".into(), layout.into());
-            // How the large uploads cross the bus (`exec::upload`): Burn's
-            // `from_data`, or page-locked staging (PRUNEMEM_UPLOAD=pinned).
+            // How the large uploads cross the bus (`exec::copies`): Burn's
+            // `from_data`, or page-locked staging (PRUNEMEM_TRANSFERS=pinned).
             plan.settings
-                .insert("upload".into(), crate::exec::upload::name().into());
+                .insert("transfers".into(), crate::exec::copies::name().into());
             // The head's product (`exec::matmul::times_rows`): Burn's
             // matmul unless PRUNEMEM_HEAD_MATMUL names a strategy.
             plan.settings.insert(

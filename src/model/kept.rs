@@ -153,12 +153,24 @@ impl<B: Compute> Kept<B> {
                 let _tag = crate::memory::tag::tag(Category::Weights);
                 let mut tensors = Vec::new();
                 for s in layer.collect(None, None, false) {
-                    let data = s
-                        .to_data()
-                        .map_err(|e| ModelError::Checkpoint(format!("keeping a layer: {e:?}")))?;
+                    let path = s.path_stack.clone().unwrap_or_default();
+                    // The linears' weights (the bulk) through
+                    // `exec::copies`; kept as stored where the layer
+                    // holds them so (a contiguous `[out, in]`).
+                    let weight = super::prefetch::linear_of(&path.join("."))
+                        .and_then(|l| layer.linear(l))
+                        .map(|l| l.weight.val());
+                    let data = match weight {
+                        Some(w) if super::prefetch::stored_layout() => {
+                            crate::exec::copies::to_host(w.transpose())
+                        }
+                        Some(w) => crate::exec::copies::to_host(w),
+                        None => s.to_data().map_err(|e| {
+                            ModelError::Checkpoint(format!("keeping a layer: {e:?}"))
+                        })?,
+                    };
                     crate::exec::transfer::read_back(data.bytes.len() as u64);
                     self.host_bytes += data.bytes.len() as u64;
-                    let path = s.path_stack.clone().unwrap_or_default();
                     let containers = s.container_stack.clone().unwrap_or_default();
                     tensors.push((path, containers, data));
                 }
@@ -184,12 +196,17 @@ impl<B: Compute> Kept<B> {
                 for (path, containers, data) in &h.tensors {
                     crate::exec::transfer::uploaded(data.bytes.len() as u64);
                     // The linears' weights (the bulk) through
-                    // `exec::upload`, read where they are kept.
+                    // `exec::copies`, read where they are kept.
                     if let Some(linear) = super::prefetch::linear_of(&path.join(".")) {
-                        let weight = crate::exec::upload::tensor::<B, 2>(
+                        let weight = crate::exec::copies::to_device::<B, 2>(
                             std::borrow::Cow::Borrowed(data),
                             device,
                         );
+                        // Kept as stored: Burn's `Linear` reads its view.
+                        let weight = match super::prefetch::stored_layout() {
+                            true => weight.transpose(),
+                            false => weight,
+                        };
                         super::prefetch::set_linear(&mut layer, linear, weight)
                             .map_err(|e| ModelError::Checkpoint(format!("model.layers.{i}.{e}")))?;
                         continue;

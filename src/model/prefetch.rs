@@ -173,7 +173,7 @@ pub fn upload_layer<B: crate::exec::Compute>(
             ckpt.dir.display()
         )));
     }
-    // The linears' weights go up below, through `exec::upload`.
+    // The linears' weights go up below, through `exec::copies`.
     let later = |m: &str| {
         layer
             .linears
@@ -187,7 +187,7 @@ pub fn upload_layer<B: crate::exec::Compute>(
         });
     }
     for (linear, data) in layer.linears {
-        let weight = crate::exec::upload::tensor::<B, 2>(Cow::Owned(data), device);
+        let weight = crate::exec::copies::to_device::<B, 2>(Cow::Owned(data), device);
         let weight = if layer.stored {
             weight.transpose()
         } else {

@@ -179,7 +179,7 @@ pub fn embed_windows<B: Compute>(
         crate::exec::transfer::uploaded(data.bytes.len() as u64);
     }
     let hidden = ckpt.config.hidden_size;
-    let rows = crate::exec::upload::tensor::<B, 2>(std::borrow::Cow::Owned(data), device);
+    let rows = crate::exec::copies::to_device::<B, 2>(std::borrow::Cow::Owned(data), device);
     Ok(rows.reshape([windows.len(), s, hidden]))
 }
 
@@ -318,7 +318,7 @@ impl<B: Compute> LmHead<B> {
             true => data,
             false => data.convert_dtype(dtype.burn()),
         };
-        let table = crate::exec::upload::tensor::<B, 2>(std::borrow::Cow::Owned(data), device);
+        let table = crate::exec::copies::to_device::<B, 2>(std::borrow::Cow::Owned(data), device);
         e.weight = burn::module::Param::from_tensor(table);
         Ok(LmHead::Rows(e))
     }

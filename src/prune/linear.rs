@@ -349,7 +349,7 @@ fn write_from_device<B: Compute>(
     weight: &Tensor<B, 2>,
 ) -> Result<(), PruneError> {
     let _io = timing::work(Work::Io);
-    let data = weight.clone().transpose().into_data();
+    let data = crate::exec::copies::to_host(weight.clone().transpose());
     crate::exec::transfer::read_back(data.bytes.len() as u64);
     let values: Vec<f32> = data
         .convert_dtype(burn::tensor::DType::F32)

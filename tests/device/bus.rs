@@ -161,19 +161,22 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
     }
 }
 
-/// `PRUNEMEM_UPLOAD=pinned` sends every large upload (a streamed layer's
-/// linears, a layer kept in host memory, the head's table, a batch's
-/// hidden states) to the backend's staged copy (`exec::upload`). wgpu has
-/// none: each request is handed back to Burn's `from_data` and counted,
-/// and the run is the same run, bit for bit. (The staged copy itself runs
-/// on CUDA only: `examples/upload_rate.rs`; its plan and loop are unit
-/// tested in `exec::staged`.)
+/// `PRUNEMEM_TRANSFERS=pinned` sends every large copy to the backend's
+/// staged copies (`exec::copies`): up, a streamed layer's linears, a layer
+/// kept in host memory, the head's table, a batch's hidden states; down, a
+/// pruned layer kept in host memory and a weight `--save` writes. wgpu has
+/// none: each request is handed back to Burn's `from_data` or `into_data`
+/// and counted, and the run is the same run, bit for bit, its saved model
+/// included. (The staged copies themselves run on CUDA only:
+/// `examples/transfer_rate.rs`; their plan and loop are unit tested in
+/// `exec::staged`.)
 #[test]
-fn pinned_upload_requests_are_counted_and_change_nothing_on_wgpu() {
+fn pinned_transfer_requests_are_counted_and_change_nothing_on_wgpu() {
     let (dir, model, text) = cli_fixture();
     let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
-    let run = |upload: &str| {
-        let logs = dir.path().join(format!("logs-{upload}"));
+    let run = |transfers: &str| {
+        let logs = dir.path().join(format!("logs-{transfers}"));
+        let save = dir.path().join(format!("model-{transfers}"));
         let extra = [
             "--json",
             "--eval-text",
@@ -182,20 +185,23 @@ fn pinned_upload_requests_are_counted_and_change_nothing_on_wgpu() {
             "2",
             "--keep-pruned",
             "host",
+            "--save",
+            s(&save),
             "--log-memory",
             s(&logs),
         ];
         let argv = wanda_on_wgpu(&model, &text, &extra);
-        let env = [("PRUNEMEM_UPLOAD", upload)];
+        let env = [("PRUNEMEM_TRANSFERS", transfers)];
         let (code, stdout, stderr) = support::run_prunemem_with(&argv, &env);
-        assert_eq!(code, Some(0), "{upload}: {stdout}\n{stderr}");
+        assert_eq!(code, Some(0), "{transfers}: {stdout}\n{stderr}");
         let Some(Event::RunStarted { plan }) = events(&logs).into_iter().next() else {
             panic!("no plan")
         };
-        assert_eq!(plan.settings["upload"], upload, "{:?}", plan.settings);
-        support::json_line(&stdout)
+        assert_eq!(plan.settings["transfers"], transfers, "{:?}", plan.settings);
+        let weights = std::fs::read(save.join("model.safetensors")).unwrap();
+        (support::json_line(&stdout), weights)
     };
-    let (burn, pinned) = (run("burn"), run("pinned"));
+    let ((burn, burn_weights), (pinned, pinned_weights)) = (run("burn"), run("pinned"));
     assert!(burn["perplexity"].as_f64() > Some(1.0), "{burn}");
     for key in [
         "perplexity",
@@ -205,18 +211,23 @@ fn pinned_upload_requests_are_counted_and_change_nothing_on_wgpu() {
     ] {
         assert_eq!(burn[key], pinned[key], "{key}");
     }
+    assert!(burn_weights == pinned_weights, "saved weights differ");
     assert_eq!(pinned["pruned_layers_kept"], "host");
-    // Each layer's seven linears went up twice (streamed in, then back
-    // from host memory for the evaluation), each a request handed back.
-    let uses = &pinned["device_kernels"]["pinned_upload"];
-    println!("pinned_upload on wgpu: {uses}");
-    assert_eq!(uses["ran"].as_u64(), Some(0), "{uses}");
-    let linears = 2 * 7 * config.num_layers as u64;
-    assert!(uses["fell_back"].as_u64() > Some(linears), "{uses}");
-    // Nothing asked for it in Burn's run.
-    assert!(
-        burn["device_kernels"].get("pinned_upload").is_none(),
-        "{}",
-        burn["device_kernels"]
-    );
+    // Each layer's seven linears went up twice (streamed in for the
+    // prune, then again for the evaluation) and came down at least once
+    // (written by --save): each a request handed back.
+    let linears = 7 * config.num_layers as u64;
+    for (way, times) in [("pinned_upload", 2), ("pinned_download", 1)] {
+        let linears = times * linears;
+        let uses = &pinned["device_kernels"][way];
+        println!("{way} on wgpu: {uses}");
+        assert_eq!(uses["ran"].as_u64(), Some(0), "{uses}");
+        assert!(uses["fell_back"].as_u64() >= Some(linears), "{way}: {uses}");
+        // Nothing asked for it in Burn's run.
+        assert!(
+            burn["device_kernels"].get(way).is_none(),
+            "{}",
+            burn["device_kernels"]
+        );
+    }
 }

@@ -1,0 +1,65 @@
+//! Host tensors onto the device and back: the one door the large copies
+//! take. Up: a streamed layer's linears, a layer kept in host memory, the
+//! head's table, a batch's hidden states. Down: a pruned layer kept in
+//! host memory, a pruned weight written by `--save`. Burn's `from_data` and
+//! `into_data` by default; with `PRUNEMEM_TRANSFERS=pinned`, the backend's
+//! staged copies through page-locked memory (`exec::staged`, on CUDA
+//! `exec::pinned`), each request counted in `device_kernels`
+//! (`pinned_upload`, `pinned_download`) as taken or handed back to Burn's
+//! (wgpu has no such copy: every request is handed back).
+//!
+//! Burn's path stays the default until a GPU has timed both
+//! (`examples/transfer_rate.rs`).
+
+use std::borrow::Cow;
+
+use burn::prelude::*;
+
+use super::Compute;
+use super::tally::{self, Kernel};
+
+/// Whether the large copies go through page-locked staging
+/// (`PRUNEMEM_TRANSFERS=pinned`).
+pub fn pinned() -> bool {
+    static PINNED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *PINNED.get_or_init(|| std::env::var("PRUNEMEM_TRANSFERS").is_ok_and(|v| v == "pinned"))
+}
+
+/// The plan's `transfers` setting.
+pub fn name() -> &'static str {
+    if pinned() { "pinned" } else { "burn" }
+}
+
+/// `data` on `device` in its own dtype: through the backend's staged copy
+/// where [`pinned`] asks for it and the backend takes it, else Burn's
+/// `from_data` (which needs the values owned: a borrowed `data` is copied
+/// only then).
+pub fn to_device<B: Compute, const D: usize>(
+    data: Cow<'_, TensorData>,
+    device: &B::Device,
+) -> Tensor<B, D> {
+    if B::is_device() && pinned() {
+        let staged = B::staged_upload::<D>(&data, device);
+        tally::count(Kernel::PinnedUpload, staged.is_ok());
+        if let Ok(t) = staged {
+            return t;
+        }
+    }
+    let dtype = data.dtype;
+    Tensor::from_data(data.into_owned(), (device, dtype))
+}
+
+/// `t`'s values on the host, in its dtype: through the backend's staged
+/// copy where [`pinned`] asks for it and the backend takes it (a view
+/// whose rows are not at one pitch, such as a transposed one, is not
+/// taken), else Burn's `into_data`.
+pub fn to_host<B: Compute, const D: usize>(t: Tensor<B, D>) -> TensorData {
+    if B::is_device() && pinned() {
+        let staged = B::staged_download(&t);
+        tally::count(Kernel::PinnedDownload, staged.is_ok());
+        if let Ok(data) = staged {
+            return data;
+        }
+    }
+    t.into_data()
+}
