@@ -1,16 +1,19 @@
-//! CUDA uploads through two page-locked staging buffers on a stream of
-//! prunemem's own (`exec::staged` is the plan and the loop; this is its
-//! [`Link`] on the driver). cubecl 0.10 has no entry point that takes
-//! page-locked memory, so the tensor is allocated in cubecl's pool as an
-//! empty tensor of the right shape, and its bytes are written to the
-//! buffer's address with the driver's copies.
+//! CUDA uploads and reads through two page-locked staging buffers on a
+//! stream of prunemem's own (`exec::staged` is the plan and the loops;
+//! this is its [`Link`] on the driver). cubecl 0.10 has no entry point
+//! that takes page-locked memory, so an upload's tensor is allocated in
+//! cubecl's pool as an empty tensor of the right shape, and its bytes are
+//! written to (or, for a read, taken from) the buffer's address with the
+//! driver's copies.
 //!
 //! Ordering with cubecl's own stream: the buffer may be memory a freed
 //! tensor held, which kernels already queued on cubecl's stream may still
-//! read, so the computing thread waits for that stream first (Burn's
-//! `sync`); the copies are complete before the tensor is handed back, so
-//! every kernel queued after sees its values. cubecl's own pageable copy
-//! waits for the stream too (the driver's rule for pageable memory).
+//! read, and a tensor being read may still be being written, so the
+//! computing thread waits for that stream first (Burn's `sync`); the
+//! copies are complete before the tensor or the values are handed back,
+//! so every kernel queued after sees an upload's values. cubecl's own
+//! pageable copies wait for the stream too (the driver's rule for
+//! pageable memory).
 //!
 //! One link per computing thread, made on its first upload: the device's
 //! primary context (cubecl's own), a non-blocking stream, two buffers of
@@ -79,9 +82,7 @@ impl CudaLink {
             })
         }
     }
-}
 
-impl CudaLink {
     /// Queues the copy of piece `p` between staging buffer `k` and the
     /// tensor: to the device (`up`) or from it. Rows at the device's pitch
     /// take a 2D copy.
