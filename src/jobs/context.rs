@@ -136,8 +136,8 @@ impl Run {
                 false => "burn",
             };
             plan.settings.insert("weight_layout".into(), layout.into());
-            // How the large uploads cross the bus (`exec::copies`): Burn's
-            // `from_data`, or page-locked staging (PRUNEMEM_TRANSFERS=pinned).
+            // How the large copies cross the bus (`exec::copies`): Burn's,
+            // or through page-locked staging (PRUNEMEM_TRANSFERS=pinned).
             plan.settings
                 .insert("transfers".into(), crate::exec::copies::name().into());
             // The head's product (`exec::matmul::times_rows`): Burn's
