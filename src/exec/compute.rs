@@ -43,14 +43,14 @@ pub trait Compute: Backend {
         device: &Self::Device,
     ) -> Result<Tensor<Self, D>, String> {
         let _ = (data, device);
-        Err("no staged upload on this backend".into())
+        Err("no page-locked staging on this backend".into())
     }
 
     /// `t`'s values on the host through the backend's own staged copy;
     /// `Err` says why not, and the caller takes Burn's `into_data`.
     fn staged_download<const D: usize>(t: &Tensor<Self, D>) -> Result<TensorData, String> {
         let _ = t;
-        Err("no staged download on this backend".into())
+        Err("no page-locked staging on this backend".into())
     }
 
     /// True when `t` takes the fused CPU kernels (RMSNorm, rotary, SwiGLU).

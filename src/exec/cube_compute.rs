@@ -351,8 +351,9 @@ macro_rules! cube_attention {
 /// device kernels of `exec::kernels`, the in-place bit view, the watched
 /// linear), differing only in their runtime.
 macro_rules! cube_compute {
-    ($backend:ty, $runtime:ty, $cuda:expr, $up:path, $down:path) => {
+    ($backend:ty, $runtime:ty, $cuda:expr $(, staged: $up:path, $down:path)?) => {
         impl super::Compute for $backend {
+            $(
             fn staged_upload<const D: usize>(
                 data: &burn::tensor::TensorData,
                 device: &Self::Device,
@@ -365,6 +366,7 @@ macro_rules! cube_compute {
             ) -> Result<burn::tensor::TensorData, String> {
                 $down(t)
             }
+            )?
 
             fn obs_sweep(
                 w: burn::tensor::Tensor<Self, 2>,
@@ -537,35 +539,15 @@ macro_rules! cube_compute {
     };
 }
 
-/// wgpu's staged copies: none (wgpu's queue stages its writes itself).
+// wgpu has no staged copies (its queue stages its writes itself): the
+// trait's defaults hand every request back.
 #[cfg(feature = "wgpu")]
-fn wgpu_unstaged_up<const D: usize>(
-    _data: &burn::tensor::TensorData,
-    _device: &burn::backend::wgpu::WgpuDevice,
-) -> Result<burn::tensor::Tensor<Wgpu, D>, String> {
-    Err("wgpu has no page-locked staging".into())
-}
-
-#[cfg(feature = "wgpu")]
-fn wgpu_unstaged_down<const D: usize>(
-    _t: &burn::tensor::Tensor<Wgpu, D>,
-) -> Result<burn::tensor::TensorData, String> {
-    Err("wgpu has no page-locked staging".into())
-}
-
-#[cfg(feature = "wgpu")]
-cube_compute!(
-    Wgpu,
-    burn::backend::wgpu::WgpuRuntime,
-    false,
-    wgpu_unstaged_up,
-    wgpu_unstaged_down
-);
+cube_compute!(Wgpu, burn::backend::wgpu::WgpuRuntime, false);
 #[cfg(feature = "cuda")]
 cube_compute!(
     Cuda,
     burn::cubecl::cuda::CudaRuntime,
     true,
-    super::pinned::upload,
+    staged: super::pinned::upload,
     super::pinned::download
 );

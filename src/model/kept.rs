@@ -161,10 +161,7 @@ impl<B: Compute> Kept<B> {
                         .and_then(|l| layer.linear(l))
                         .map(|l| l.weight.val());
                     let data = match weight {
-                        Some(w) if super::prefetch::stored_layout() => {
-                            crate::exec::copies::to_host(w.transpose())
-                        }
-                        Some(w) => crate::exec::copies::to_host(w),
+                        Some(w) => crate::exec::copies::to_host(super::prefetch::host_oriented(w)),
                         None => s.to_data().map_err(|e| {
                             ModelError::Checkpoint(format!("keeping a layer: {e:?}"))
                         })?,
@@ -202,11 +199,6 @@ impl<B: Compute> Kept<B> {
                             std::borrow::Cow::Borrowed(data),
                             device,
                         );
-                        // Kept as stored: Burn's `Linear` reads its view.
-                        let weight = match super::prefetch::stored_layout() {
-                            true => weight.transpose(),
-                            false => weight,
-                        };
                         super::prefetch::set_linear(&mut layer, linear, weight)
                             .map_err(|e| ModelError::Checkpoint(format!("model.layers.{i}.{e}")))?;
                         continue;

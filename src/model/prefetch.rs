@@ -32,7 +32,6 @@ pub struct HostLayer {
     /// out]`, or as the checkpoint stores them (`[out, in]`) when
     /// [`stored_layout`] is on.
     linears: Vec<(String, TensorData)>,
-    stored: bool,
 }
 
 impl HostLayer {
@@ -75,7 +74,6 @@ pub fn read_layer(
         .map(|(n, _)| n.clone())
         .take_while(|n| n.starts_with(&prefix))
         .collect();
-    let stored = stored_layout();
     let mut tensors = Vec::with_capacity(names.len());
     let mut linears = Vec::new();
     for name in names {
@@ -85,7 +83,7 @@ pub fn read_layer(
             tensors.push((local, ckpt.read_converted(&name, dtype)?));
             continue;
         };
-        let data = match stored {
+        let data = match stored_layout() {
             true => ckpt.read_converted(&name, dtype)?,
             false => ckpt.read_transposed(&name, dtype)?,
         };
@@ -95,7 +93,6 @@ pub fn read_layer(
         index: i,
         tensors,
         linears,
-        stored,
     })
 }
 
@@ -188,20 +185,26 @@ pub fn upload_layer<B: crate::exec::Compute>(
     }
     for (linear, data) in layer.linears {
         let weight = crate::exec::copies::to_device::<B, 2>(Cow::Owned(data), device);
-        let weight = if layer.stored {
-            weight.transpose()
-        } else {
-            weight
-        };
         set_linear(&mut module, &linear, weight)
             .map_err(|e| ModelError::Checkpoint(format!("model.layers.{i}.{e}")))?;
     }
     Ok(module)
 }
 
+/// A linear's weight between Burn's `[in, out]` view and the way the host
+/// holds it: as the checkpoint stores it (`[out, in]`, contiguous) when
+/// [`stored_layout`] is on, else as it is. Each direction is the other's
+/// inverse (a transposition or nothing).
+pub fn host_oriented<B: Backend>(weight: Tensor<B, 2>) -> Tensor<B, 2> {
+    match stored_layout() {
+        true => weight.transpose(),
+        false => weight,
+    }
+}
+
 /// Sets the weight of `layer`'s linear `name` (`self_attn.q_proj`) to
-/// `weight` (Burn's `[in, out]`, or a transposed view of it); `Err` names
-/// a linear a decoder layer does not have.
+/// `weight`, oriented as the host holds it ([`host_oriented`]); `Err`
+/// names a linear a decoder layer does not have.
 pub fn set_linear<B: crate::exec::Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
@@ -209,7 +212,7 @@ pub fn set_linear<B: crate::exec::Compute>(
 ) -> Result<(), String> {
     match layer.linear_mut(name) {
         Some(l) => {
-            l.weight = burn::module::Param::from_tensor(weight);
+            l.weight = burn::module::Param::from_tensor(host_oriented(weight));
             Ok(())
         }
         None => Err(format!("{name}: not a linear of a decoder layer")),
