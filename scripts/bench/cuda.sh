@@ -17,6 +17,14 @@
 # TRANSFER_BIN (optional): examples/transfer_rate, Burn's uploads and reads
 # against the staged copies through page-locked memory at a run's sizes.
 #
+# GRADPROBE_REPO (optional): a checkout of dcifrian/GradProbe, for
+# gradprobe:reference (scripts/reference/run_gradprobe_reference.py --device
+# cuda). METHOD gradprobe runs GradProbe's own protocol on both sides, not
+# the Wanda one: 2 windows of 128 tokens, 10% of the decoder's weights,
+# gradient threshold 2.0, magnitude candidates, in f32 as its reference
+# loads the model (GRADPROBE_ARGS overrides); prunemem evaluates
+# EVAL_WINDOWS windows of 128 tokens after it, the reference does not.
+#
 # KIT holds tokenizer.json, tokenizer_config.json (SmolLM2's) and
 # wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
@@ -57,6 +65,7 @@ mkdir -p "$out"
 BIN=${BIN:?BIN: a prunemem built with --features cuda}
 KIT=${KIT:?KIT: tokenizer files and wiki.test.raw}
 : "${WANDA_REPO:?WANDA_REPO: a checkout of locuslab/wanda}"
+GRADPROBE_ARGS=${GRADPROBE_ARGS:-"--seqlen 128 --num-batches 2 --sparsity 0.1 --gradient-threshold 2.0 --strategy magnitude"}
 SHAPES=${SHAPES:-llama-3.2-1b}
 NSAMPLES=${NSAMPLES:-32}
 SEQLEN=${SEQLEN:-512}
@@ -113,9 +122,22 @@ print(f"made {dest}: {sum(p.numel() for p in model.parameters())} parameters")
 EOF
 }
 
+# The protocol's flags for METHOD: GradProbe's own (GRADPROBE_ARGS, f32), or
+# the benchmark protocol's (BENCH_COMMON).
+protocol() {
+  if [ "$1" = gradprobe ]; then
+    read -r -a args <<<"$GRADPROBE_ARGS"
+    args+=(--dtype f32 --calib-text "$TEXT" --calib-lines second-half
+           --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
+  else
+    args=("${common[@]}")
+  fi
+}
+
 prunemem_run() {
   local model=$1 method=$2 run=$3; shift 3
-  timed "$out/$run.time" "$BIN" prune --model "$model" --method "$method" --device cuda "${common[@]}" "$@" \
+  local -a args; protocol "$method"
+  timed "$out/$run.time" "$BIN" prune --model "$model" --method "$method" --device cuda "${args[@]}" "$@" \
       --ui none --json --log-memory "$out/$run" >"$out/$run.json" 2>"$out/$run.err"
   local rc=$?
   echo "prunemem $run: rc $rc $(tail -1 "$out/$run.time")"
@@ -127,10 +149,26 @@ prunemem_run() {
 
 reference_run() {
   local model=$1 method=$2 run=$3; shift 3
+  if [ "$method" = gradprobe ]; then gradprobe_reference "$model" "$run"; return; fi
   timed "$out/$run.time" python3 scripts/reference/run_reference.py --wanda-repo "$WANDA_REPO" \
       --model "$model" --method "$method" --device cuda --dtype float16 "${common[@]}" --threads 8 "$@" \
       >"$out/$run.json" 2>"$out/$run.err"
   local rc=$?
+  echo "reference $run: rc $rc $(tail -1 "$out/$run.time")"
+  tail -c 300 "$out/$run.err"
+  tail -n 1 "$out/$run.json"
+  return $rc
+}
+
+# GradProbe's own pruner on the GPU, its model in f32, nothing saved.
+gradprobe_reference() {
+  local model=$1 run=$2 rc
+  local -a gp; read -r -a gp <<<"$GRADPROBE_ARGS"
+  if [ -z "${GRADPROBE_REPO:-}" ]; then echo "gradprobe:reference needs GRADPROBE_REPO" >&2; return 2; fi
+  timed "$out/$run.time" python3 scripts/reference/run_gradprobe_reference.py --gradprobe-repo "$GRADPROBE_REPO" \
+      --model "$model" --calib-text "$TEXT" --calib-lines second-half "${gp[@]}" --device cuda --no-save \
+      --out "$out/$run" >"$out/$run.json" 2>"$out/$run.err"
+  rc=$?
   echo "reference $run: rc $rc $(tail -1 "$out/$run.time")"
   tail -c 300 "$out/$run.err"
   tail -n 1 "$out/$run.json"
@@ -186,8 +224,8 @@ if [ -n "$doing" ]; then
 fi
 common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
         --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
-export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-} \
-    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SEQLEN TEXT
+export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO GRADPROBE_REPO=${GRADPROBE_REPO:-} GRADPROBE_ARGS FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-} \
+    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SEQLEN EVAL_WINDOWS TEXT
 [ -n "${FACTOR_BIN:-}" ] && step factor-rate factor_rate
 [ -n "${TRANSFER_BIN:-}" ] && step transfer-rate transfer_rate
 [ -n "${MATMUL_BIN:-}" ] && step matmul-rate matmul_rate

@@ -1,10 +1,10 @@
 """The table of a `scripts/bench/cuda.sh OUTDIR` run: for every run in
 OUTDIR (prunemem's `RUN.json` from `prune --json`, the reference's from
-run_reference.py), prune and evaluation seconds, wall seconds, the mean GPU
-utilisation nvidia-smi reported while the step ran (sampled every 200 ms
-into RUN.util.csv), nvidia-smi's memory.used peak above its lowest reading
-in the step, and each tool's own device figures. Prints a
-markdown table, then each reference/prunemem ratio.
+run_reference.py or run_gradprobe_reference.py), prune and evaluation
+seconds, wall seconds, the mean GPU utilisation nvidia-smi reported while
+the step ran (sampled every 200 ms into RUN.util.csv), nvidia-smi's
+memory.used peak above its lowest reading in the step, and each tool's own
+device figures. Prints a markdown table, then each reference/prunemem ratio.
 
     python3 scripts/bench/cuda_table.py OUTDIR
 """
@@ -113,7 +113,9 @@ def main(out):
         if j is None:
             continue
         mean, rise, n = util(os.path.join(out, name + ".util.csv"))
-        ref = j.get("tool") == "reference"
+        # run_reference.py's "reference", run_gradprobe_reference.py's
+        # "gradprobe-reference": torch.cuda's figures.
+        ref = str(j.get("tool", "")).endswith("reference")
         reserved = j.get("max_memory_reserved") if ref else j.get("device_reserved_peak")
         in_use = j.get("max_memory_allocated") if ref else j.get("device_peak")
         rows[name] = {
