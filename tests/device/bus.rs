@@ -231,3 +231,81 @@ fn pinned_transfer_requests_are_counted_and_change_nothing_on_wgpu() {
         );
     }
 }
+
+/// GradProbe on a device changes its weights where they are (the earlier
+/// zeros and the modified pass's reduction, by scatter) and folds each
+/// batch's weight gradient into the candidates' maxima there (by gather):
+/// what comes back is each probed weight once, in the original pass, for
+/// the host to choose its candidates, then one maximum per candidate per
+/// pass, and the head's logits. The code it replaced read every linear
+/// back three times a step and each batch's gradient of every linear
+/// twice, and counted neither the gradients nor its layers' uploads.
+#[test]
+fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
+    let (_dir, model, text) = wide_fixture();
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    let (sparsity, batches, seqlen) = (0.1, 2u64, 32u64);
+    let argv = [
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "gradprobe",
+        "--sparsity",
+        "0.1",
+        "--num-batches",
+        "2",
+        "--seqlen",
+        "32",
+        "--calib-text",
+        s(&text),
+        "--eval-text",
+        s(&text),
+        "--eval-windows",
+        "2",
+        "--device",
+        "wgpu",
+        "--ui",
+        "none",
+        "--json",
+    ];
+    let (code, stdout, stderr) = run_prunemem(&argv);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let json: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let t = &json["transfers"];
+    println!("gradprobe: transfers {t}");
+    let phases = t.as_object().unwrap();
+    let sum = |key: &str| -> u64 {
+        phases
+            .iter()
+            .filter(|(phase, _)| *phase != "eval")
+            .map(|(_, p)| p[key].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let (layers, h) = (config.num_layers as u64, config.hidden_size as u64);
+    let linears = config.layer_param_count() - 2 * h;
+    let candidates = (linears as f64 * sparsity) as u64 + 7;
+    // Each pass: a [tokens, vocab] block of logits comes back twice a batch
+    // (the log-sum-exp sweep, then the gradient's).
+    let logits = 2 * batches * 2 * seqlen * config.vocab_size as u64 * 4;
+    let allowed = layers * (linears * 4 + 2 * candidates * 4) + logits + (64 << 10);
+    let back = sum("device_to_host_bytes");
+    println!(
+        "gradprobe: {back} bytes back outside the evaluation, at most {allowed}; \
+         the linears in f32: {} per layer",
+        linears * 4
+    );
+    assert!(back <= allowed, "{back} > {allowed}: {t}");
+    // Every layer load is counted: two passes, each loading every layer
+    // forward and again backward, in f32.
+    let up = sum("host_to_device_bytes");
+    let loads = 4 * layers * config.layer_param_count() * 4;
+    assert!(
+        up >= loads,
+        "{up} bytes up, under the {loads} of the layer loads: {t}"
+    );
+    assert!(
+        json["perplexity"].as_f64().is_some_and(f64::is_finite),
+        "{json}"
+    );
+}

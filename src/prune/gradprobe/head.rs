@@ -30,7 +30,13 @@ pub fn head_backward<B: Compute>(
     let block = ((1usize << 22) / t.max(1))
         .min((1usize << 21) / d.max(1))
         .clamp(1, v.max(1));
-    let host = |x: Tensor<B, 2>| -> Vec<f32> { x.into_data().into_vec().unwrap_or_default() };
+    let host = |x: Tensor<B, 2>| -> Vec<f32> {
+        let data = x.into_data();
+        if B::is_device() {
+            crate::exec::transfer::read_back(data.bytes.len() as u64);
+        }
+        data.into_vec().unwrap_or_default()
+    };
     let logits = |v0: usize, v1: usize| {
         let wb = w.clone().slice([v0..v1, 0..d]);
         (host(h.clone().matmul(wb.clone().transpose())), wb)
@@ -79,6 +85,9 @@ pub fn head_backward<B: Compute>(
             if (v0..v1).contains(&tg) {
                 row[tg - v0] -= scale;
             }
+        }
+        if B::is_device() {
+            crate::exec::transfer::uploaded(l.len() as u64 * 4);
         }
         let dlogits = Tensor::<B, 2>::from_data(TensorData::new(l, [t, nb]), &device);
         dh = dh + dlogits.clone().matmul(wb);

@@ -19,6 +19,7 @@
 
 mod head;
 pub mod iterate;
+mod on_device;
 mod pass;
 mod phases;
 pub mod select;

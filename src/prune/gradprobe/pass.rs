@@ -57,12 +57,14 @@ pub struct Norms {
 pub(super) fn fold_norms<B: Compute>(acc: &mut Vec<f32>, x: &Tensor<B, 3>) {
     let c = x.dims()[2];
     let squares = x.clone().square();
-    let n: Vec<f32> = crate::exec::reduce::sum_dim(crate::exec::reduce::sum_dim(squares, 0), 1)
+    let n = crate::exec::reduce::sum_dim(crate::exec::reduce::sum_dim(squares, 0), 1)
         .sqrt()
         .reshape([c])
-        .into_data()
-        .into_vec()
-        .unwrap_or_default();
+        .into_data();
+    if B::is_device() {
+        crate::exec::transfer::read_back(n.bytes.len() as u64);
+    }
+    let n: Vec<f32> = n.into_vec().unwrap_or_default();
     if acc.is_empty() {
         *acc = n;
     } else {

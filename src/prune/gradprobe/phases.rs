@@ -11,6 +11,7 @@ use burn::module::{AutodiffModule, Param};
 use burn::prelude::*;
 
 use super::head::{WeightGrad, head_backward};
+use super::on_device::{self, Maxima};
 use super::pass::{Batch, Input, Norms, State, Which, fold_norms, input_of};
 use super::{EMBED, HEAD, select};
 use crate::events::stages;
@@ -74,6 +75,15 @@ impl<'a, B: Compute> Pass<'a, B> {
             .progress(&pass, index, 2 * layers + 2, &name);
     }
 
+    /// Layer `i` on the device, in f32 (its upload counted).
+    fn load(&self, i: usize) -> Result<DecoderLayer<B>, PruneError> {
+        let ckpt = self.input.ckpt;
+        if B::is_device() {
+            crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * DTYPE.size());
+        }
+        Ok(ckpt.load_layer::<B>(i, DTYPE, self.input.device)?)
+    }
+
     /// Embeds every batch (tentative candidates of a probed embedding were
     /// chosen in the original pass, so the modified pass reduces them here).
     fn embed(&self, state: &State) -> Result<Vec<Tensor<B, 3>>, PruneError> {
@@ -98,6 +108,9 @@ impl<'a, B: Compute> Pass<'a, B> {
             .iter()
             .map(|b| {
                 let (n, s) = (b.inputs.len(), b.inputs[0].len());
+                if B::is_device() {
+                    crate::exec::transfer::uploaded((n * s * d * 4) as u64);
+                }
                 Tensor::from_data(TensorData::new(rows(b), [n, s, d]), self.input.device)
             })
             .collect())
@@ -117,10 +130,13 @@ impl<'a, B: Compute> Pass<'a, B> {
         let mut xs = vec![self.embed(state)?];
         for i in 0..c.num_layers {
             crate::memory::alloc::trim();
-            let mut layer = ckpt.load_layer::<B>(i, DTYPE, self.input.device)?;
+            let mut layer = self.load(i)?;
             for name in LAYER_LINEARS {
                 let full = format!("model.layers.{i}.{name}.weight");
-                if state.pruned.contains_key(&full) || self.which == Which::Modified {
+                if B::is_device() {
+                    let r = config.reduction_factor;
+                    on_device::prepare(state, self.which, &full, &mut layer, name, r);
+                } else if state.pruned.contains_key(&full) || self.which == Which::Modified {
                     let (mut w, out, inp) = weight_out_in(&layer, name);
                     state.prepare(self.which, &full, &mut w, config.reduction_factor);
                     set_weight(&mut layer, name, w, out, inp, DTYPE, self.input.device);
@@ -202,6 +218,9 @@ impl<'a, B: Compute> Pass<'a, B> {
         let c = &ckpt.config;
         let head_name = if c.tie_word_embeddings { EMBED } else { HEAD };
         let head_w = self.head_weight(state, head_name)?;
+        if B::is_device() {
+            crate::exec::transfer::uploaded(head_w.len() as u64 * 4);
+        }
         let head = Tensor::<B, 2>::from_data(
             TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
             self.input.device,
@@ -286,6 +305,51 @@ impl<'a, B: Compute> Pass<'a, B> {
         Ok(())
     }
 
+    /// Layer `i`'s tentative candidates, chosen from its weight `w`
+    /// (`[out, inp]`, host f32) in the original pass.
+    fn choose(&self, state: &mut State, i: usize, name: &str, full: &str, w: &[f32], inp: usize) {
+        let config = self.input.config;
+        let n = state
+            .norms
+            .as_ref()
+            .filter(|_| config.strategy == select::Strategy::Wanda)
+            .and_then(|n| n.layers.get(i))
+            .and_then(|m| m.get(&input_of(name)))
+            .map(Vec::as_slice);
+        let t = tag::tagged(Category::Masks, || {
+            select::tentative(w, inp, n, config.sparsity)
+        });
+        state.tentative.insert(full.to_string(), t);
+    }
+
+    /// Layer `i` as this pass sees it: earlier zeros, and the modified
+    /// pass's reduction, applied; in the original pass its candidates are
+    /// chosen. On a device the weights are changed where they are and only
+    /// the original pass's probed weights come back, to be chosen from.
+    fn prepared_layer(&self, state: &mut State, i: usize) -> Result<DecoderLayer<B>, PruneError> {
+        let reduction = self.input.config.reduction_factor;
+        let mut plain = self.load(i)?;
+        for name in LAYER_LINEARS {
+            let full = format!("model.layers.{i}.{name}.weight");
+            let choosing = self.which == Which::Original && self.probed.contains(full.as_str());
+            if B::is_device() {
+                on_device::prepare(state, self.which, &full, &mut plain, name, reduction);
+                if choosing {
+                    let (w, _, inp) = weight_out_in(&plain, name);
+                    self.choose(state, i, name, &full, &w, inp);
+                }
+                continue;
+            }
+            let (mut w, out, inp) = weight_out_in(&plain, name);
+            state.prepare(self.which, &full, &mut w, reduction);
+            if choosing {
+                self.choose(state, i, name, &full, &w, inp);
+            }
+            set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
+        }
+        Ok(plain)
+    }
+
     fn backward_layer(
         &self,
         state: &mut State,
@@ -294,31 +358,14 @@ impl<'a, B: Compute> Pass<'a, B> {
         grads: &mut [Tensor<B, 3>],
         rope: &Rope<Ad<B>>,
     ) -> Result<(), PruneError> {
-        let Input { ckpt, config, .. } = self.input;
+        let config = self.input.config;
         // Prepared on the plain backend, then wrapped: reading a tracked
         // parameter would leave an unconsumed node in the autodiff graph.
-        let mut plain = ckpt.load_layer::<B>(i, DTYPE, self.input.device)?;
-        let mut names = Vec::new();
-        for name in LAYER_LINEARS {
-            let full = format!("model.layers.{i}.{name}.weight");
-            let (mut w, out, inp) = weight_out_in(&plain, name);
-            state.prepare(self.which, &full, &mut w, config.reduction_factor);
-            if self.which == Which::Original && self.probed.contains(full.as_str()) {
-                let n = state
-                    .norms
-                    .as_ref()
-                    .filter(|_| config.strategy == select::Strategy::Wanda)
-                    .and_then(|n| n.layers.get(i))
-                    .and_then(|m| m.get(&input_of(name)))
-                    .map(Vec::as_slice);
-                let t = tag::tagged(Category::Masks, || {
-                    select::tentative(&w, inp, n, config.sparsity)
-                });
-                state.tentative.insert(full.clone(), t);
-            }
-            set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
-            names.push((name, full));
-        }
+        let plain = self.prepared_layer(state, i)?;
+        let names: Vec<(&str, String)> = LAYER_LINEARS
+            .iter()
+            .map(|name| (*name, format!("model.layers.{i}.{name}.weight")))
+            .collect();
         let _tag = tag::tag(Category::Gradients);
         let mut layer = DecoderLayer::<Ad<B>>::from_inner(plain);
         for name in LAYER_LINEARS {
@@ -330,14 +377,29 @@ impl<'a, B: Compute> Pass<'a, B> {
             .iter()
             .map(|(_, f)| vec![0f32; state.tentative.get(f).map_or(0, Vec::len)])
             .collect();
+        // On a device the maxima stay there until the last batch.
+        let mut on_device: Vec<Option<Maxima<B>>> = names
+            .iter()
+            .map(|(name, full)| {
+                let positions = state.tentative.get(full)?;
+                let [inp, out] = layer.linear(name)?.weight.dims();
+                B::is_device()
+                    .then(|| Maxima::new(positions, out, inp, self.input.device))
+                    .flatten()
+            })
+            .collect();
         for (x, g) in inputs.into_iter().zip(grads.iter_mut()) {
             let x_ad = Tensor::<Ad<B>, 3>::from_inner(x).require_grad();
             let y = layer.forward(x_ad.clone(), rope);
             let backward = (y * Tensor::<Ad<B>, 3>::from_inner(g.clone()))
                 .sum()
                 .backward();
-            for ((name, full), acc) in names.iter().zip(maxima.iter_mut()) {
-                let Some(positions) = state.tentative.get(full) else {
+            for (((name, full), acc), device_acc) in names
+                .iter()
+                .zip(maxima.iter_mut())
+                .zip(on_device.iter_mut())
+            {
+                let Some(positions) = state.tentative.get(full).filter(|p| !p.is_empty()) else {
                     continue;
                 };
                 let Some(grad) = layer
@@ -346,11 +408,22 @@ impl<'a, B: Compute> Pass<'a, B> {
                 else {
                     continue;
                 };
-                let host: Vec<f32> = grad.transpose().into_data().into_vec().unwrap_or_default();
-                select::fold_max(acc, &host, positions);
+                match device_acc {
+                    Some(m) => m.fold(grad),
+                    None => {
+                        let host: Vec<f32> =
+                            grad.transpose().into_data().into_vec().unwrap_or_default();
+                        select::fold_max(acc, &host, positions);
+                    }
+                }
             }
             if let Some(dx) = x_ad.grad(&backward) {
                 *g = dx;
+            }
+        }
+        for (acc, device_acc) in maxima.iter_mut().zip(on_device) {
+            if let Some(m) = device_acc {
+                *acc = m.finish();
             }
         }
         for ((_, full), mut acc) in names.iter().zip(maxima) {
@@ -381,7 +454,11 @@ impl<'a, B: Compute> Pass<'a, B> {
                 (&mut head.embed_max, &head.embed_positions)
             };
             for ((b, g), held) in batches.iter().zip(&head.grads).zip(&head.deferred) {
-                let g0: Vec<f32> = g.clone().into_data().into_vec().unwrap_or_default();
+                let g0 = g.clone().into_data();
+                if B::is_device() {
+                    crate::exec::transfer::read_back(g0.bytes.len() as u64);
+                }
+                let g0: Vec<f32> = g0.into_vec().unwrap_or_default();
                 let mut lookup: BTreeMap<u32, Vec<f32>> = BTreeMap::new();
                 for (t, tok) in b.inputs.iter().flatten().enumerate() {
                     let row = lookup.entry(*tok).or_insert_with(|| vec![0f32; d]);

@@ -1,0 +1,118 @@
+//! GradProbe's per-weight work where the weights are, on a device. The
+//! earlier steps' zeros and the modified pass's reduction are applied by a
+//! scatter there, and each batch's weight gradient is folded into the
+//! running maxima at the candidates by a gather there. So a linear's weight
+//! crosses the bus only when the host chooses its candidates (the original
+//! pass), and its gradients come back as one maximum per candidate, not as a
+//! weight-sized tensor per batch.
+//!
+//! The host path (`State::prepare`, `select::fold_max`) stays the CPU's.
+//! Both give the same bits: one f32 product or a zero per position, and
+//! maxima of absolute values that start at zero and skip a NaN.
+
+use burn::module::Param;
+use burn::prelude::*;
+use burn::tensor::{DType, IndexingUpdateOp};
+
+use super::pass::{State, Which};
+use crate::exec::Compute;
+use crate::model::llama::DecoderLayer;
+
+/// Burn's flat `[in, out]` indices of PyTorch `[out, in]` positions, on the
+/// device (`[k]`; counted as 4 bytes each).
+fn index<B: Compute>(
+    positions: &[u32],
+    out: usize,
+    inp: usize,
+    device: &B::Device,
+) -> Tensor<B, 1, Int> {
+    let flat: Vec<i64> = positions
+        .iter()
+        .map(|p| {
+            let (o, i) = (*p as usize / inp, *p as usize % inp);
+            (i * out + o) as i64
+        })
+        .collect();
+    crate::exec::transfer::uploaded(flat.len() as u64 * 4);
+    Tensor::from_data(TensorData::new(flat, [positions.len()]), device)
+}
+
+/// [`State::prepare`] on the device: zeroes `full`'s already-pruned
+/// positions in `layer`'s linear `name`, and in the modified pass multiplies
+/// its candidates by `reduction`. Nothing moves when there is nothing to do.
+pub(super) fn prepare<B: Compute>(
+    state: &State,
+    which: Which,
+    full: &str,
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    reduction: f64,
+) {
+    let pruned = state.pruned.get(full).filter(|p| !p.is_empty());
+    let tentative = state
+        .tentative
+        .get(full)
+        .filter(|t| which == Which::Modified && !t.is_empty());
+    if pruned.is_none() && tentative.is_none() {
+        return;
+    }
+    let Some(lin) = layer.linear_mut(name) else {
+        return;
+    };
+    let w = lin.weight.val();
+    let [inp, out] = w.dims();
+    let device = w.device();
+    let mut flat = w.reshape([inp * out]);
+    for (positions, factor) in [(pruned, 0.0f32), (tentative, reduction as f32)] {
+        let Some(p) = positions else {
+            continue;
+        };
+        let at = index::<B>(p, out, inp, &device).reshape([p.len(), 1]);
+        // The host's `scale_at`: a zero is written, any other factor multiplies.
+        let update = match factor {
+            0.0 => IndexingUpdateOp::Assign,
+            _ => IndexingUpdateOp::Mul,
+        };
+        let values = Tensor::<B, 1>::full([p.len()], factor, (&device, flat.dtype()));
+        flat = flat.scatter_nd(at, values, update);
+    }
+    lin.weight = Param::from_tensor(flat.reshape([inp, out]));
+}
+
+/// One linear's gradient maxima at its candidates, kept on the device
+/// across the batches of a pass.
+pub(super) struct Maxima<B: Compute> {
+    at: Tensor<B, 1, Int>,
+    acc: Tensor<B, 1>,
+}
+
+impl<B: Compute> Maxima<B> {
+    /// For the candidate `positions` (PyTorch `[out, in]`) of a weight
+    /// `[inp, out]` in Burn's layout; `None` without candidates.
+    pub fn new(positions: &[u32], out: usize, inp: usize, device: &B::Device) -> Option<Self> {
+        if positions.is_empty() {
+            return None;
+        }
+        Some(Self {
+            at: index::<B>(positions, out, inp, device),
+            acc: Tensor::zeros([positions.len()], (device, DType::F32)),
+        })
+    }
+
+    /// Folds one batch's weight gradient (`[inp, out]`): `acc = max(acc, |g|)`
+    /// at the candidates, as `select::fold_max` does on the host.
+    pub fn fold(&mut self, grad: Tensor<B, 2>) {
+        let [inp, out] = grad.dims();
+        let at_candidates = grad.reshape([inp * out]).select(0, self.at.clone()).abs();
+        self.acc = self.acc.clone().max_pair(at_candidates);
+    }
+
+    /// The maxima, read back once.
+    pub fn finish(self) -> Vec<f32> {
+        let data = self.acc.into_data();
+        crate::exec::transfer::read_back(data.bytes.len() as u64);
+        data.convert_dtype(DType::F32)
+            .into_vec()
+            .unwrap_or_default()
+    }
+}
