@@ -328,3 +328,22 @@ fn ranks_give_one_ranks_share_and_the_exchange_per_layer() {
     let (code, _, e) = estimate(&["--params", "7e9", "--ranks", "0"]);
     assert_eq!((code, e.lines().count()), (Some(2), 1), "{e}");
 }
+
+/// prunemem's GradProbe on a GPU has no device-memory model: the estimate
+/// says so and judges no card, in text and in JSON, where every modelled
+/// method on the same GPU does.
+#[test]
+fn gradprobe_on_a_gpu_judges_no_card() {
+    let base = ["--params", "1e9", "--seqlen", "128", "--device", "cuda"];
+    let (code, text, err) = estimate(&[&base[..], &["--method", "gradprobe"]].concat());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(text.contains("not modelled"), "{text}");
+    assert!(!text.contains("GPUs (usable"), "{text}");
+    assert!(!text.contains("Smallest GPU"), "{text}");
+    let (_, json, _) = estimate(&[&base[..], &["--method", "gradprobe", "--json"]].concat());
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0), "{v}");
+    assert!(v["smallest_gpu"].is_null(), "{v}");
+    let (_, text, _) = estimate(&[&base[..], &["--method", "wanda"]].concat());
+    assert!(text.contains("Smallest GPU that fits"), "{text}");
+}

@@ -245,16 +245,25 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         None => None,
     };
     if args.json {
-        let fits: Vec<_> = gpus
+        // GradProbe on a GPU judges no card (its device pool is not modelled).
+        let judged = if est.unmodelled_on_device() {
+            &[][..]
+        } else {
+            &gpus[..]
+        };
+        let fits: Vec<_> = judged
             .iter()
             .map(|g| json!({"gpu": g.name, "usable": g.usable(), "fits": est.device_need() <= g.usable()}))
             .collect();
+        let smallest = (!est.unmodelled_on_device())
+            .then(|| catalog::smallest_fitting(est.device_need(), 0.0).map(|g| g.name))
+            .flatten();
         println!(
             "{}",
             json!({
                 "estimate": est, "peak": est.peak(), "peak_allocated": est.peak_allocated(),
                 "peak_phase": est.phases[est.peak_phase()].name,
-                "gpus": fits, "smallest_gpu": catalog::smallest_fitting(est.device_need(), 0.0).map(|g| g.name),
+                "gpus": fits, "smallest_gpu": smallest,
                 "reference_peak": reference.as_ref().map(Estimate::peak), "fit": limits, "notes": notes,
                 "ranks": ranks.as_ref().map(|(share, _)| share),
             })

@@ -430,7 +430,7 @@ pub struct Estimate {
     pub workload: Workload,
     pub phases: Vec<Phase>,
     /// Pruning, or inference of a compressed checkpoint: the weights on disk.
-    pub saved_weights: Option<SavedWeights>,
+    pub saved_weights: Option<saved::SavedWeights>,
     /// What the estimate assumed that the user should know.
     pub notes: Vec<String>,
     /// prunemem on a device: what cubecl's pool reserves at its highest and
@@ -456,6 +456,13 @@ impl Estimate {
     /// reference engine, what `torch.cuda.max_memory_allocated` would say.
     pub fn peak_allocated(&self) -> u64 {
         self.phases.iter().map(Phase::allocated).max().unwrap_or(0)
+    }
+
+    /// prunemem's GradProbe on a GPU: its device pool is not modelled, so
+    /// the phases are the CPU engine's and judge no card.
+    pub fn unmodelled_on_device(&self) -> bool {
+        let w = &self.workload;
+        w.engine == Engine::Prunemem && w.task == Task::GradProbe && w.device.is_gpu()
     }
 
     /// What the run needs of a GPU's usable memory: the peak less any CUDA
@@ -542,10 +549,18 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
                 None => prunemem::phases(arch, w, &mut notes),
             }
         }
+        (Task::GradProbe, Engine::Prunemem) if w.device.is_gpu() => {
+            notes.push(
+                "GradProbe's device memory is not modelled yet: these are its CPU engine's figures, on the host, \
+                 and no GPU is judged by them"
+                    .into(),
+            );
+            prunemem::phases(arch, w, &mut notes)
+        }
         (_, Engine::Prunemem) => prunemem::phases(arch, w, &mut notes),
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
     };
-    let saved_weights = saved_weights(arch, w, &mut notes);
+    let saved_weights = saved::saved_weights(arch, w, &mut notes);
     let device_pool = match (w.engine, w.task) {
         (Engine::Prunemem, Task::Train | Task::GradProbe) => None,
         (Engine::Prunemem, _) if w.device.is_gpu() => Some(device_pool::pool(w, &phases)),
@@ -558,40 +573,6 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
         saved_weights,
         notes,
         device_pool,
-    })
-}
-
-/// A checkpoint's weights on disk, dense and in its sparse layout.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct SavedWeights {
-    pub dense: u64,
-    /// `sparse-bitmask` or `sparse-24-bitmask`.
-    pub format: Option<&'static str>,
-    pub compressed: Option<u64>,
-}
-
-fn saved_weights(arch: &Arch, w: &Workload, notes: &mut Vec<String>) -> Option<SavedWeights> {
-    let pruning = !matches!(w.task, Task::Inference | Task::Train);
-    if !pruning && w.compressed.is_none() {
-        return None;
-    }
-    let dense = saved::weight_bytes(arch, w.stored_bytes, None, w.sparsity);
-    let compressed = w
-        .compressed
-        .map(|f| saved::weight_bytes(arch, w.stored_bytes, Some(f), w.sparsity));
-    if let (Task::Inference, Some(c), Some(f)) = (w.task, compressed, w.compressed) {
-        notes.push(format!(
-            "the {} checkpoint holds {} of weights on disk (dense {}); prunemem and transformers decompress it \
-             when loading (prunemem into a scratch folder, one weight at a time), so the weights in memory are the dense size",
-            f.name(),
-            crate::units::format_bytes(c),
-            crate::units::format_bytes(dense)
-        ));
-    }
-    Some(SavedWeights {
-        dense,
-        format: w.compressed.map(|f| f.name()),
-        compressed,
     })
 }
 

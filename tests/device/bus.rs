@@ -242,9 +242,10 @@ fn pinned_transfer_requests_are_counted_and_change_nothing_on_wgpu() {
 /// twice, and counted neither the gradients nor its layers' uploads.
 #[test]
 fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
-    let (_dir, model, text) = wide_fixture();
+    let (dir, model, text) = wide_fixture();
     let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
     let (sparsity, batches, seqlen) = (0.1, 2u64, 32u64);
+    let logs = dir.path().join("logs-gradprobe");
     let argv = [
         "prune",
         "--model",
@@ -268,6 +269,8 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         "--ui",
         "none",
         "--json",
+        "--log-memory",
+        s(&logs),
     ];
     let (code, stdout, stderr) = run_prunemem(&argv);
     assert_eq!(code, Some(0), "{stdout}\n{stderr}");
@@ -308,4 +311,10 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         json["perplexity"].as_f64().is_some_and(f64::is_finite),
         "{json}"
     );
+    // Its device pool has no model: `--against` says so in one line
+    // instead of setting the CPU engine's figures beside the pool's.
+    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs)]);
+    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
+    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
+    assert!(stderr.contains("GradProbe on a device"), "{stderr}");
 }
