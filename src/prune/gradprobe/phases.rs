@@ -13,13 +13,14 @@ use burn::prelude::*;
 use super::head::{WeightGrad, head_backward};
 use super::on_device::{self, Maxima};
 use super::pass::{Batch, Input, Norms, State, Which, fold_norms, input_of};
-use super::{EMBED, HEAD, select};
+use super::{EMBED, GradProbeConfig, HEAD, select};
 use crate::events::stages;
 use crate::memory::tag::{self, Category};
 use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LlamaRmsNorm};
 use crate::model::{ComputeDtype, Rope};
 use crate::prune::PruneError;
 use crate::prune::engine::{set_weight, weight_out_in};
+use rayon::prelude::*;
 
 type Ad<B> = Autodiff<B>;
 const DTYPE: ComputeDtype = ComputeDtype::F32;
@@ -305,48 +306,44 @@ impl<'a, B: Compute> Pass<'a, B> {
         Ok(())
     }
 
-    /// Layer `i`'s tentative candidates, chosen from its weight `w`
-    /// (`[out, inp]`, host f32) in the original pass.
-    fn choose(&self, state: &mut State, i: usize, name: &str, full: &str, w: &[f32], inp: usize) {
-        let config = self.input.config;
-        let n = state
-            .norms
-            .as_ref()
-            .filter(|_| config.strategy == select::Strategy::Wanda)
-            .and_then(|n| n.layers.get(i))
-            .and_then(|m| m.get(&input_of(name)))
-            .map(Vec::as_slice);
-        let t = tag::tagged(Category::Masks, || {
-            select::tentative(w, inp, n, config.sparsity)
-        });
-        state.tentative.insert(full.to_string(), t);
-    }
-
     /// Layer `i` as this pass sees it: earlier zeros, and the modified
     /// pass's reduction, applied; in the original pass its candidates are
-    /// chosen. On a device the weights are changed where they are and only
-    /// the original pass's probed weights come back, to be chosen from.
+    /// chosen. On a device the weights are changed where they are, only the
+    /// original pass's probed weights come back, and their candidates are
+    /// chosen on every core at once.
     fn prepared_layer(&self, state: &mut State, i: usize) -> Result<DecoderLayer<B>, PruneError> {
-        let reduction = self.input.config.reduction_factor;
+        let config = self.input.config;
         let mut plain = self.load(i)?;
+        let mut to_choose = Vec::new();
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");
             let choosing = self.which == Which::Original && self.probed.contains(full.as_str());
             if B::is_device() {
-                on_device::prepare(state, self.which, &full, &mut plain, name, reduction);
+                let r = config.reduction_factor;
+                on_device::prepare(state, self.which, &full, &mut plain, name, r);
                 if choosing {
                     let (w, _, inp) = weight_out_in(&plain, name);
-                    self.choose(state, i, name, &full, &w, inp);
+                    to_choose.push((name, full, w, inp));
                 }
                 continue;
             }
             let (mut w, out, inp) = weight_out_in(&plain, name);
-            state.prepare(self.which, &full, &mut w, reduction);
+            state.prepare(self.which, &full, &mut w, config.reduction_factor);
             if choosing {
-                self.choose(state, i, name, &full, &w, inp);
+                let t = tentative(config, state.norms.as_ref(), i, name, &w, inp);
+                state.tentative.insert(full, t);
             }
             set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
         }
+        let norms = state.norms.as_ref();
+        let chosen: Vec<(String, Vec<u32>)> = to_choose
+            .into_par_iter()
+            .map(|(name, full, w, inp)| {
+                let t = tentative(config, norms, i, name, &w, inp);
+                (full, t)
+            })
+            .collect();
+        state.tentative.extend(chosen);
         Ok(plain)
     }
 
@@ -525,4 +522,24 @@ pub fn run<B: Compute>(
     let mut head = pass.head(state, last)?;
     pass.backward(state, boundaries, &mut head.grads)?;
     Ok(pass.embeddings(state, head))
+}
+
+/// Layer `i`'s linear `name`'s tentative candidates, from its weight `w`
+/// (`[out, inp]`, host f32) and, for the Wanda strategy, its input's norms.
+fn tentative(
+    config: &GradProbeConfig,
+    norms: Option<&Norms>,
+    i: usize,
+    name: &str,
+    w: &[f32],
+    inp: usize,
+) -> Vec<u32> {
+    let n = norms
+        .filter(|_| config.strategy == select::Strategy::Wanda)
+        .and_then(|n| n.layers.get(i))
+        .and_then(|m| m.get(&input_of(name)))
+        .map(Vec::as_slice);
+    tag::tagged(Category::Masks, || {
+        select::tentative(w, inp, n, config.sparsity)
+    })
 }
