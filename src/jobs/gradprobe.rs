@@ -14,12 +14,14 @@ use super::context::Run;
 use super::pruned::{Opened, Pruned, eval_results, layer_results};
 use super::text;
 use crate::events::{Level, stages};
+use crate::model::ComputeDtype;
+use crate::model::kept::{Kept, Place, all_layers_bytes};
 use crate::model::perplexity::Perplexity;
 use crate::model::save::PrunedWriter;
 use crate::prune::engine::{LinearReport, PruneOutcome, sparsity_of};
 use crate::prune::gradprobe::iterate::{self, Schedule};
 use crate::prune::gradprobe::{
-    GradProbe, GradProbeConfig, Masks, StepOutcome, scratch_model, write_pruned,
+    GradProbe, GradProbeConfig, Masks, StepOutcome, keep_pruned, scratch_model, write_pruned,
 };
 
 /// GradProbe's settings, recorded in the run's plan.
@@ -83,13 +85,26 @@ pub(super) fn prune_and_eval<B: Compute>(
     let started = std::time::Instant::now();
     let windows = eval_wins.as_deref().unwrap_or_default();
     let (masks, perplexity) = probe_masks(job, ckpt, &mut probe, windows, run)?;
-    let written = write_step6(
-        opened,
-        &probe,
-        &masks,
-        writer,
-        eval_wins.is_some() && perplexity.is_none(),
-    )?;
+    // Nothing saved, one step to evaluate, only decoder linears pruned:
+    // on a device the layers can wait in memory instead of on disk.
+    let keepable =
+        writer.is_none() && eval_wins.is_some() && perplexity.is_none() && !g.include_embeddings;
+    let mut kept = kept_for_eval::<B>(job, opened, run, keepable);
+    let written = match kept.as_mut() {
+        Some(k) => Written {
+            layers: keep_pruned(ckpt, probe.targets(), &masks, k, device)?,
+            others: Vec::new(),
+            path: None,
+            _scratch: None,
+        },
+        None => write_step6(
+            opened,
+            &probe,
+            &masks,
+            writer,
+            eval_wins.is_some() && perplexity.is_none(),
+        )?,
+    };
     let outcome = PruneOutcome {
         layers: written.layers,
         seconds: started.elapsed().as_secs_f64(),
@@ -105,17 +120,19 @@ pub(super) fn prune_and_eval<B: Compute>(
     // back.
     drop(masks);
     drop(probe);
-    let perplexity = match (&eval_wins, &written.path, perplexity) {
-        (Some(wins), Some(path), None) => {
-            // What the probing freed goes back to the system first: the
-            // evaluation's peak is then its own, not the probe's leftovers.
-            crate::memory::alloc::trim();
-            p.stage(stages::GP_BEFORE_EVAL);
-            let r = iterate::evaluate::<B>(path, wins, &p, device)?;
-            p.stage(stages::GP_AFTER_EVAL);
-            Some(r)
+    let perplexity = match (&eval_wins, perplexity) {
+        (Some(wins), None) => {
+            let pruned = match (&kept, &written.path) {
+                (Some(k), _) => Some(Step6::Kept(k)),
+                (None, Some(path)) => Some(Step6::Folder(path)),
+                (None, None) => None,
+            };
+            match pruned {
+                Some(pruned) => Some(evaluate_step6(ckpt, pruned, wins, &p, device)?),
+                None => None,
+            }
         }
-        (_, _, known) => known,
+        (_, known) => known,
     };
     step6_results(run, &outcome, &written.others, perplexity.as_ref());
     Ok(Pruned {
@@ -148,6 +165,66 @@ fn probe_masks<B: Compute>(
     run.result("dense_perplexity", it.dense.perplexity);
     run.result("iterations", json!(it.history));
     Ok((it.masks, Some(it.perplexity)))
+}
+
+/// What step 6 left to evaluate.
+enum Step6<'a, B: Compute> {
+    Kept(&'a Kept<B>),
+    Folder(&'a std::path::Path),
+}
+
+fn evaluate_step6<B: Compute>(
+    ckpt: &crate::model::Checkpoint,
+    pruned: Step6<'_, B>,
+    wins: &[Vec<u32>],
+    p: &crate::profiler::Profiler,
+    device: &B::Device,
+) -> Result<Perplexity, JobError> {
+    // What the probing freed goes back to the system first: the
+    // evaluation's peak is then its own, not the probe's leftovers.
+    crate::memory::alloc::trim();
+    p.stage(stages::GP_BEFORE_EVAL);
+    let r = match pruned {
+        Step6::Kept(k) => iterate::evaluate_kept::<B>(ckpt, k, wins, p, device)?,
+        Step6::Folder(path) => iterate::evaluate::<B>(path, wins, p, device)?,
+    };
+    p.stage(stages::GP_AFTER_EVAL);
+    Ok(r)
+}
+
+/// Where a device run's pruned layers wait for its evaluation when nothing
+/// is saved (`keepable`): on the device or in host memory, chosen as a
+/// streamed prune's are (`--keep-pruned`, else the run's predicted peak,
+/// the device's memory and the host's) for every layer in f32, GradProbe's
+/// evaluation dtype; `None` on the CPU, or when they go to disk (a scratch
+/// checkpoint, as before).
+fn kept_for_eval<B: Compute>(
+    job: &PruneJob,
+    opened: &Opened,
+    run: &mut Run,
+    keepable: bool,
+) -> Option<Kept<B>> {
+    if !B::is_device() || !keepable {
+        return None;
+    }
+    let layers = all_layers_bytes(&opened.ckpt.config, ComputeDtype::F32);
+    let place = job.keep_pruned.unwrap_or_else(|| {
+        let host = crate::memory::process::available_memory();
+        let peak = run.predicted_peak().unwrap_or(0);
+        Place::choose(layers, peak, run.exec.memory_cap(), host)
+    });
+    run.result("pruned_layers_kept", place.name());
+    run.profiler.message(
+        Level::Info,
+        format!(
+            "the pruned layers wait for the evaluation on the {}",
+            place.name()
+        ),
+    );
+    match place {
+        Place::Device | Place::Host => Some(Kept::new(place)),
+        Place::Disk => None,
+    }
 }
 
 /// The model written with the masks applied: into the save folder, or a

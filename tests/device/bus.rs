@@ -239,7 +239,9 @@ fn pinned_transfer_requests_are_counted_and_change_nothing_on_wgpu() {
 /// the host to choose its candidates, then one maximum per candidate per
 /// pass, and the head's logits. The code it replaced read every linear
 /// back three times a step and each batch's gradient of every linear
-/// twice, and counted neither the gradients nor its layers' uploads.
+/// twice, and counted neither the gradients nor its layers' uploads. Its
+/// pruned layers wait for the evaluation in memory, as a streamed prune's
+/// do, instead of in a scratch checkpoint.
 #[test]
 fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     let (dir, model, text) = wide_fixture();
@@ -291,7 +293,10 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     // Each pass: a [tokens, vocab] block of logits comes back twice a batch
     // (the log-sum-exp sweep, then the gradient's).
     let logits = 2 * batches * 2 * seqlen * config.vocab_size as u64 * 4;
-    let allowed = layers * (linears * 4 + 2 * candidates * 4) + logits + (64 << 10);
+    // Then each pruned layer goes to host memory once, in f32, to wait
+    // for the evaluation (below), with one zero count per linear.
+    let kept = layers * (config.layer_param_count() * 4 + 7 * 4);
+    let allowed = layers * (linears * 4 + 2 * candidates * 4) + logits + kept + (64 << 10);
     let back = sum("device_to_host_bytes");
     println!(
         "gradprobe: {back} bytes back outside the evaluation, at most {allowed}; \
@@ -311,6 +316,19 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         json["perplexity"].as_f64().is_some_and(f64::is_finite),
         "{json}"
     );
+    // Nothing saved: the pruned layers waited in host memory (lavapipe's
+    // memory is not known, so not on the device), not in a scratch
+    // checkpoint, and the evaluation is the scratch checkpoint's to the bit.
+    assert_eq!(json["pruned_layers_kept"], "host", "{json}");
+    let mut on_disk = argv[..argv.len() - 2].to_vec();
+    on_disk.extend(["--keep-pruned", "disk"]);
+    let (code, stdout, stderr) = run_prunemem(&on_disk);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let disk: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    assert_eq!(disk["pruned_layers_kept"], "disk", "{disk}");
+    for key in ["perplexity", "layer_sparsity", "sparsity_all_probed"] {
+        assert_eq!(json[key], disk[key], "{key}");
+    }
     // Its device pool has no model: `--against` says so in one line
     // instead of setting the CPU engine's figures beside the pool's.
     let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs)]);

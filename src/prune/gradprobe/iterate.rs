@@ -46,6 +46,12 @@ pub struct Iteration {
     pub history: Vec<StepRecord>,
 }
 
+/// GradProbe's evaluation: f32, 8 windows a batch.
+const EVAL: EvalOptions = EvalOptions {
+    batch_size: 8,
+    dtype: crate::model::ComputeDtype::F32,
+};
+
 /// Streams the model folder `dir` through `windows`.
 pub fn evaluate<B: Compute>(
     dir: &std::path::Path,
@@ -53,12 +59,27 @@ pub fn evaluate<B: Compute>(
     profiler: &Profiler,
     device: &B::Device,
 ) -> Result<Perplexity, PruneError> {
-    let options = EvalOptions {
-        batch_size: 8,
-        dtype: crate::model::ComputeDtype::F32,
-    };
     Ok(perplexity::of_folder::<B>(
-        dir, windows, &options, device, profiler,
+        dir, windows, &EVAL, device, profiler,
+    )?)
+}
+
+/// The pruned decoder layers `kept` (`super::keep_pruned`), with the
+/// embedding, final norm and head from `ckpt`, through `windows`.
+pub fn evaluate_kept<B: Compute>(
+    ckpt: &Checkpoint,
+    kept: &crate::model::kept::Kept<B>,
+    windows: &[Vec<u32>],
+    profiler: &Profiler,
+    device: &B::Device,
+) -> Result<Perplexity, PruneError> {
+    let weights = perplexity::Weights::Kept(ckpt, kept);
+    Ok(perplexity::perplexity::<B>(
+        weights,
+        windows,
+        &EVAL,
+        device,
+        Some(profiler),
     )?)
 }
 

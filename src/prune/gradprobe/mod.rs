@@ -30,7 +30,7 @@ use std::collections::BTreeMap;
 
 use pass::{Batch, Norms, State, Which};
 pub use select::{GradPrecision, Strategy};
-pub use write::{Scratch, scratch_model, write_pruned};
+pub use write::{Scratch, keep_pruned, scratch_model, write_pruned};
 
 use super::PruneError;
 use crate::events::stages;

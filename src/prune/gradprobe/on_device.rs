@@ -116,3 +116,29 @@ impl<B: Compute> Maxima<B> {
             .unwrap_or_default()
     }
 }
+
+/// Zeroes `positions` (PyTorch `[out, in]`) of `layer`'s linear `name`
+/// where it is; returns its zeros after (one count read back) and its size.
+pub(super) fn zero_at<B: Compute>(
+    layer: &mut DecoderLayer<B>,
+    name: &str,
+    positions: &[u32],
+) -> (u64, u64) {
+    let Some(lin) = layer.linear_mut(name) else {
+        return (0, 0);
+    };
+    let w = lin.weight.val();
+    let [inp, out] = w.dims();
+    let device = w.device();
+    let mut flat = w.reshape([inp * out]);
+    if !positions.is_empty() {
+        let at = index::<B>(positions, out, inp, &device).reshape([positions.len(), 1]);
+        let zeros = Tensor::<B, 1>::zeros([positions.len()], (&device, flat.dtype()));
+        flat = flat.scatter_nd(at, zeros, IndexingUpdateOp::Assign);
+    }
+    let count = crate::exec::reduce::sum_all(flat.clone().equal_elem(0.0).int()).into_data();
+    crate::exec::transfer::read_back(count.bytes.len() as u64);
+    let zeros = count.iter::<i64>().next().unwrap_or(0).max(0) as u64;
+    lin.weight = Param::from_tensor(flat.reshape([inp, out]));
+    (zeros, (inp * out) as u64)
+}

@@ -1,10 +1,15 @@
 //! Step 6: the pruned model, written tensor by tensor from the read-only
 //! checkpoint with the pruned positions zeroed. Every other weight is the
-//! checkpoint's own bytes, so restoring is exact by construction.
+//! checkpoint's own bytes, so restoring is exact by construction. On a
+//! device, when nothing is saved, the pruned decoder layers are kept for
+//! the evaluation instead (`model::kept`): no scratch checkpoint.
 
-use super::{Masks, Target, select};
-use crate::model::Checkpoint;
+use super::{Masks, Target, on_device, select};
+use crate::exec::Compute;
+use crate::model::kept::Kept;
+use crate::model::llama::LAYER_LINEARS;
 use crate::model::save::PrunedWriter;
+use crate::model::{Checkpoint, ComputeDtype};
 use crate::prune::PruneError;
 use crate::prune::engine::{LayerReport, LinearReport};
 
@@ -108,4 +113,59 @@ fn layer_index(name: &str) -> Option<usize> {
         .next()?
         .parse()
         .ok()
+}
+
+/// Step 6 on a device without a save: each decoder layer read in f32 (the
+/// evaluation's dtype), its pruned positions zeroed where it is, and kept
+/// in `kept` (on the device or in host memory) for the evaluation. The
+/// values are the scratch checkpoint's: the checkpoint's own, zeroed at the
+/// same positions. Returns the per-layer reports; every target must be a
+/// decoder linear (without `include_embeddings`).
+pub fn keep_pruned<B: Compute>(
+    ckpt: &Checkpoint,
+    targets: &[Target],
+    masks: &Masks,
+    kept: &mut Kept<B>,
+    device: &B::Device,
+) -> Result<Vec<LayerReport>, PruneError> {
+    if let Some(t) = targets.iter().find(|t| layer_index(&t.name).is_none()) {
+        return Err(PruneError::Invalid(format!(
+            "{} is not a decoder linear: its pruned model cannot be kept by layers",
+            t.name
+        )));
+    }
+    let c = &ckpt.config;
+    let mut layers = Vec::with_capacity(c.num_layers);
+    for index in 0..c.num_layers {
+        let start = std::time::Instant::now();
+        crate::exec::transfer::uploaded(c.layer_param_count() * ComputeDtype::F32.size());
+        let mut layer = ckpt.load_layer::<B>(index, ComputeDtype::F32, device)?;
+        let mut linears = Vec::new();
+        for name in LAYER_LINEARS {
+            let full = format!("model.layers.{index}.{name}.weight");
+            if !targets.iter().any(|t| t.name == full) {
+                continue;
+            }
+            let positions = masks.get(&full).map_or(&[][..], Vec::as_slice);
+            let (zeros, params) = on_device::zero_at(&mut layer, name, positions);
+            linears.push(LinearReport {
+                name: full,
+                zeros,
+                params,
+                alpha: None,
+                error: None,
+                dsnot: None,
+                reallocation: None,
+            });
+        }
+        kept.push(layer)?;
+        layers.push(LayerReport {
+            index,
+            seconds: start.elapsed().as_secs_f64(),
+            linears,
+            reduced_bytes: 0,
+            reduction_seconds: 0.0,
+        });
+    }
+    Ok(layers)
 }
