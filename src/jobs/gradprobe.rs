@@ -82,6 +82,15 @@ pub(super) fn prune_and_eval<B: Compute>(
     let mut probe =
         GradProbe::<B>::new(ckpt, config, &calib, job.batch_size(), &p, device.clone())?;
     drop(calib);
+    if resident_fits::<B>(opened, run) {
+        probe.keep_layers_resident();
+    }
+    let layers = if probe.layers_resident() {
+        "device"
+    } else {
+        "streamed"
+    };
+    run.result("gradprobe_layers", layers);
     let started = std::time::Instant::now();
     let windows = eval_wins.as_deref().unwrap_or_default();
     let (masks, perplexity) = probe_masks(job, ckpt, &mut probe, windows, run)?;
@@ -190,6 +199,16 @@ fn evaluate_step6<B: Compute>(
     };
     p.stage(stages::GP_AFTER_EVAL);
     Ok(r)
+}
+
+/// Whether every decoder layer in f32 can stay on the device between the
+/// passes: the device's memory is known (`--device-memory`, or a CUDA
+/// card's) and holds the run's predicted peak, the layers, and the layers
+/// again (the pruned copies kept for the evaluation).
+fn resident_fits<B: Compute>(opened: &Opened, run: &Run) -> bool {
+    let layers = all_layers_bytes(&opened.ckpt.config, ComputeDtype::F32);
+    let need = run.predicted_peak().unwrap_or(0) + 2 * layers;
+    B::is_device() && run.exec.memory_cap().is_some_and(|cap| need <= cap)
 }
 
 /// Where a device run's pruned layers wait for its evaluation when nothing

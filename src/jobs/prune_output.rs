@@ -58,11 +58,13 @@ pub(super) fn recorded_results(line: &mut Value, s: &crate::events::RunSummary) 
 /// nvidia-smi shows, less the context) and its phase, where the pruned
 /// layers waited, bytes and kernels by phase, the attention kernel, which
 /// of prunemem's kernels ran or handed work back, NVML's utilisation; and
-/// the seconds by phase and by kind of work.
-const RESULTS_AS_THEY_ARE: [&str; 9] = [
+/// the seconds by phase and by kind of work; GradProbe's, whether its layers
+/// stayed on the device between its passes.
+const RESULTS_AS_THEY_ARE: [&str; 10] = [
     "device_reserved_peak",
     "device_reserved_peak_phase",
     "pruned_layers_kept",
+    "gradprobe_layers",
     "transfers",
     "attention",
     "device_kernels",

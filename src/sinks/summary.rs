@@ -110,6 +110,9 @@ impl StageTable {
         if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
             out += &format!("{:<16} on the {k}\n", "Pruned layers");
         }
+        if let Some(k) = r.get("gradprobe_layers").and_then(|v| v.as_str()) {
+            out += &format!("{:<16} {k} between the passes\n", "Probed layers");
+        }
         if let Some(a) = r.get("attention") {
             let n = |k: &str| a[k].as_u64().unwrap_or(0);
             out += &match a["kernel"].as_str() {

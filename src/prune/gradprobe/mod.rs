@@ -22,6 +22,7 @@ pub mod iterate;
 mod on_device;
 mod pass;
 mod phases;
+mod resident;
 pub mod select;
 mod write;
 
@@ -134,6 +135,8 @@ pub struct GradProbe<'a, B: Compute> {
     /// the dense model, reused by later steps as the reference caches them.
     norms: Option<Norms>,
     profiler: &'a Profiler,
+    /// The layers kept on the device between passes, where they fit.
+    resident: Option<resident::Resident<B>>,
 }
 
 impl<'a, B: Compute> GradProbe<'a, B> {
@@ -174,7 +177,21 @@ impl<'a, B: Compute> GradProbe<'a, B> {
             targets,
             norms: None,
             profiler,
+            resident: None,
         })
+    }
+
+    /// Keeps every decoder layer on the device, in f32, from its first
+    /// read to the end of the probe, instead of reading it from the
+    /// checkpoint and uploading it four times a step. For a caller that
+    /// knows the device has room for them (`all_layers_bytes` in f32).
+    pub fn keep_layers_resident(&mut self) {
+        self.resident = Some(resident::Resident::new(self.ckpt.config.num_layers));
+    }
+
+    /// Whether the layers stay on the device between passes.
+    pub fn layers_resident(&self) -> bool {
+        self.resident.is_some()
     }
 
     /// The device the probe computes on.
@@ -253,6 +270,7 @@ impl<'a, B: Compute> GradProbe<'a, B> {
             batches: &self.batches,
             targets: &self.targets,
             profiler: self.profiler,
+            resident: self.resident.as_ref(),
         }
     }
 }

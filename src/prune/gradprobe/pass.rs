@@ -97,6 +97,8 @@ pub struct Input<'a, B: Compute> {
     pub batches: &'a [Batch],
     pub targets: &'a [Target],
     pub profiler: &'a Profiler,
+    /// Layers kept on the device between passes (`None`: streamed).
+    pub(super) resident: Option<&'a super::resident::Resident<B>>,
 }
 
 /// What the passes carry between them.

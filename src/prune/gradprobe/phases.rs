@@ -76,13 +76,21 @@ impl<'a, B: Compute> Pass<'a, B> {
             .progress(&pass, index, 2 * layers + 2, &name);
     }
 
-    /// Layer `i` on the device, in f32 (its upload counted).
+    /// Layer `i` on the device, in f32 (its upload counted), or the one
+    /// kept there.
     fn load(&self, i: usize) -> Result<DecoderLayer<B>, PruneError> {
         let ckpt = self.input.ckpt;
-        if B::is_device() {
-            crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * DTYPE.size());
+        let bytes = ckpt.config.layer_param_count() * DTYPE.size();
+        let read = || -> Result<DecoderLayer<B>, PruneError> {
+            if B::is_device() {
+                crate::exec::transfer::uploaded(bytes);
+            }
+            Ok(ckpt.load_layer::<B>(i, DTYPE, self.input.device)?)
+        };
+        match self.input.resident {
+            Some(resident) => resident.get_or_load(i, bytes, read),
+            None => read(),
         }
-        Ok(ckpt.load_layer::<B>(i, DTYPE, self.input.device)?)
     }
 
     /// Embeds every batch (tentative candidates of a probed embedding were

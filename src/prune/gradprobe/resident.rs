@@ -1,0 +1,48 @@
+//! GradProbe's decoder layers kept on the device between its passes, where
+//! the device has room for them: a streamed probe reads each layer from the
+//! checkpoint, converts it to f32 and uploads it four times a step.
+
+use crate::exec::Compute;
+use crate::memory::held::Held;
+use crate::memory::tag::Category;
+use crate::model::llama::DecoderLayer;
+
+/// The decoder layers in f32 on the device, each read from the checkpoint
+/// once and reused by every pass and step, where the device has room for
+/// them (`GradProbe::keep_layers_resident`). A streamed run reads each
+/// layer four times a step: forward and backward, in both passes. The
+/// passes never change a cached layer: their scatters make new tensors.
+pub(super) struct Resident<B: Compute> {
+    layers: std::cell::RefCell<Vec<Option<DecoderLayer<B>>>>,
+    held: std::cell::RefCell<Vec<Held>>,
+}
+
+impl<B: Compute> Resident<B> {
+    pub fn new(layers: usize) -> Self {
+        Self {
+            layers: std::cell::RefCell::new((0..layers).map(|_| None).collect()),
+            held: std::cell::RefCell::new(Vec::new()),
+        }
+    }
+
+    /// Layer `i`: the cached one, or `load`'s (`bytes` on the device),
+    /// cached.
+    pub fn get_or_load<E>(
+        &self,
+        i: usize,
+        bytes: u64,
+        load: impl FnOnce() -> Result<DecoderLayer<B>, E>,
+    ) -> Result<DecoderLayer<B>, E> {
+        if let Some(Some(layer)) = self.layers.borrow().get(i) {
+            return Ok(layer.clone());
+        }
+        let layer = load()?;
+        if let Some(slot) = self.layers.borrow_mut().get_mut(i) {
+            *slot = Some(layer.clone());
+            self.held
+                .borrow_mut()
+                .push(Held::new(Category::Weights, bytes));
+        }
+        Ok(layer)
+    }
+}
