@@ -40,15 +40,7 @@ pub fn write_pruned(
         }
         let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
         writer.write_f32(ckpt, &t.name, &w)?;
-        let report = LinearReport {
-            name: t.name.clone(),
-            zeros,
-            params: w.len() as u64,
-            alpha: None,
-            error: None,
-            dsnot: None,
-            reallocation: None,
-        };
+        let report = LinearReport::counts(&t.name, zeros, w.len() as u64);
         match layer_index(&t.name) {
             Some(i) if i < layers.len() => {
                 layers[i].linears.push(report);
@@ -148,15 +140,7 @@ pub fn keep_pruned<B: Compute>(
             }
             let positions = masks.get(&full).map_or(&[][..], Vec::as_slice);
             let (zeros, params) = on_device::zero_at(&mut layer, name, positions);
-            linears.push(LinearReport {
-                name: full,
-                zeros,
-                params,
-                alpha: None,
-                error: None,
-                dsnot: None,
-                reallocation: None,
-            });
+            linears.push(LinearReport::counts(&full, zeros, params));
         }
         kept.push(layer)?;
         layers.push(LayerReport {
