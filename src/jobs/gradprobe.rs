@@ -15,7 +15,7 @@ use super::pruned::{Opened, Pruned, eval_results, layer_results};
 use super::text;
 use crate::events::{Level, stages};
 use crate::model::ComputeDtype;
-use crate::model::kept::{Kept, Place, all_layers_bytes};
+use crate::model::kept::{Kept, all_layers_bytes};
 use crate::model::perplexity::Perplexity;
 use crate::model::save::PrunedWriter;
 use crate::prune::engine::{LinearReport, PruneOutcome, sparsity_of};
@@ -98,7 +98,8 @@ pub(super) fn prune_and_eval<B: Compute>(
     // on a device the layers can wait in memory instead of on disk.
     let keepable =
         writer.is_none() && eval_wins.is_some() && perplexity.is_none() && !g.include_embeddings;
-    let mut kept = kept_for_eval::<B>(job, opened, run, keepable);
+    // In f32, GradProbe's evaluation dtype.
+    let mut kept = super::waiting::keep::<B>(job, opened, keepable, ComputeDtype::F32, run);
     let written = match kept.as_mut() {
         Some(k) => Written {
             layers: keep_pruned(ckpt, probe.targets(), &masks, k, device)?,
@@ -209,41 +210,6 @@ fn resident_fits<B: Compute>(opened: &Opened, run: &Run) -> bool {
     let layers = all_layers_bytes(&opened.ckpt.config, ComputeDtype::F32);
     let need = run.predicted_peak().unwrap_or(0) + 2 * layers;
     B::is_device() && run.exec.memory_cap().is_some_and(|cap| need <= cap)
-}
-
-/// Where a device run's pruned layers wait for its evaluation when nothing
-/// is saved (`keepable`): on the device or in host memory, chosen as a
-/// streamed prune's are (`--keep-pruned`, else the run's predicted peak,
-/// the device's memory and the host's) for every layer in f32, GradProbe's
-/// evaluation dtype; `None` on the CPU, or when they go to disk (a scratch
-/// checkpoint, as before).
-fn kept_for_eval<B: Compute>(
-    job: &PruneJob,
-    opened: &Opened,
-    run: &mut Run,
-    keepable: bool,
-) -> Option<Kept<B>> {
-    if !B::is_device() || !keepable {
-        return None;
-    }
-    let layers = all_layers_bytes(&opened.ckpt.config, ComputeDtype::F32);
-    let place = job.keep_pruned.unwrap_or_else(|| {
-        let host = crate::memory::process::available_memory();
-        let peak = run.predicted_peak().unwrap_or(0);
-        Place::choose(layers, peak, run.exec.memory_cap(), host)
-    });
-    run.result("pruned_layers_kept", place.name());
-    run.profiler.message(
-        Level::Info,
-        format!(
-            "the pruned layers wait for the evaluation on the {}",
-            place.name()
-        ),
-    );
-    match place {
-        Place::Device | Place::Host => Some(Kept::new(place)),
-        Place::Disk => None,
-    }
 }
 
 /// The model written with the masks applied: into the save folder, or a

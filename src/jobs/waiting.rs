@@ -10,9 +10,9 @@ use super::context::Run;
 use super::pruned::Opened;
 use crate::events::Level;
 use crate::exec::Compute;
-use crate::model::Checkpoint;
 use crate::model::kept::{Kept, Place};
 use crate::model::save::PrunedWriter;
+use crate::model::{Checkpoint, ComputeDtype};
 use crate::profiler::Profiler;
 
 /// A scratch folder (removed on every exit path) and the writer into it.
@@ -27,22 +27,8 @@ pub(super) fn choose<B: Compute>(
     saving: bool,
     run: &mut Run,
 ) -> Result<(Option<Kept<B>>, Option<Scratch>), JobError> {
-    let place = keep_place::<B>(job, opened, streamed_eval, run);
-    let kept = match place {
-        Some(p @ (Place::Device | Place::Host)) => Some(Kept::<B>::new(p)),
-        _ => None,
-    };
+    let kept = keep::<B>(job, opened, streamed_eval, job.dtype, run);
     let p = run.profiler.clone();
-    if let Some(at) = place {
-        run.result("pruned_layers_kept", at.name());
-        p.message(
-            Level::Info,
-            format!(
-                "the pruned layers wait for the evaluation on the {}",
-                at.name()
-            ),
-        );
-    }
     let scratch = match streamed_eval && !saving && kept.is_none() {
         true => Some(scratch_writer(&opened.ckpt, &p)?),
         false => None,
@@ -50,16 +36,43 @@ pub(super) fn choose<B: Compute>(
     Ok((kept, scratch))
 }
 
+/// The store for a device run's pruned layers in `dtype` while they wait
+/// for the evaluation, where it is memory (`keep_place`), the place
+/// recorded (`pruned_layers_kept`) and said in the log. `None`: a CPU run,
+/// nothing to evaluate, or disk.
+pub(super) fn keep<B: Compute>(
+    job: &PruneJob,
+    opened: &Opened,
+    evaluates: bool,
+    dtype: ComputeDtype,
+    run: &mut Run,
+) -> Option<Kept<B>> {
+    let place = keep_place::<B>(job, opened, evaluates, dtype, run)?;
+    run.result("pruned_layers_kept", place.name());
+    run.profiler.message(
+        Level::Info,
+        format!(
+            "the pruned layers wait for the evaluation on the {}",
+            place.name()
+        ),
+    );
+    match place {
+        Place::Device | Place::Host => Some(Kept::new(place)),
+        Place::Disk => None,
+    }
+}
+
 /// Where a streamed device prune keeps its pruned layers for the
 /// evaluation (`None`: nothing to keep — a CPU run, a resident model, or no
 /// evaluation): the device when the run's predicted device peak plus every
-/// layer fits its memory (`--device-memory`, or a CUDA card's), host memory
-/// when they fit what is available, else disk; or where `--keep-pruned`
-/// says.
+/// layer in `dtype` fits its memory (`--device-memory`, or a CUDA card's),
+/// host memory when they fit what is available, else disk; or where
+/// `--keep-pruned` says.
 fn keep_place<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
     evaluates: bool,
+    dtype: ComputeDtype,
     run: &Run,
 ) -> Option<Place> {
     if !B::is_device() || !evaluates {
@@ -69,7 +82,7 @@ fn keep_place<B: Compute>(
         return Some(place);
     }
     let c = &opened.ckpt.config;
-    let layers = crate::model::kept::all_layers_bytes(c, job.dtype);
+    let layers = crate::model::kept::all_layers_bytes(c, dtype);
     let peak = run.predicted_peak().unwrap_or(0);
     let host = crate::memory::process::available_memory();
     Some(Place::choose(layers, peak, run.exec.memory_cap(), host))

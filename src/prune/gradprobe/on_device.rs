@@ -61,22 +61,33 @@ pub(super) fn prepare<B: Compute>(
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
-    let device = w.device();
     let mut flat = w.reshape([inp * out]);
     for (positions, factor) in [(pruned, 0.0f32), (tentative, reduction as f32)] {
-        let Some(p) = positions else {
-            continue;
-        };
-        let at = index::<B>(p, out, inp, &device).reshape([p.len(), 1]);
-        // The host's `scale_at`: a zero is written, any other factor multiplies.
-        let update = match factor {
-            0.0 => IndexingUpdateOp::Assign,
-            _ => IndexingUpdateOp::Mul,
-        };
-        let values = Tensor::<B, 1>::full([p.len()], factor, (&device, flat.dtype()));
-        flat = flat.scatter_nd(at, values, update);
+        if let Some(p) = positions {
+            flat = scale_at(flat, p, out, inp, factor);
+        }
     }
     lin.weight = Param::from_tensor(flat.reshape([inp, out]));
+}
+
+/// The host's `select::scale_at` on a weight where it is (Burn's `[inp,
+/// out]`, flattened): a zero written at `positions` (PyTorch `[out, in]`)
+/// for a factor of 0, else the factor multiplied in.
+fn scale_at<B: Compute>(
+    flat: Tensor<B, 1>,
+    positions: &[u32],
+    out: usize,
+    inp: usize,
+    factor: f32,
+) -> Tensor<B, 1> {
+    let device = flat.device();
+    let at = index::<B>(positions, out, inp, &device).reshape([positions.len(), 1]);
+    let update = match factor {
+        0.0 => IndexingUpdateOp::Assign,
+        _ => IndexingUpdateOp::Mul,
+    };
+    let values = Tensor::<B, 1>::full([positions.len()], factor, (&device, flat.dtype()));
+    flat.scatter_nd(at, values, update)
 }
 
 /// One linear's gradient maxima at its candidates, kept on the device
@@ -129,12 +140,9 @@ pub(super) fn zero_at<B: Compute>(
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
-    let device = w.device();
     let mut flat = w.reshape([inp * out]);
     if !positions.is_empty() {
-        let at = index::<B>(positions, out, inp, &device).reshape([positions.len(), 1]);
-        let zeros = Tensor::<B, 1>::zeros([positions.len()], (&device, flat.dtype()));
-        flat = flat.scatter_nd(at, zeros, IndexingUpdateOp::Assign);
+        flat = scale_at(flat, positions, out, inp, 0.0);
     }
     let count = crate::exec::reduce::sum_all(flat.clone().equal_elem(0.0).int()).into_data();
     crate::exec::transfer::read_back(count.bytes.len() as u64);
