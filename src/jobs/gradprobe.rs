@@ -204,11 +204,13 @@ fn evaluate_step6<B: Compute>(
 
 /// Whether every decoder layer in f32 can stay on the device between the
 /// passes: the device's memory is known (`--device-memory`, or a CUDA
-/// card's) and holds the run's predicted peak, the layers, and the layers
-/// again (the pruned copies kept for the evaluation).
+/// card's) and holds the run's predicted peak, the layers and the head's
+/// table, and the layers again (the pruned copies kept for the evaluation).
 fn resident_fits<B: Compute>(opened: &Opened, run: &Run) -> bool {
-    let layers = all_layers_bytes(&opened.ckpt.config, ComputeDtype::F32);
-    let need = run.predicted_peak().unwrap_or(0) + 2 * layers;
+    let c = &opened.ckpt.config;
+    let layers = all_layers_bytes(c, ComputeDtype::F32);
+    let head = c.vocab_table_params() * 4;
+    let need = run.predicted_peak().unwrap_or(0) + 2 * layers + head;
     B::is_device() && run.exec.memory_cap().is_some_and(|cap| need <= cap)
 }
 

@@ -209,6 +209,24 @@ impl<'a, B: Compute> Pass<'a, B> {
         Ok(head_w)
     }
 
+    /// The head's table in f32 on the device (its upload counted), as the
+    /// pass sees it (`head_weight`).
+    fn head_table(
+        &self,
+        state: &mut State,
+        head_name: &'static str,
+    ) -> Result<Tensor<B, 2>, PruneError> {
+        let c = &self.input.ckpt.config;
+        let head_w = self.head_weight(state, head_name)?;
+        if B::is_device() {
+            crate::exec::transfer::uploaded(head_w.len() as u64 * 4);
+        }
+        Ok(Tensor::<B, 2>::from_data(
+            TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
+            self.input.device,
+        ))
+    }
+
     /// Loss and head backward, by hand in vocabulary blocks, then the final
     /// norm under autodiff: the gradient w.r.t. the last boundary.
     pub fn head(
@@ -226,14 +244,17 @@ impl<'a, B: Compute> Pass<'a, B> {
         } = self.input;
         let c = &ckpt.config;
         let head_name = if c.tie_word_embeddings { EMBED } else { HEAD };
-        let head_w = self.head_weight(state, head_name)?;
-        if B::is_device() {
-            crate::exec::transfer::uploaded(head_w.len() as u64 * 4);
-        }
-        let head = Tensor::<B, 2>::from_data(
-            TensorData::new(head_w, [c.vocab_size, c.hidden_size]),
-            self.input.device,
-        );
+        // A table no pass changes stays on the device with the layers.
+        let unchanged = !self.probed.contains(head_name)
+            && !self.probed.contains(EMBED)
+            && !state.pruned.contains_key(head_name);
+        let head = match self.input.resident {
+            Some(resident) if unchanged => {
+                let bytes = c.vocab_table_params() * 4;
+                resident.head_or_load(bytes, || self.head_table(state, head_name))?
+            }
+            _ => self.head_table(state, head_name)?,
+        };
         let mut held = state.components();
         held.insert("head weight (f32)".into(), c.vocab_table_params() * 4);
         let tokens: usize = batches.iter().map(|b| b.targets.len()).sum();

@@ -6,6 +6,7 @@ use crate::exec::Compute;
 use crate::memory::held::Held;
 use crate::memory::tag::Category;
 use crate::model::llama::DecoderLayer;
+use burn::prelude::Tensor;
 
 /// The decoder layers in f32 on the device, each read from the checkpoint
 /// once and reused by every pass and step, where the device has room for
@@ -14,6 +15,8 @@ use crate::model::llama::DecoderLayer;
 /// passes never change a cached layer: their scatters make new tensors.
 pub(super) struct Resident<B: Compute> {
     layers: std::cell::RefCell<Vec<Option<DecoderLayer<B>>>>,
+    /// The head's table in f32, where no pass changes it.
+    head: std::cell::RefCell<Option<Tensor<B, 2>>>,
     held: std::cell::RefCell<Vec<Held>>,
 }
 
@@ -21,6 +24,7 @@ impl<B: Compute> Resident<B> {
     pub fn new(layers: usize) -> Self {
         Self {
             layers: std::cell::RefCell::new((0..layers).map(|_| None).collect()),
+            head: std::cell::RefCell::new(None),
             held: std::cell::RefCell::new(Vec::new()),
         }
     }
@@ -44,5 +48,24 @@ impl<B: Compute> Resident<B> {
                 .push(Held::new(Category::Weights, bytes));
         }
         Ok(layer)
+    }
+
+    /// The head's table: the cached one, or `load`'s (`bytes` on the
+    /// device), cached. Only for a table no pass changes (not probed, not
+    /// pruned by an earlier step).
+    pub fn head_or_load<E>(
+        &self,
+        bytes: u64,
+        load: impl FnOnce() -> Result<Tensor<B, 2>, E>,
+    ) -> Result<Tensor<B, 2>, E> {
+        if let Some(head) = self.head.borrow().as_ref() {
+            return Ok(head.clone());
+        }
+        let head = load()?;
+        *self.head.borrow_mut() = Some(head.clone());
+        self.held
+            .borrow_mut()
+            .push(Held::new(Category::Weights, bytes));
+        Ok(head)
     }
 }
