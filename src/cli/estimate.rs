@@ -246,7 +246,7 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
     };
     if args.json {
         // GradProbe on a GPU judges no card (its device pool is not modelled).
-        let judged = if est.unmodelled_on_device() {
+        let judged = if est.workload.unmodelled_on_device() {
             &[][..]
         } else {
             &gpus[..]
@@ -255,7 +255,7 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
             .iter()
             .map(|g| json!({"gpu": g.name, "usable": g.usable(), "fits": est.device_need() <= g.usable()}))
             .collect();
-        let smallest = (!est.unmodelled_on_device())
+        let smallest = (!est.workload.unmodelled_on_device())
             .then(|| catalog::smallest_fitting(est.device_need(), 0.0).map(|g| g.name))
             .flatten();
         println!(

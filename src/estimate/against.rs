@@ -283,7 +283,7 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         .as_ref()
         .ok_or_else(|| EstimateError::Invalid("the log has no run_started event".into()))?;
     let (arch, mut workload) = workload_of(plan)?;
-    if workload.task == Task::GradProbe && workload.device.is_gpu() {
+    if workload.unmodelled_on_device() {
         return Err(EstimateError::Invalid(
             "GradProbe on a device has no device-memory estimate yet (its estimate is the CPU engine's, on the host), \
              so there is nothing to set beside this run's device peaks: they are in its summary and `prunemem report`"

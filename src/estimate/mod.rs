@@ -264,6 +264,12 @@ pub struct Workload {
 }
 
 impl Workload {
+    /// prunemem's GradProbe on a GPU: its device pool is not modelled, so
+    /// its phases are the CPU engine's and judge no card.
+    pub fn unmodelled_on_device(&self) -> bool {
+        self.engine == Engine::Prunemem && self.task == Task::GradProbe && self.device.is_gpu()
+    }
+
     /// A pruning workload with prunemem's defaults.
     pub fn new(task: Task) -> Self {
         Self {
@@ -458,13 +464,6 @@ impl Estimate {
         self.phases.iter().map(Phase::allocated).max().unwrap_or(0)
     }
 
-    /// prunemem's GradProbe on a GPU: its device pool is not modelled, so
-    /// the phases are the CPU engine's and judge no card.
-    pub fn unmodelled_on_device(&self) -> bool {
-        let w = &self.workload;
-        w.engine == Engine::Prunemem && w.task == Task::GradProbe && w.device.is_gpu()
-    }
-
     /// What the run needs of a GPU's usable memory: the peak less any CUDA
     /// context in it, since the GPU table subtracts each card's own; on
     /// prunemem's device pool, what the pool reserves if that is more (the
@@ -549,7 +548,7 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
                 None => prunemem::phases(arch, w, &mut notes),
             }
         }
-        (Task::GradProbe, Engine::Prunemem) if w.device.is_gpu() => {
+        (_, Engine::Prunemem) if w.unmodelled_on_device() => {
             notes.push(
                 "GradProbe's device memory is not modelled yet: these are its CPU engine's figures, on the host, \
                  and no GPU is judged by them"

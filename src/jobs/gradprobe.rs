@@ -130,19 +130,14 @@ pub(super) fn prune_and_eval<B: Compute>(
     // back.
     drop(masks);
     drop(probe);
-    let perplexity = match (&eval_wins, perplexity) {
-        (Some(wins), None) => {
-            let pruned = match (&kept, &written.path) {
-                (Some(k), _) => Some(Step6::Kept(k)),
-                (None, Some(path)) => Some(Step6::Folder(path)),
-                (None, None) => None,
-            };
-            match pruned {
-                Some(pruned) => Some(evaluate_step6(ckpt, pruned, wins, &p, device)?),
-                None => None,
-            }
-        }
-        (_, known) => known,
+    let pruned = match (&kept, &written.path) {
+        (Some(k), _) => Some(Step6::Kept(k)),
+        (None, Some(path)) => Some(Step6::Folder(path)),
+        (None, None) => None,
+    };
+    let perplexity = match (&eval_wins, pruned, perplexity) {
+        (Some(wins), Some(pruned), None) => Some(evaluate_step6(ckpt, pruned, wins, &p, device)?),
+        (_, _, known) => known,
     };
     step6_results(run, &outcome, &written.others, perplexity.as_ref());
     Ok(Pruned {
