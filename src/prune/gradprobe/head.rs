@@ -1,13 +1,20 @@
 //! The loss and the output head's backward, by hand and in vocabulary
 //! blocks: `[tokens, vocab]` logits and the `[vocab, hidden]` head gradient
 //! never exist whole. Two sweeps over the vocabulary: the first finds each
-//! row's log-sum-exp (online) and the target logit; the second forms
-//! `dlogits = (softmax − onehot) / T` one block at a time, accumulates
-//! `dh = dlogits · W` and hands the head-weight gradient of the block to the
-//! caller at the candidate positions only.
+//! row's log-sum-exp (online); the second forms `dlogits = (softmax −
+//! onehot) / T` one block at a time, accumulates `dh = dlogits · W` and
+//! hands the head-weight gradient of the block to the caller at the
+//! candidate positions only.
+//!
+//! All of it is tensor ops where the head is, so on a device no logits
+//! cross the bus: one f32 per token comes back (the loss), and, with the
+//! head probed, one f32 per candidate (its gradient), their positions
+//! going up. The CPU runs the same ops on its backend.
 
 use crate::exec::Compute;
+use crate::exec::reduce;
 use burn::prelude::*;
+use burn::tensor::IndexingUpdateOp;
 
 /// Where the head-weight gradient goes: the sorted candidate positions and
 /// a sink called with `(candidate index, dL/dW there)`.
@@ -30,78 +37,101 @@ pub fn head_backward<B: Compute>(
     let block = ((1usize << 22) / t.max(1))
         .min((1usize << 21) / d.max(1))
         .clamp(1, v.max(1));
-    let host = |x: Tensor<B, 2>| -> Vec<f32> {
-        let data = x.into_data();
-        if B::is_device() {
-            crate::exec::transfer::read_back(data.bytes.len() as u64);
-        }
-        data.into_vec().unwrap_or_default()
-    };
+    let device = h.device();
+    let targets = ints::<B>(targets.iter().map(|x| *x as i64).collect(), &device);
     let logits = |v0: usize, v1: usize| {
         let wb = w.clone().slice([v0..v1, 0..d]);
-        (host(h.clone().matmul(wb.clone().transpose())), wb)
+        (h.clone().matmul(wb.clone().transpose()), wb)
     };
 
-    let mut max = vec![f32::NEG_INFINITY; t];
-    let mut sum = vec![0f32; t];
-    let mut target_logit = vec![0f32; t];
+    let (mut max, mut sum): (Option<Tensor<B, 2>>, Option<Tensor<B, 2>>) = (None, None);
     for v0 in (0..v).step_by(block) {
-        let v1 = (v0 + block).min(v);
-        let (l, _) = logits(v0, v1);
-        let nb = v1 - v0;
-        for r in 0..t {
-            let row = &l[r * nb..(r + 1) * nb];
-            let m = row.iter().fold(max[r], |a, b| a.max(*b));
-            sum[r] = sum[r] * (max[r] - m).exp() + row.iter().map(|x| (x - m).exp()).sum::<f32>();
-            max[r] = m;
-            let tg = targets[r] as usize;
-            if (v0..v1).contains(&tg) {
-                target_logit[r] = row[tg - v0];
-            }
-        }
+        let (l, _) = logits(v0, (v0 + block).min(v));
+        let m = reduce::max_dim(l.clone(), 1);
+        let m = match &max {
+            Some(old) => old.clone().max_pair(m),
+            None => m,
+        };
+        let s = reduce::sum_dim((l - m.clone()).exp(), 1);
+        sum = Some(match (sum, max) {
+            (Some(old), Some(old_max)) => old * (old_max - m.clone()).exp() + s,
+            _ => s,
+        });
+        max = Some(m);
     }
-    let lse: Vec<f32> = max.iter().zip(&sum).map(|(m, s)| m + s.ln()).collect();
-    let loss = lse
+    let (Some(max), Some(sum)) = (max, sum) else {
+        return (h.zeros_like(), 0.0);
+    };
+    let lse = max + sum.log();
+    let target_logit = reduce::sum_dim(h.clone() * w.clone().select(0, targets.clone()), 1);
+    let loss = host(lse.clone() - target_logit)
         .iter()
-        .zip(&target_logit)
-        .map(|(l, g)| (l - g) as f64)
+        .map(|x| *x as f64)
         .sum::<f64>()
         / t.max(1) as f64;
 
-    let device = h.device();
     let scale = 1.0 / t.max(1) as f32;
     let mut dh = Tensor::<B, 2>::zeros([t, d], &device);
     let mut cursor = 0usize;
     for v0 in (0..v).step_by(block) {
         let v1 = (v0 + block).min(v);
-        let nb = v1 - v0;
-        let (mut l, wb) = logits(v0, v1);
-        for r in 0..t {
-            let row = &mut l[r * nb..(r + 1) * nb];
-            for x in row.iter_mut() {
-                *x = (*x - lse[r]).exp() * scale;
-            }
-            let tg = targets[r] as usize;
-            if (v0..v1).contains(&tg) {
-                row[tg - v0] -= scale;
-            }
-        }
-        if B::is_device() {
-            crate::exec::transfer::uploaded(l.len() as u64 * 4);
-        }
-        let dlogits = Tensor::<B, 2>::from_data(TensorData::new(l, [t, nb]), &device);
+        let (l, wb) = logits(v0, v1);
+        let dlogits = minus_onehot((l - lse.clone()).exp() * scale, &targets, v0, scale);
         dh = dh + dlogits.clone().matmul(wb);
         if let Some((positions, sink)) = weight_grad.as_mut() {
-            let end = (v1 * d) as u32;
-            if positions.get(cursor).is_some_and(|p| *p < end) {
-                let dw = host(dlogits.transpose().matmul(h.clone()));
-                let base = v0 * d;
-                while let Some(p) = positions.get(cursor).filter(|p| **p < end) {
-                    sink(cursor, dw[*p as usize - base]);
+            let (base, end) = ((v0 * d) as u32, (v1 * d) as u32);
+            let upto = cursor + positions[cursor..].partition_point(|p| *p < end);
+            if upto > cursor {
+                let at = positions[cursor..upto].iter().map(|p| (p - base) as i64);
+                let at = ints::<B>(at.collect(), &device);
+                let dw = dlogits.transpose().matmul(h.clone());
+                let dw = host(dw.reshape([(v1 - v0) * d]).select(0, at));
+                for g in dw {
+                    sink(cursor, g);
                     cursor += 1;
                 }
             }
         }
     }
     (dh, loss)
+}
+
+/// `p` `[T, nb]`, a block of the vocabulary from `v0`, with `scale` taken
+/// from each row's target logit where the target falls in the block: a
+/// scatter of `[T]` values, computed where the targets are.
+fn minus_onehot<B: Compute>(
+    p: Tensor<B, 2>,
+    targets: &Tensor<B, 1, Int>,
+    v0: usize,
+    scale: f32,
+) -> Tensor<B, 2> {
+    let [t, nb] = p.dims();
+    let column = targets.clone().sub_scalar(v0 as i64);
+    let inside = column
+        .clone()
+        .greater_equal_elem(0)
+        .bool_and(column.clone().lower_elem(nb as i64));
+    let values = inside.float().mul_scalar(-scale).cast(p.dtype());
+    let at = column.clamp(0, nb as i64 - 1).reshape([t, 1]);
+    p.scatter(1, at, values.reshape([t, 1]), IndexingUpdateOp::Add)
+}
+
+/// A host vector of indices on the device (4 bytes each counted up).
+fn ints<B: Compute>(values: Vec<i64>, device: &B::Device) -> Tensor<B, 1, Int> {
+    if B::is_device() {
+        crate::exec::transfer::uploaded(values.len() as u64 * 4);
+    }
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+/// A small result read back as f32 (counted on a device).
+fn host<const D: usize, B: Compute>(x: Tensor<B, D>) -> Vec<f32> {
+    let data = x.into_data();
+    if B::is_device() {
+        crate::exec::transfer::read_back(data.bytes.len() as u64);
+    }
+    data.convert_dtype(burn::tensor::DType::F32)
+        .into_vec()
+        .unwrap_or_default()
 }
