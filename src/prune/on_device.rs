@@ -257,6 +257,86 @@ fn per_output_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B,
     below.bool_or(ties.bool_and(first))
 }
 
+/// Exactly `k` entries of the whole matrix, the smallest, ties taken in
+/// row-major order: the host's `gradprobe::select::smallest_by` (a
+/// `select_nth` over `(key, position)`), where the keys are.
+pub(crate) fn smallest_exactly<B: Compute>(
+    keys: Tensor<B, 2, Int>,
+    k: usize,
+) -> Tensor<B, 2, Bool> {
+    let [rows, cols] = keys.dims();
+    let n = rows * cols;
+    if k == 0 {
+        return keys.lower_elem(i32::MIN as i64);
+    }
+    if k >= n {
+        return keys.greater_equal_elem(i32::MIN as i64);
+    }
+    let t = kth_key(&keys, k, Over::Matrix).expand([rows, cols]);
+    let below = keys.clone().lower(t.clone());
+    let ties = keys.equal(t);
+    let need = count(below.clone().int(), Over::Matrix)
+        .neg()
+        .add_scalar(k as i64);
+    let tied = count(ties.clone().int(), Over::Matrix);
+    if !read_flag(tied.greater(need.clone()).any()) {
+        return below.bool_or(ties);
+    }
+    // The first `need` ties in row-major order: a bisection over positions.
+    let device = ties.device();
+    let index = Tensor::<B, 1, Int>::arange(0..n as i64, &device).reshape([rows, cols]);
+    let mut lo = Tensor::<B, 2, Int>::zeros([1, 1], &device);
+    let mut hi = Tensor::<B, 2, Int>::full([1, 1], n as i64 - 1, &device);
+    for _ in 0..usize::BITS - (n.max(2) - 1).leading_zeros() {
+        let mid = lo.clone() + (hi.clone() - lo.clone()).div_scalar(2);
+        let upto = index.clone().lower_equal(mid.clone().expand([rows, cols]));
+        let seen = count(ties.clone().bool_and(upto).int(), Over::Matrix);
+        let enough = seen.greater_equal(need.clone());
+        hi = hi.mask_where(enough.clone(), mid.clone());
+        lo = lo.mask_where(enough.bool_not(), mid.add_scalar(1));
+    }
+    below.bool_or(ties.bool_and(index.lower_equal(lo.expand([rows, cols]))))
+}
+
+/// The set positions of `mask`, row-major, ascending: read back as one bit
+/// each (32 to an integer, packed where the mask is), not as the matrix.
+pub(crate) fn set_positions<B: Compute>(mask: Tensor<B, 2, Bool>) -> Vec<u32> {
+    let [rows, cols] = mask.dims();
+    let n = rows * cols;
+    if n == 0 {
+        return Vec::new();
+    }
+    let device = mask.device();
+    let words = n.div_ceil(32);
+    let mut flat = mask.int().reshape([n]);
+    if words * 32 > n {
+        let pad = Tensor::<B, 1, Int>::zeros([words * 32 - n], &device);
+        flat = Tensor::cat(vec![flat, pad], 0);
+    }
+    // Distinct bits add without a carry; bit 31 is i32::MIN's.
+    let bits: Vec<i64> = (0..32)
+        .map(|j| if j == 31 { i32::MIN as i64 } else { 1i64 << j })
+        .collect();
+    let bits = Tensor::<B, 1, Int>::from_data(TensorData::new(bits, [32]), &device);
+    if B::is_device() {
+        crate::exec::transfer::uploaded(32 * 4);
+    }
+    let packed = (flat.reshape([words, 32]) * bits.reshape([1, 32])).sum_dim(1);
+    let data = packed.into_data();
+    if B::is_device() {
+        crate::exec::transfer::read_back(data.bytes.len() as u64);
+    }
+    let mut out = Vec::new();
+    for (w, word) in data.iter::<i64>().enumerate() {
+        let mut word = word as u32;
+        while word != 0 {
+            out.push((w * 32) as u32 + word.trailing_zeros());
+            word &= word - 1;
+        }
+    }
+    out
+}
+
 /// Rows `0..=c` of each column, where `c` is the smallest row at which the
 /// column has seen `need` of its `ties`.
 fn first_ties<B: Compute>(
@@ -417,6 +497,33 @@ mod tests {
         let row: Vec<bool> = (0..8).map(|j| j < 4).collect();
         assert_eq!(&dev[..8], &row[..]);
         assert_eq!(&dev[8..], &row[..]);
+    }
+
+    #[test]
+    fn exactly_k_positions_equal_the_hosts_selection() {
+        use crate::prune::gradprobe::select::smallest_by;
+        // 5 × 7 pads its bits; the tied sample and the zeros (an earlier
+        // step's pruning) meet the threshold many times.
+        for (rows, cols) in [(24, 32), (5, 7)] {
+            let n = rows * cols;
+            for sample in [sample(n, 5, false), sample(n, 5, true), {
+                let mut v = sample(n, 6, true);
+                v.iter_mut().step_by(3).for_each(|x| *x = 0.0);
+                v
+            }] {
+                let abs: Vec<f32> = sample.iter().map(|v| v.abs()).collect();
+                let t = Tensor::<Cpu, 2>::from_data(
+                    TensorData::new(abs.clone(), [rows, cols]),
+                    &Default::default(),
+                );
+                for k in [0, 1, 17, n / 2, n - 1, n] {
+                    let host = smallest_by(n, k, |i| abs[i]);
+                    let keys = Cpu::float_bits(t.clone());
+                    let dev = set_positions(smallest_exactly(keys, k));
+                    assert_eq!(dev, host, "{rows}×{cols}, k {k}");
+                }
+            }
+        }
     }
 
     #[test]

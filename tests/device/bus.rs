@@ -294,6 +294,12 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     let (layers, h) = (config.num_layers as u64, config.hidden_size as u64);
     let linears = config.layer_param_count() - 2 * h;
     let candidates = (linears as f64 * sparsity) as u64 + 7;
+    // The original pass chooses each linear's candidates on the device: one
+    // bit per weight comes back (32 to a word, a word's padding at most per
+    // linear) and one tie flag, where the weight came back in f32 before
+    // (2 949 120 bytes a layer here). Each pass, the maxima: 4 bytes per
+    // candidate.
+    let selection = linears / 8 + 7 * 4 + 7 * 4;
     // The head's loss and backward run on the device: no logits come back,
     // one f32 loss per token a pass (a [tokens, vocab] block of logits twice
     // a batch, 2 097 152 bytes here, before).
@@ -301,7 +307,7 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     // Then each pruned layer goes to host memory once, in f32, to wait
     // for the evaluation (below), with one zero count per linear.
     let kept = layers * (config.layer_param_count() * 4 + 7 * 4);
-    let allowed = layers * (linears * 4 + 2 * candidates * 4) + losses + kept + (64 << 10);
+    let allowed = layers * (selection + 2 * candidates * 4) + losses + kept + 4096;
     let back = sum("device_to_host_bytes");
     println!(
         "gradprobe: {back} bytes back outside the evaluation, at most {allowed}: \

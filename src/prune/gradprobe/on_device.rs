@@ -15,8 +15,10 @@ use burn::prelude::*;
 use burn::tensor::{DType, IndexingUpdateOp};
 
 use super::pass::{State, Which};
+use super::select;
 use crate::exec::Compute;
 use crate::model::llama::DecoderLayer;
+use crate::prune::on_device;
 
 /// Burn's flat `[in, out]` indices of PyTorch `[out, in]` positions, on the
 /// device (`[k]`; counted as 4 bytes each).
@@ -88,6 +90,34 @@ fn scale_at<B: Compute>(
     };
     let values = Tensor::<B, 1>::full([positions.len()], factor, (&device, flat.dtype()));
     flat.scatter_nd(at, values, update)
+}
+
+/// The original pass's candidates of `layer`'s linear `name` (PyTorch
+/// `[out, in]` positions), chosen where the weight is: exactly the host's
+/// `select::tentative` (the `k` smallest `|W|`, or `|W|·norm` of the
+/// input with `norms`, ties in PyTorch's flat order), read back as one bit
+/// per weight instead of the weight in f32.
+pub(super) fn tentative<B: Compute>(
+    layer: &DecoderLayer<B>,
+    name: &str,
+    norms: Option<&[f32]>,
+    sparsity: f64,
+) -> Vec<u32> {
+    let Some(lin) = layer.linear(name) else {
+        return Vec::new();
+    };
+    let w = lin.weight.val();
+    let [inp, out] = w.dims();
+    let device = w.device();
+    let mut metric = w.cast(DType::F32).abs().transpose();
+    if let Some(n) = norms.filter(|n| n.len() == inp && inp > 0) {
+        crate::exec::transfer::uploaded(inp as u64 * 4);
+        let n = Tensor::<B, 1>::from_data(TensorData::new(n.to_vec(), [inp]), &device);
+        metric = metric * n.reshape([1, inp]);
+    }
+    let k = select::candidate_count(sparsity, inp * out);
+    let keys = B::float_bits(metric);
+    on_device::set_positions(on_device::smallest_exactly(keys, k))
 }
 
 /// One linear's gradient maxima at its candidates, kept on the device

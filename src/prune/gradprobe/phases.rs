@@ -20,7 +20,6 @@ use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LlamaRmsNorm};
 use crate::model::{ComputeDtype, Rope};
 use crate::prune::PruneError;
 use crate::prune::engine::{set_weight, weight_out_in};
-use rayon::prelude::*;
 
 type Ad<B> = Autodiff<B>;
 const DTYPE: ComputeDtype = ComputeDtype::F32;
@@ -343,36 +342,31 @@ impl<'a, B: Compute> Pass<'a, B> {
     fn prepared_layer(&self, state: &mut State, i: usize) -> Result<DecoderLayer<B>, PruneError> {
         let config = self.input.config;
         let mut plain = self.load(i)?;
-        let mut to_choose = Vec::new();
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");
             let choosing = self.which == Which::Original && self.probed.contains(full.as_str());
+            let norms = strategy_norms(config, state.norms.as_ref(), i, name);
             if B::is_device() {
                 let r = config.reduction_factor;
                 on_device::prepare(state, self.which, &full, &mut plain, name, r);
                 if choosing {
-                    let (w, _, inp) = weight_out_in(&plain, name);
-                    to_choose.push((name, full, w, inp));
+                    let t = tag::tagged(Category::Masks, || {
+                        on_device::tentative(&plain, name, norms, config.sparsity)
+                    });
+                    state.tentative.insert(full, t);
                 }
                 continue;
             }
             let (mut w, out, inp) = weight_out_in(&plain, name);
             state.prepare(self.which, &full, &mut w, config.reduction_factor);
             if choosing {
-                let t = tentative(config, state.norms.as_ref(), i, name, &w, inp);
+                let t = tag::tagged(Category::Masks, || {
+                    select::tentative(&w, inp, norms, config.sparsity)
+                });
                 state.tentative.insert(full, t);
             }
             set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
         }
-        let norms = state.norms.as_ref();
-        let chosen: Vec<(String, Vec<u32>)> = to_choose
-            .into_par_iter()
-            .map(|(name, full, w, inp)| {
-                let t = tentative(config, norms, i, name, &w, inp);
-                (full, t)
-            })
-            .collect();
-        state.tentative.extend(chosen);
         Ok(plain)
     }
 
@@ -553,22 +547,17 @@ pub fn run<B: Compute>(
     Ok(pass.embeddings(state, head))
 }
 
-/// Layer `i`'s linear `name`'s tentative candidates, from its weight `w`
-/// (`[out, inp]`, host f32) and, for the Wanda strategy, its input's norms.
-fn tentative(
+/// The norms the Wanda strategy weighs layer `i`'s linear `name` by (its
+/// input's), or `None` (magnitude).
+fn strategy_norms<'a>(
     config: &GradProbeConfig,
-    norms: Option<&Norms>,
+    norms: Option<&'a Norms>,
     i: usize,
     name: &str,
-    w: &[f32],
-    inp: usize,
-) -> Vec<u32> {
-    let n = norms
+) -> Option<&'a [f32]> {
+    norms
         .filter(|_| config.strategy == select::Strategy::Wanda)
         .and_then(|n| n.layers.get(i))
         .and_then(|m| m.get(&input_of(name)))
-        .map(Vec::as_slice);
-    tag::tagged(Category::Masks, || {
-        select::tentative(w, inp, n, config.sparsity)
-    })
+        .map(Vec::as_slice)
 }
