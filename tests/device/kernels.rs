@@ -207,19 +207,33 @@ impl OnDevice for KernelsAgainstHost {
             ));
         }
         out.extend(group_cases::<B>(&keys, cols, device));
-        let mut sorted = keys.clone();
-        sorted.sort();
-        for k in [1, 777, rows * cols] {
-            let t =
-                Tensor::<B, 2, Int>::from_data(TensorData::new(keys.clone(), [rows, cols]), device);
-            let (miss, ran) = match B::kth_smallest(&t.transpose(), k) {
-                Some(got) => {
-                    let got = got.into_data().iter::<i64>().next().unwrap_or(-1);
-                    ((got - sorted[k - 1] as i64).abs() as f64, true)
-                }
-                None => (f64::NAN, false),
-            };
-            out.push((format!("select kth k={k}"), miss, ran));
+        // 21 000 keys: one cube; 400 000 (past 64 a unit of the largest
+        // cube): the halvings spread over many cubes.
+        let wide: Vec<i32> = prunemem::model::synthetic::Normal::new(12)
+            .vec(400 * 1000, 1.0)
+            .iter()
+            .map(|v| ((v.abs() * 64.0).round() as i32) * 1000 + 7)
+            .collect();
+        for (keys, (rows, cols), ks) in [
+            (&keys, (rows, cols), [1, 777, rows * cols]),
+            (&wide, (400, 1000), [1, 123_457, 400_000]),
+        ] {
+            let mut sorted = keys.clone();
+            sorted.sort();
+            for k in ks {
+                let t = Tensor::<B, 2, Int>::from_data(
+                    TensorData::new(keys.clone(), [rows, cols]),
+                    device,
+                );
+                let (miss, ran) = match B::kth_smallest(&t.transpose(), k) {
+                    Some(got) => {
+                        let got = got.into_data().iter::<i64>().next().unwrap_or(-1);
+                        ((got - sorted[k - 1] as i64).abs() as f64, true)
+                    }
+                    None => (f64::NAN, false),
+                };
+                out.push((format!("select kth of {} k={k}", rows * cols), miss, ran));
+            }
         }
         let (rows, vocab, skip) = (37usize, 70_000usize, 5usize);
         let logits: Vec<f32> = rng.vec(rows * vocab, 3.0);

@@ -223,6 +223,78 @@ fn kth_smallest(keys: &Array<i32>, out: &mut Array<i32>, len: u32, k: u32) {
     }
 }
 
+/// The bounds [`kth_smallest`] reaches after `steps` halvings whose totals
+/// at or below each middle are `counts[0..steps]`: every cube replays them
+/// and so agrees on the next middle without a launch of its own.
+#[cube]
+fn replayed_low(counts: &Array<Atomic<u32>>, k: u32, steps: u32, high: bool) -> i32 {
+    let mut lo = 0i32;
+    let mut hi = 2147483647i32;
+    for s in 0..steps {
+        let mid = lo + (hi - lo) / 2;
+        if counts[s as usize].load() >= k {
+            hi = mid;
+        } else {
+            lo = mid + 1;
+        }
+    }
+    let mut out = lo;
+    if high {
+        out = hi;
+    }
+    out
+}
+
+/// Halving `step` of [`kth_smallest`] spread over the whole device: each
+/// cube counts its stride of the keys at or below the middle, adds its
+/// units' counts in shared memory and its total to `counts[step]` (one
+/// atomic per cube). 31 launches and one [`kth_settled`] read each key 31
+/// times, as the one-cube kernel does, but on every multiprocessor.
+#[cube(launch_unchecked)]
+fn kth_halving(keys: &Array<i32>, counts: &Array<Atomic<u32>>, len: u32, k: u32, step: u32) {
+    let u = UNIT_POS as usize;
+    let units = CUBE_DIM as usize;
+    let lo = replayed_low(counts, k, step, false);
+    let hi = replayed_low(counts, k, step, true);
+    let mid = lo + (hi - lo) / 2;
+    let mut partial = SharedMemory::<u32>::new(1024usize);
+    let mut count = 0u32;
+    let stride = CUBE_COUNT_X as usize * units;
+    let mut i = CUBE_POS_X as usize * units + u;
+    while i < len as usize {
+        if keys[i] <= mid {
+            count += 1u32;
+        }
+        i += stride;
+    }
+    partial[u] = count;
+    sync_cube();
+    let mut half = units / 2;
+    while half > 0 {
+        if u < half {
+            partial[u] = partial[u] + partial[u + half];
+        }
+        sync_cube();
+        half /= 2;
+    }
+    if u == 0 {
+        counts[step as usize].fetch_add(partial[0]);
+    }
+}
+
+/// The threshold after the 31 halvings of [`kth_halving`], to `out[0]`.
+#[cube(launch_unchecked)]
+fn kth_settled(counts: &Array<Atomic<u32>>, out: &mut Array<i32>, k: u32) {
+    if UNIT_POS == 0 {
+        out[0] = replayed_low(counts, k, 31u32, false);
+    }
+}
+
+/// Keys per unit below which one cube runs the whole search
+/// ([`kth_smallest`]): under it the many-cube halvings would only add
+/// launches.
+pub const KEYS_PER_UNIT: usize = 64;
+
 /// Launches [`kth_smallest`] in one cube of as many units as the device
 /// allows (a power of two, at most 1024): `keys` is a whole buffer of
 /// `len` i32, `out` one i32.
@@ -239,6 +311,10 @@ pub fn launch_kth_smallest<R: Runtime>(
         .max_units_per_cube
         .clamp(1, 1024);
     let units = 1u32 << (u32::BITS - 1 - most.leading_zeros());
+    let cubes = len.div_ceil(units as usize * KEYS_PER_UNIT).min(4096) as u32;
+    if cubes > 1 {
+        return launch_kth_halvings(client, (keys, out), len, k, (cubes, units));
+    }
     // SAFETY: the units read `keys[0..len]` (the caller's whole buffer of
     // `len` elements) and unit 0 writes `out[0]` (a buffer of one i32 that
     // aliases nothing else).
@@ -250,6 +326,47 @@ pub fn launch_kth_smallest<R: Runtime>(
             ArrayArg::from_raw_parts(keys, len),
             ArrayArg::from_raw_parts(out, 1),
             len as u32,
+            k as u32,
+        );
+    }
+}
+
+/// [`kth_smallest`]'s search as 31 launches of `cubes` cubes of `units`
+/// ([`kth_halving`]) and one that writes the threshold ([`kth_settled`]).
+fn launch_kth_halvings<R: Runtime>(
+    client: &ComputeClient<R>,
+    (keys, out): (cubecl::server::Handle, cubecl::server::Handle),
+    len: usize,
+    k: usize,
+    (cubes, units): (u32, u32),
+) {
+    let counts = client.create_from_slice(u32::as_bytes(&[0u32; 31]));
+    for step in 0..31u32 {
+        // SAFETY: the cubes read `keys[0..len]` (the caller's whole buffer
+        // of `len` i32; the grid stride stops at `len`), read
+        // `counts[0..step]` and add to `counts[step]` (31 u32, made here).
+        unsafe {
+            kth_halving::launch_unchecked(
+                client,
+                CubeCount::Static(cubes, 1, 1),
+                CubeDim::new_1d(units),
+                ArrayArg::from_raw_parts(keys.clone(), len),
+                ArrayArg::from_raw_parts(counts.clone(), 31),
+                len as u32,
+                k as u32,
+                step,
+            );
+        }
+    }
+    // SAFETY: one unit reads `counts[0..31]` and writes `out[0]` (one i32
+    // that aliases nothing else).
+    unsafe {
+        kth_settled::launch_unchecked(
+            client,
+            CubeCount::Static(1, 1, 1),
+            CubeDim::new_1d(1),
+            ArrayArg::from_raw_parts(counts, 31),
+            ArrayArg::from_raw_parts(out, 1),
             k as u32,
         );
     }
