@@ -1,10 +1,12 @@
 //! GradProbe's per-weight work where the weights are, on a device. The
-//! earlier steps' zeros and the modified pass's reduction are applied by a
-//! scatter there, and each batch's weight gradient is folded into the
-//! running maxima at the candidates by a gather there. So a linear's weight
-//! crosses the bus only when the host chooses its candidates (the original
-//! pass), and its gradients come back as one maximum per candidate, not as a
-//! weight-sized tensor per batch.
+//! original pass's candidates are chosen there (exactly `k` smallest, ties
+//! in PyTorch's flat order, as the host's `select::tentative`) and come
+//! back as one bit per weight; the earlier steps' zeros and the modified
+//! pass's reduction are applied by a scatter there; and each batch's weight
+//! gradient is folded into the running maxima at the candidates by a
+//! gather there. So no weight-sized tensor crosses the bus: a linear's
+//! candidates come back as bits, its gradients as one maximum per
+//! candidate per pass.
 //!
 //! The host path (`State::prepare`, `select::fold_max`) stays the CPU's.
 //! Both give the same bits: one f32 product or a zero per position, and

@@ -336,9 +336,8 @@ impl<'a, B: Compute> Pass<'a, B> {
 
     /// Layer `i` as this pass sees it: earlier zeros, and the modified
     /// pass's reduction, applied; in the original pass its candidates are
-    /// chosen. On a device the weights are changed where they are, only the
-    /// original pass's probed weights come back, and their candidates are
-    /// chosen on every core at once.
+    /// chosen. On a device all of it happens where the weights are: the
+    /// candidates come back as one bit per weight (`on_device::tentative`).
     fn prepared_layer(&self, state: &mut State, i: usize) -> Result<DecoderLayer<B>, PruneError> {
         let config = self.input.config;
         let mut plain = self.load(i)?;
