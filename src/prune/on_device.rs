@@ -227,7 +227,7 @@ fn matrix_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, 
 /// Exactly `int(rows · ratio)` entries of each column, the smallest, ties
 /// taken in row order (the host path's stable sort).
 fn per_output_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, Bool> {
-    let [rows, cols] = keys.dims();
+    let [rows, _] = keys.dims();
     let k = ((rows as f64) * ratio) as usize;
     if k == 0 {
         return keys.lower_elem(i32::MIN as i64);
@@ -244,20 +244,39 @@ fn per_output_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B,
         }
         Err(keys) => keys,
     };
-    let t = kth_key(&keys, k, Over::Columns).expand([rows, cols]);
+    let (below, ties, need) = split(keys, k, Over::Columns);
+    match need {
+        // Every column takes all its ties: exactly k each.
+        None => below.bool_or(ties),
+        Some(need) => {
+            let first = first_ties(&ties, &need, Over::Columns);
+            below.bool_or(ties.bool_and(first))
+        }
+    }
+}
+
+/// The keys below the `k`-th smallest (per column or over the matrix), the
+/// keys equal to it, and, where some column (or the matrix) has more ties
+/// than it needs to reach `k`, how many ties each still needs (one flag
+/// read back decides).
+#[allow(clippy::type_complexity)]
+fn split<B: Compute>(
+    keys: Tensor<B, 2, Int>,
+    k: usize,
+    over: Over,
+) -> (
+    Tensor<B, 2, Bool>,
+    Tensor<B, 2, Bool>,
+    Option<Tensor<B, 2, Int>>,
+) {
+    let [rows, cols] = keys.dims();
+    let t = kth_key(&keys, k, over).expand([rows, cols]);
     let below = keys.clone().lower(t.clone());
     let ties = keys.equal(t);
-    // Ties each column still needs after every key below the threshold.
-    let need = count(below.clone().int(), Over::Columns)
-        .neg()
-        .add_scalar(k as i64);
-    let tied = count(ties.clone().int(), Over::Columns);
-    if !read_flag(tied.greater(need.clone()).any()) {
-        // Every column takes all its ties: exactly k each.
-        return below.bool_or(ties);
-    }
-    let first = first_ties(&ties, &need);
-    below.bool_or(ties.bool_and(first))
+    let need = count(below.clone().int(), over).neg().add_scalar(k as i64);
+    let tied = count(ties.clone().int(), over);
+    let more = read_flag(tied.greater(need.clone()).any());
+    (below, ties, more.then_some(need))
 }
 
 /// Exactly `k` entries of the whole matrix, the smallest, ties taken in
@@ -275,30 +294,13 @@ pub(crate) fn smallest_exactly<B: Compute>(
     if k >= n {
         return keys.greater_equal_elem(i32::MIN as i64);
     }
-    let t = kth_key(&keys, k, Over::Matrix).expand([rows, cols]);
-    let below = keys.clone().lower(t.clone());
-    let ties = keys.equal(t);
-    let need = count(below.clone().int(), Over::Matrix)
-        .neg()
-        .add_scalar(k as i64);
-    let tied = count(ties.clone().int(), Over::Matrix);
-    if !read_flag(tied.greater(need.clone()).any()) {
+    let (below, ties, need) = split(keys, k, Over::Matrix);
+    let Some(need) = need else {
         return below.bool_or(ties);
-    }
-    // The first `need` ties in row-major order: a bisection over positions.
-    let device = ties.device();
-    let index = Tensor::<B, 1, Int>::arange(0..n as i64, &device).reshape([rows, cols]);
-    let mut lo = Tensor::<B, 2, Int>::zeros([1, 1], &device);
-    let mut hi = Tensor::<B, 2, Int>::full([1, 1], n as i64 - 1, &device);
-    for _ in 0..usize::BITS - (n.max(2) - 1).leading_zeros() {
-        let mid = lo.clone() + (hi.clone() - lo.clone()).div_scalar(2);
-        let upto = index.clone().lower_equal(mid.clone().expand([rows, cols]));
-        let seen = count(ties.clone().bool_and(upto).int(), Over::Matrix);
-        let enough = seen.greater_equal(need.clone());
-        hi = hi.mask_where(enough.clone(), mid.clone());
-        lo = lo.mask_where(enough.bool_not(), mid.add_scalar(1));
-    }
-    below.bool_or(ties.bool_and(index.lower_equal(lo.expand([rows, cols]))))
+    };
+    // The first `need` ties in row-major order.
+    let first = first_ties(&ties, &need, Over::Matrix);
+    below.bool_or(ties.bool_and(first))
 }
 
 /// The set positions of `mask`, row-major, ascending: read back as one bit
@@ -340,24 +342,36 @@ pub(crate) fn set_positions<B: Compute>(mask: Tensor<B, 2, Bool>) -> Vec<u32> {
     out
 }
 
-/// Rows `0..=c` of each column, where `c` is the smallest row at which the
-/// column has seen `need` of its `ties`.
+/// Positions `0..=c` of each column (its rows), or of the matrix (its
+/// row-major places), where `c` is the smallest position at which the
+/// column, or the matrix, has seen `need` of its `ties`.
 fn first_ties<B: Compute>(
     ties: &Tensor<B, 2, Bool>,
     need: &Tensor<B, 2, Int>,
+    over: Over,
 ) -> Tensor<B, 2, Bool> {
     let [rows, cols] = ties.dims();
     let device = ties.device();
-    let index = Tensor::<B, 1, Int>::arange(0..rows as i64, &device)
-        .reshape([rows, 1])
-        .expand([rows, cols]);
-    let mut lo = Tensor::<B, 2, Int>::zeros([1, cols], &device);
-    let mut hi = Tensor::<B, 2, Int>::full([1, cols], rows as i64 - 1, &device);
-    let steps = usize::BITS - (rows.max(2) - 1).leading_zeros();
-    for _ in 0..steps {
+    let (index, last, width) = match over {
+        Over::Columns => (
+            Tensor::<B, 1, Int>::arange(0..rows as i64, &device)
+                .reshape([rows, 1])
+                .expand([rows, cols]),
+            rows.saturating_sub(1),
+            cols,
+        ),
+        Over::Matrix => (
+            Tensor::<B, 1, Int>::arange(0..(rows * cols) as i64, &device).reshape([rows, cols]),
+            (rows * cols).saturating_sub(1),
+            1,
+        ),
+    };
+    let mut lo = Tensor::<B, 2, Int>::zeros([1, width], &device);
+    let mut hi = Tensor::<B, 2, Int>::full([1, width], last as i64, &device);
+    for _ in 0..usize::BITS - last.max(1).leading_zeros() {
         let mid = lo.clone() + (hi.clone() - lo.clone()).div_scalar(2);
         let upto = index.clone().lower_equal(mid.clone().expand([rows, cols]));
-        let seen = count(ties.clone().bool_and(upto).int(), Over::Columns);
+        let seen = count(ties.clone().bool_and(upto).int(), over);
         let enough = seen.greater_equal(need.clone());
         hi = hi.mask_where(enough.clone(), mid.clone());
         lo = lo.mask_where(enough.bool_not(), mid.add_scalar(1));

@@ -176,6 +176,43 @@ pub fn launch_smallest_per_column<R: Runtime>(
     }
 }
 
+/// How many keys at `first`, `first + stride`, … below `len` are `<= mid`,
+/// summed over the cube's units through `partial` (a power-of-two cube):
+/// every unit gets the cube's total. Called in uniform control flow (it
+/// synchronises the cube).
+#[cube]
+fn cube_count(
+    keys: &Array<i32>,
+    partial: &mut SharedMemory<u32>,
+    first: usize,
+    stride: usize,
+    len: usize,
+    mid: i32,
+) -> u32 {
+    let u = UNIT_POS as usize;
+    let mut count = 0u32;
+    let mut i = first;
+    while i < len {
+        if keys[i] <= mid {
+            count += 1u32;
+        }
+        i += stride;
+    }
+    partial[u] = count;
+    sync_cube();
+    let mut half = CUBE_DIM as usize / 2;
+    while half > 0 {
+        if u < half {
+            partial[u] = partial[u] + partial[u + half];
+        }
+        sync_cube();
+        half /= 2;
+    }
+    let total = partial[0];
+    sync_cube();
+    total
+}
+
 /// The smallest key `t` of the whole buffer with at least `k` keys `<= t`
 /// (`1 <= k <= len`), written to `out[0]`: the per-matrix threshold
 /// (magnitude, RIA, SparseGPT's block mask) as `prune::on_device::kth_key`
@@ -192,26 +229,7 @@ fn kth_smallest(keys: &Array<i32>, out: &mut Array<i32>, len: u32, k: u32) {
     let mut hi = 2147483647i32;
     for _ in 0..31u32 {
         let mid = lo + (hi - lo) / 2;
-        let mut count = 0u32;
-        let mut i = u;
-        while i < n {
-            if keys[i] <= mid {
-                count += 1u32;
-            }
-            i += units;
-        }
-        partial[u] = count;
-        sync_cube();
-        let mut step = units / 2;
-        while step > 0 {
-            if u < step {
-                partial[u] = partial[u] + partial[u + step];
-            }
-            sync_cube();
-            step /= 2;
-        }
-        let total = partial[0];
-        sync_cube();
+        let total = cube_count(keys, &mut partial, u, units, n, mid);
         if total >= k {
             hi = mid;
         } else {
@@ -258,27 +276,11 @@ fn kth_halving(keys: &Array<i32>, counts: &Array<Atomic<u32>>, len: u32, k: u32,
     let hi = replayed_low(counts, k, step, true);
     let mid = lo + (hi - lo) / 2;
     let mut partial = SharedMemory::<u32>::new(1024usize);
-    let mut count = 0u32;
+    let first = CUBE_POS_X as usize * units + u;
     let stride = CUBE_COUNT_X as usize * units;
-    let mut i = CUBE_POS_X as usize * units + u;
-    while i < len as usize {
-        if keys[i] <= mid {
-            count += 1u32;
-        }
-        i += stride;
-    }
-    partial[u] = count;
-    sync_cube();
-    let mut half = units / 2;
-    while half > 0 {
-        if u < half {
-            partial[u] = partial[u] + partial[u + half];
-        }
-        sync_cube();
-        half /= 2;
-    }
+    let total = cube_count(keys, &mut partial, first, stride, len as usize, mid);
     if u == 0 {
-        counts[step as usize].fetch_add(partial[0]);
+        counts[step as usize].fetch_add(total);
     }
 }
 
