@@ -422,9 +422,10 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
     let head = a.embedding_params() * 4;
     let boundaries = (a.layers + 1) * w.num_batches.max(1) * tokens * a.hidden * 4;
     // Head blocks (`prune::gradprobe::head`): at most 4 Mi logits and 2 Mi
-    // head weights a block; its logits three times (tensor, host copy,
-    // dlogits) and the hidden states' three buffers, and, with the
-    // embeddings probed, the block's weight gradient and its host copy.
+    // head weights a block; its logits three times (the product, its
+    // exponentials, dlogits) and the hidden states' three buffers, and,
+    // with the embeddings probed, the block's weight gradient and its
+    // candidates' gather.
     let rows = (1u64 << 22)
         .checked_div(tokens)
         .unwrap_or(0)
