@@ -10,6 +10,9 @@
 //!
 //! Burn's path stays the default until a GPU has timed both
 //! (`examples/transfer_rate.rs`).
+//!
+//! The small copies (indices up, a result back) go through Burn's, counted
+//! in `transfers` on a device: [`ints_to_device`], [`f32s_to_host`].
 
 use std::borrow::Cow;
 
@@ -62,4 +65,25 @@ pub fn to_host<B: Compute, const D: usize>(t: Tensor<B, D>) -> TensorData {
         }
     }
     t.into_data()
+}
+
+/// Host integers on `device` in Burn's index type (4 bytes each counted up
+/// on a device).
+pub fn ints_to_device<B: Compute>(values: Vec<i64>, device: &B::Device) -> Tensor<B, 1, Int> {
+    if B::is_device() {
+        super::transfer::uploaded(values.len() as u64 * 4);
+    }
+    let n = values.len();
+    Tensor::from_data(TensorData::new(values, [n]), device)
+}
+
+/// A small result's values on the host as f32 (counted on a device).
+pub fn f32s_to_host<B: Compute, const D: usize>(x: Tensor<B, D>) -> Vec<f32> {
+    let data = x.into_data();
+    if B::is_device() {
+        super::transfer::read_back(data.bytes.len() as u64);
+    }
+    data.convert_dtype(burn::tensor::DType::F32)
+        .into_vec()
+        .unwrap_or_default()
 }

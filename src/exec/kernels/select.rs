@@ -241,11 +241,12 @@ fn kth_smallest(keys: &Array<i32>, out: &mut Array<i32>, len: u32, k: u32) {
     }
 }
 
-/// The bounds [`kth_smallest`] reaches after `steps` halvings whose totals
-/// at or below each middle are `counts[0..steps]`: every cube replays them
-/// and so agrees on the next middle without a launch of its own.
+/// The middle [`kth_smallest`] tries after `steps` halvings whose totals at
+/// or below each middle are `counts[0..steps]`: every cube replays them and
+/// so agrees on it without a launch of its own. After all 31 the range is
+/// one key wide, and its middle is the threshold.
 #[cube]
-fn replayed_low(counts: &Array<Atomic<u32>>, k: u32, steps: u32, high: bool) -> i32 {
+fn replayed_middle(counts: &Array<Atomic<u32>>, k: u32, steps: u32) -> i32 {
     let mut lo = 0i32;
     let mut hi = 2147483647i32;
     for s in 0..steps {
@@ -256,11 +257,7 @@ fn replayed_low(counts: &Array<Atomic<u32>>, k: u32, steps: u32, high: bool) -> 
             lo = mid + 1;
         }
     }
-    let mut out = lo;
-    if high {
-        out = hi;
-    }
-    out
+    lo + (hi - lo) / 2
 }
 
 /// Halving `step` of [`kth_smallest`] spread over the whole device: each
@@ -272,9 +269,7 @@ fn replayed_low(counts: &Array<Atomic<u32>>, k: u32, steps: u32, high: bool) -> 
 fn kth_halving(keys: &Array<i32>, counts: &Array<Atomic<u32>>, len: u32, k: u32, step: u32) {
     let u = UNIT_POS as usize;
     let units = CUBE_DIM as usize;
-    let lo = replayed_low(counts, k, step, false);
-    let hi = replayed_low(counts, k, step, true);
-    let mid = lo + (hi - lo) / 2;
+    let mid = replayed_middle(counts, k, step);
     let mut partial = SharedMemory::<u32>::new(1024usize);
     let first = CUBE_POS_X as usize * units + u;
     let stride = CUBE_COUNT_X as usize * units;
@@ -288,7 +283,7 @@ fn kth_halving(keys: &Array<i32>, counts: &Array<Atomic<u32>>, len: u32, k: u32,
 #[cube(launch_unchecked)]
 fn kth_settled(counts: &Array<Atomic<u32>>, out: &mut Array<i32>, k: u32) {
     if UNIT_POS == 0 {
-        out[0] = replayed_low(counts, k, 31u32, false);
+        out[0] = replayed_middle(counts, k, 31u32);
     }
 }
 

@@ -12,6 +12,7 @@
 //! going up. The CPU runs the same ops on its backend.
 
 use crate::exec::Compute;
+use crate::exec::copies::{f32s_to_host, ints_to_device};
 use crate::exec::reduce;
 use burn::prelude::*;
 use burn::tensor::IndexingUpdateOp;
@@ -38,7 +39,7 @@ pub fn head_backward<B: Compute>(
         .min((1usize << 21) / d.max(1))
         .clamp(1, v.max(1));
     let device = h.device();
-    let targets = ints::<B>(targets.iter().map(|x| *x as i64).collect(), &device);
+    let targets = ints_to_device::<B>(targets.iter().map(|x| *x as i64).collect(), &device);
     let logits = |v0: usize, v1: usize| {
         let wb = w.clone().slice([v0..v1, 0..d]);
         (h.clone().matmul(wb.clone().transpose()), wb)
@@ -64,7 +65,7 @@ pub fn head_backward<B: Compute>(
     };
     let lse = max + sum.log();
     let target_logit = reduce::sum_dim(h.clone() * w.clone().select(0, targets.clone()), 1);
-    let loss = host(lse.clone() - target_logit)
+    let loss = f32s_to_host(lse.clone() - target_logit)
         .iter()
         .map(|x| *x as f64)
         .sum::<f64>()
@@ -83,9 +84,9 @@ pub fn head_backward<B: Compute>(
             let upto = cursor + positions[cursor..].partition_point(|p| *p < end);
             if upto > cursor {
                 let at = positions[cursor..upto].iter().map(|p| (p - base) as i64);
-                let at = ints::<B>(at.collect(), &device);
+                let at = ints_to_device::<B>(at.collect(), &device);
                 let dw = dlogits.transpose().matmul(h.clone());
-                let dw = host(dw.reshape([(v1 - v0) * d]).select(0, at));
+                let dw = f32s_to_host(dw.reshape([(v1 - v0) * d]).select(0, at));
                 for g in dw {
                     sink(cursor, g);
                     cursor += 1;
@@ -114,24 +115,4 @@ fn minus_onehot<B: Compute>(
     let values = inside.float().mul_scalar(-scale).cast(p.dtype());
     let at = column.clamp(0, nb as i64 - 1).reshape([t, 1]);
     p.scatter(1, at, values.reshape([t, 1]), IndexingUpdateOp::Add)
-}
-
-/// A host vector of indices on the device (4 bytes each counted up).
-fn ints<B: Compute>(values: Vec<i64>, device: &B::Device) -> Tensor<B, 1, Int> {
-    if B::is_device() {
-        crate::exec::transfer::uploaded(values.len() as u64 * 4);
-    }
-    let n = values.len();
-    Tensor::from_data(TensorData::new(values, [n]), device)
-}
-
-/// A small result read back as f32 (counted on a device).
-fn host<const D: usize, B: Compute>(x: Tensor<B, D>) -> Vec<f32> {
-    let data = x.into_data();
-    if B::is_device() {
-        crate::exec::transfer::read_back(data.bytes.len() as u64);
-    }
-    data.convert_dtype(burn::tensor::DType::F32)
-        .into_vec()
-        .unwrap_or_default()
 }

@@ -37,8 +37,7 @@ fn index<B: Compute>(
             (i * out + o) as i64
         })
         .collect();
-    crate::exec::transfer::uploaded(flat.len() as u64 * 4);
-    Tensor::from_data(TensorData::new(flat, [positions.len()]), device)
+    crate::exec::copies::ints_to_device(flat, device)
 }
 
 /// [`State::prepare`] on the device: zeroes `full`'s already-pruned
@@ -110,6 +109,10 @@ pub(super) fn tentative<B: Compute>(
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
+    let k = select::candidate_count(sparsity, inp * out);
+    if k == 0 {
+        return Vec::new();
+    }
     let device = w.device();
     let mut metric = w.cast(DType::F32).abs().transpose();
     if let Some(n) = norms.filter(|n| n.len() == inp && inp > 0) {
@@ -117,7 +120,6 @@ pub(super) fn tentative<B: Compute>(
         let n = Tensor::<B, 1>::from_data(TensorData::new(n.to_vec(), [inp]), &device);
         metric = metric * n.reshape([1, inp]);
     }
-    let k = select::candidate_count(sparsity, inp * out);
     let keys = B::float_bits(metric);
     on_device::set_positions(on_device::smallest_exactly(keys, k))
 }
@@ -152,11 +154,7 @@ impl<B: Compute> Maxima<B> {
 
     /// The maxima, read back once.
     pub fn finish(self) -> Vec<f32> {
-        let data = self.acc.into_data();
-        crate::exec::transfer::read_back(data.bytes.len() as u64);
-        data.convert_dtype(DType::F32)
-            .into_vec()
-            .unwrap_or_default()
+        crate::exec::copies::f32s_to_host(self.acc)
     }
 }
 
