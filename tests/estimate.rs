@@ -329,21 +329,33 @@ fn ranks_give_one_ranks_share_and_the_exchange_per_layer() {
     assert_eq!((code, e.lines().count()), (Some(2), 1), "{e}");
 }
 
-/// prunemem's GradProbe on a GPU has no device-memory model: the estimate
-/// says so and judges no card, in text and in JSON, where every modelled
-/// method on the same GPU does.
+/// prunemem's GradProbe on a GPU is estimated from its device buffers
+/// (`estimate::prunemem_device::gradprobe`): its two passes in f32 whatever
+/// dtype is named, the pool's reserve above them, and the cards judged by
+/// that pool, in text and in JSON, as every method's are.
 #[test]
-fn gradprobe_on_a_gpu_judges_no_card() {
+fn gradprobe_on_a_gpu_is_judged_by_its_device_pool() {
     let base = ["--params", "1e9", "--seqlen", "128", "--device", "cuda"];
-    let (code, text, err) = estimate(&[&base[..], &["--method", "gradprobe"]].concat());
+    let gradprobe = [&base[..], &["--method", "gradprobe"]].concat();
+    let (code, text, err) = estimate(&gradprobe);
     assert_eq!(code, Some(0), "{err}");
-    assert!(text.contains("not modelled"), "{text}");
-    assert!(!text.contains("GPUs (usable"), "{text}");
-    assert!(!text.contains("Smallest GPU"), "{text}");
-    let (_, json, _) = estimate(&[&base[..], &["--method", "gradprobe", "--json"]].concat());
-    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
-    assert_eq!(v["gpus"].as_array().map(Vec::len), Some(0), "{v}");
-    assert!(v["smallest_gpu"].is_null(), "{v}");
-    let (_, text, _) = estimate(&[&base[..], &["--method", "wanda"]].concat());
-    assert!(text.contains("Smallest GPU that fits"), "{text}");
+    assert!(text.contains("GPUs (usable"), "{text}");
+    assert!(text.contains("Smallest GPU"), "{text}");
+    let json = |extra: &[&str]| -> serde_json::Value {
+        let (code, out, err) = estimate(&[&gradprobe[..], extra, &["--json"]].concat());
+        assert_eq!(code, Some(0), "{err}");
+        serde_json::from_str(&out).unwrap()
+    };
+    let v = json(&[]);
+    assert!(v["gpus"].as_array().is_some_and(|g| !g.is_empty()), "{v}");
+    assert!(v["smallest_gpu"].is_string(), "{v}");
+    let phase = v["peak_phase"].as_str().unwrap_or("");
+    assert!(phase.ends_with(" pass"), "{phase}");
+    let pool = &v["estimate"]["device_pool"];
+    let (peak, reserved) = (v["peak"].as_u64().unwrap(), pool["reserved"].as_u64());
+    assert!(reserved.is_some_and(|r| r > peak), "{peak} {pool}");
+    // f32 whatever the run names, and more batches hold more boundaries.
+    assert_eq!(json(&["--dtype", "f16"])["peak"], v["peak"]);
+    let more = json(&["--num-batches", "8"])["peak"].as_u64().unwrap();
+    assert!(more > peak, "{more} <= {peak}");
 }

@@ -145,7 +145,10 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     let mut w = Workload::new(args.method);
     w.engine = engine;
     w.device = device;
+    // prunemem's GradProbe computes in f32 on every device (its `prune`
+    // refuses another dtype).
     w.dtype = args.dtype.unwrap_or(match device {
+        _ if args.method == Task::GradProbe && engine == Engine::Prunemem => ComputeDtype::F32,
         Device::Cuda | Device::Wgpu => ComputeDtype::F16,
         Device::Cpu => ComputeDtype::F32,
     });
@@ -173,7 +176,8 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     }
     w.seqlen = seqlen as u64;
     w.batch_size = args.batch_size.unwrap_or(match (engine, args.method) {
-        (_, Task::Inference | Task::Train) => 1,
+        // GradProbe's `prune` takes one window a batch unless told.
+        (_, Task::Inference | Task::Train | Task::GradProbe) => 1,
         (Engine::Reference, _) => 1,
         (Engine::Prunemem, _) => 8,
     });
@@ -245,19 +249,11 @@ pub fn run(args: EstimateArgs) -> CliResult<i32> {
         None => None,
     };
     if args.json {
-        // GradProbe on a GPU judges no card (its device pool is not modelled).
-        let judged = if est.workload.unmodelled_on_device() {
-            &[][..]
-        } else {
-            &gpus[..]
-        };
-        let fits: Vec<_> = judged
+        let fits: Vec<_> = gpus
             .iter()
             .map(|g| json!({"gpu": g.name, "usable": g.usable(), "fits": est.device_need() <= g.usable()}))
             .collect();
-        let smallest = (!est.workload.unmodelled_on_device())
-            .then(|| catalog::smallest_fitting(est.device_need(), 0.0).map(|g| g.name))
-            .flatten();
+        let smallest = catalog::smallest_fitting(est.device_need(), 0.0).map(|g| g.name);
         println!(
             "{}",
             json!({

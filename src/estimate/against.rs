@@ -283,13 +283,6 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         .as_ref()
         .ok_or_else(|| EstimateError::Invalid("the log has no run_started event".into()))?;
     let (arch, mut workload) = workload_of(plan)?;
-    if workload.unmodelled_on_device() {
-        return Err(EstimateError::Invalid(
-            "GradProbe on a device has no device-memory estimate yet (its estimate is the CPU engine's, on the host), \
-             so there is nothing to set beside this run's device peaks: they are in its summary and `prunemem report`"
-                .into(),
-        ));
-    }
     if let Some(s) = &run.summary {
         if let Some(n) = s.results.get("eval_windows").and_then(|v| v.as_u64()) {
             workload.eval_windows = n;
@@ -299,6 +292,8 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         }
         workload.kept_on_device =
             s.results.get("pruned_layers_kept").and_then(|v| v.as_str()) == Some("device");
+        workload.probe_layers_on_device =
+            s.results.get("gradprobe_layers").and_then(|v| v.as_str()) == Some("device");
     }
     let est = estimate(&arch, &workload)?;
     // A device run is compared on the device: cubecl's pool, and its

@@ -236,6 +236,10 @@ pub struct Workload {
     /// Pruning on a device: the pruned layers wait on the device for the
     /// evaluation (`pruned_layers_kept: device`) instead of streaming.
     pub kept_on_device: bool,
+    /// GradProbe on a device: its decoder layers (and an unchanged head's
+    /// table) kept on the device between the passes (`gradprobe_layers:
+    /// device`) instead of streamed four times a step.
+    pub probe_layers_on_device: bool,
     /// On a device: attention in one fused (flash) kernel, its scores never
     /// stored (`exec::attention`; f16 only); else Burn's separate kernels.
     pub fused_attention: bool,
@@ -264,12 +268,6 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// prunemem's GradProbe on a GPU: its device pool is not modelled, so
-    /// its phases are the CPU engine's and judge no card.
-    pub fn unmodelled_on_device(&self) -> bool {
-        self.engine == Engine::Prunemem && self.task == Task::GradProbe && self.device.is_gpu()
-    }
-
     /// A pruning workload with prunemem's defaults.
     pub fn new(task: Task) -> Self {
         Self {
@@ -299,6 +297,7 @@ impl Workload {
             dsnot: false,
             offload_activations: false,
             kept_on_device: false,
+            probe_layers_on_device: false,
             fused_attention: false,
             swiglu_kernel: false,
             swiglu_in_place: false,
@@ -542,26 +541,19 @@ pub fn estimate(arch: &Arch, w: &Workload) -> Result<Estimate, EstimateError> {
         }
         (Task::Inference | Task::Train, _) => training::phases(arch, w),
         // On a GPU: cubecl's pool, from the engine's device buffers.
-        (task, Engine::Prunemem) if w.device.is_gpu() && task != Task::GradProbe => {
-            match prunemem::method(w) {
-                Some(m) => prunemem_device::phases(arch, w, m, &mut notes),
-                None => prunemem::phases(arch, w, &mut notes),
-            }
+        (Task::GradProbe, Engine::Prunemem) if w.device.is_gpu() => {
+            prunemem_device::gradprobe_phases(arch, w, &mut notes)
         }
-        (_, Engine::Prunemem) if w.unmodelled_on_device() => {
-            notes.push(
-                "GradProbe's device memory is not modelled yet: these are its CPU engine's figures, on the host, \
-                 and no GPU is judged by them"
-                    .into(),
-            );
-            prunemem::phases(arch, w, &mut notes)
-        }
+        (_, Engine::Prunemem) if w.device.is_gpu() => match prunemem::method(w) {
+            Some(m) => prunemem_device::phases(arch, w, m, &mut notes),
+            None => prunemem::phases(arch, w, &mut notes),
+        },
         (_, Engine::Prunemem) => prunemem::phases(arch, w, &mut notes),
         (_, Engine::Reference) => reference::phases(arch, w, &mut notes),
     };
     let saved_weights = saved::saved_weights(arch, w, &mut notes);
     let device_pool = match (w.engine, w.task) {
-        (Engine::Prunemem, Task::Train | Task::GradProbe) => None,
+        (Engine::Prunemem, Task::Train) => None,
         (Engine::Prunemem, _) if w.device.is_gpu() => Some(device_pool::pool(w, &phases)),
         _ => None,
     };

@@ -33,11 +33,14 @@
 //! forward leaves in cubecl's persistent pool, the buffers the device
 //! selection frees — is each phase's `reserved` (`device_pool`).
 //!
-//! Not estimated here: OWL's outlier pass (taken as the calibration's
-//! forward), GradProbe (its CPU accounting, see `reference`), and the CUDA
+//! GradProbe's passes are [`gradprobe`]'s. Not estimated here: OWL's
+//! outlier pass (taken as the calibration's forward), and the CUDA
 //! context, which lives outside the pool (nvidia-smi counts it; the
 //! profiler's device figures do not; the GPU table subtracts it from each
 //! card).
+
+mod gradprobe;
+pub use gradprobe::phases as gradprobe_phases;
 
 use super::device_pool::{self, Beside};
 use super::{Arch, Device, Phase, Workload};

@@ -24,7 +24,7 @@ pub fn render(
             r.phases[r.peak_phase()].name
         );
     }
-    if device.is_gpu() && !est.workload.unmodelled_on_device() {
+    if device.is_gpu() {
         s += &gpu_table(est, gpus);
     }
     s

@@ -252,7 +252,8 @@ fn pinned_transfer_requests_are_counted_and_change_nothing_on_wgpu() {
 /// back three times a step and each batch's gradient of every linear
 /// twice, and counted neither the gradients nor its layers' uploads. Its
 /// pruned layers wait for the evaluation in memory, as a streamed prune's
-/// do, instead of in a scratch checkpoint.
+/// do, instead of in a scratch checkpoint. Its device pool is estimated
+/// (`estimate::prunemem_device::gradprobe`).
 #[test]
 fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     let (dir, model, text) = wide_fixture();
@@ -364,10 +365,37 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         resident["transfers"],
         json["transfers"]
     );
-    // Its device pool has no model: `--against` says so in one line
-    // instead of setting the CPU engine's figures beside the pool's.
-    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs)]);
-    assert_eq!(code, Some(2), "{stdout}\n{stderr}");
-    assert_eq!(stderr.trim().lines().count(), 1, "{stderr}");
-    assert!(stderr.contains("GradProbe on a device"), "{stderr}");
+    // Its device pool is estimated from its buffers, streamed and with its
+    // layers kept on the device: each phase's bytes in use and the pool's
+    // reserved peak within 5% of what the runs measured.
+    let resident_logs = dir.path().join("logs-gradprobe-resident");
+    run(&["--device-memory", "1GiB", "--log-memory", s(&resident_logs)]);
+    for logs in [&logs, &resident_logs] {
+        let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(logs), "--json"]);
+        assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+        let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+        let mut checked = Vec::new();
+        for p in cmp["phases"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .chain([&cmp["peak"], &cmp["reserved"]])
+        {
+            let error = p["error_percent"].as_f64().unwrap_or(f64::NAN);
+            println!("gradprobe estimate: {p}");
+            assert!(error.abs() <= 5.0, "{}: {p}", logs.display());
+            checked.push(p["phase"].as_str().unwrap_or("").to_string());
+        }
+        assert_eq!(
+            checked,
+            [
+                "original pass",
+                "modified pass",
+                "eval",
+                "peak",
+                "reserved peak"
+            ],
+            "{stdout}"
+        );
+    }
 }

@@ -53,7 +53,9 @@ pub fn head_backward<B: Compute>(
             Some(old) => old.clone().max_pair(m),
             None => m,
         };
-        let s = reduce::sum_dim((l - m.clone()).exp(), 1);
+        let e = (l - m.clone()).exp();
+        crate::exec::watch::after_op();
+        let s = reduce::sum_dim(e, 1);
         sum = Some(match (sum, max) {
             (Some(old), Some(old_max)) => old * (old_max - m.clone()).exp() + s,
             _ => s,
@@ -78,7 +80,9 @@ pub fn head_backward<B: Compute>(
         let v1 = (v0 + block).min(v);
         let (l, wb) = logits(v0, v1);
         let dlogits = minus_onehot((l - lse.clone()).exp() * scale, &targets, v0, scale);
-        dh = dh + dlogits.clone().matmul(wb);
+        let product = dlogits.clone().matmul(wb);
+        crate::exec::watch::after_op();
+        dh = dh + product;
         if let Some((positions, sink)) = weight_grad.as_mut() {
             let (base, end) = ((v0 * d) as u32, (v1 * d) as u32);
             let upto = cursor + positions[cursor..].partition_point(|p| *p < end);
@@ -86,6 +90,7 @@ pub fn head_backward<B: Compute>(
                 let at = positions[cursor..upto].iter().map(|p| (p - base) as i64);
                 let at = ints_to_device::<B>(at.collect(), &device);
                 let dw = dlogits.transpose().matmul(h.clone());
+                crate::exec::watch::after_op();
                 let dw = f32s_to_host(dw.reshape([(v1 - v0) * d]).select(0, at));
                 for g in dw {
                     sink(cursor, g);

@@ -46,8 +46,9 @@ pub struct Iteration {
     pub history: Vec<StepRecord>,
 }
 
-/// GradProbe's evaluation: f32, 8 windows a batch.
-const EVAL: EvalOptions = EvalOptions {
+/// GradProbe's evaluation: f32, 8 windows a batch (whatever the passes'
+/// batch; the estimator reads it too).
+pub const EVAL: EvalOptions = EvalOptions {
     batch_size: 8,
     dtype: crate::model::ComputeDtype::F32,
 };

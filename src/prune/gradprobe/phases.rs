@@ -75,6 +75,14 @@ impl<'a, B: Compute> Pass<'a, B> {
             .progress(&pass, index, 2 * layers + 2, &name);
     }
 
+    /// What the last layer (or the head) freed goes back: the host's heap,
+    /// and the device pool's free buffers, so that what a pass reserves is
+    /// what it holds and one layer's pages (`estimate::prunemem_device`).
+    fn trim(&self) {
+        crate::memory::alloc::trim();
+        crate::exec::release_free::<B>(self.input.device);
+    }
+
     /// Layer `i` on the device, in f32 (its upload counted), or the one
     /// kept there.
     fn load(&self, i: usize) -> Result<DecoderLayer<B>, PruneError> {
@@ -137,7 +145,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let _tag = tag::tag(Category::Activations);
         let mut xs = vec![self.embed(state)?];
         for i in 0..c.num_layers {
-            crate::memory::alloc::trim();
+            self.trim();
             let mut layer = self.load(i)?;
             for name in LAYER_LINEARS {
                 let full = format!("model.layers.{i}.{name}.weight");
@@ -234,7 +242,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         last: Vec<Tensor<B, 3>>,
     ) -> Result<HeadOut<B>, PruneError> {
         // The last layer's freed buffers go back first, as each layer's do.
-        crate::memory::alloc::trim();
+        self.trim();
         let Input {
             ckpt,
             batches,
@@ -302,6 +310,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             out.deferred.push(held);
             let g = Tensor::<Ad<B>, 3>::from_inner(dh.reshape([n, s, d]));
             let backward = (h * g).sum().backward();
+            crate::exec::watch::after_op();
             out.grads.push(
                 x_ad.grad(&backward)
                     .unwrap_or_else(|| Tensor::zeros([n, s, d], self.input.device)),
@@ -325,7 +334,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let c = &self.input.ckpt.config;
         let rope = Rope::<Ad<B>>::new(c, self.seqlen, DTYPE.burn(), self.input.device);
         for i in (0..c.num_layers).rev() {
-            crate::memory::alloc::trim();
+            self.trim();
             let _scope = self.input.profiler.scope(&stages::layer_pass(i, self.tag));
             let inputs = boundaries.pop().unwrap_or_default();
             self.backward_layer(state, i, inputs, grads, &rope)?;
@@ -365,6 +374,10 @@ impl<'a, B: Compute> Pass<'a, B> {
                 state.tentative.insert(full, t);
             }
             set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
+        }
+        // The selections' buffers go back before the backward takes its own.
+        if B::is_device() && self.which == Which::Original {
+            crate::exec::release_free::<B>(self.input.device);
         }
         Ok(plain)
     }
@@ -413,6 +426,8 @@ impl<'a, B: Compute> Pass<'a, B> {
             let backward = (y * Tensor::<Ad<B>, 3>::from_inner(g.clone()))
                 .sum()
                 .backward();
+            // The layer's gradients, all alive: the pass's largest moment.
+            crate::exec::watch::after_op();
             for (((name, full), acc), device_acc) in names
                 .iter()
                 .zip(maxima.iter_mut())
@@ -457,7 +472,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// Embedding: the lookup gradient (plus the held head part when tied);
     /// a separate probed head is finished too. Returns the mean loss.
     pub fn embeddings(&self, state: &mut State, mut head: HeadOut<B>) -> f64 {
-        crate::memory::alloc::trim();
+        self.trim();
         let Input {
             ckpt,
             config,
