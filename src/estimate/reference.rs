@@ -426,11 +426,9 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
     // exponentials, dlogits) and the hidden states' three buffers, and,
     // with the embeddings probed, the block's weight gradient and its
     // candidates' gather.
-    let rows = (1u64 << 22)
-        .checked_div(tokens)
-        .unwrap_or(0)
-        .min((1u64 << 21) / a.hidden.max(1))
-        .clamp(1, a.vocab.max(1));
+    let rows =
+        crate::prune::gradprobe::block_rows(tokens as usize, a.hidden as usize, a.vocab as usize)
+            as u64;
     let weight_grad = if w.include_embeddings {
         2 * rows * a.hidden * 4
     } else {

@@ -31,6 +31,7 @@ use super::{Sizes, eval_phase, rope};
 use crate::estimate::{Arch, Device, Phase, Workload};
 use crate::events::stages;
 use crate::model::ComputeDtype;
+use crate::prune::gradprobe::block_rows;
 use crate::prune::gradprobe::select::candidate_count;
 
 /// The sizes a pass's moments share, in bytes.
@@ -56,15 +57,11 @@ fn shapes(a: &Arch) -> [(u64, u64); 7] {
     [(h, q), (h, kv), (h, kv), (q, h), (h, i), (h, i), (i, h)]
 }
 
-/// Bytes per distinct size, with how many of `sizes` have it.
-fn by_size(sizes: impl Iterator<Item = u64>) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = Vec::new();
-    for b in sizes.filter(|b| *b > 0) {
-        match out.iter_mut().find(|(s, _)| *s == b) {
-            Some((_, n)) => *n += 1,
-            None => out.push((b, 1)),
-        }
-    }
+/// The distinct sizes among `sizes` (equal sizes share the pool's pages).
+fn distinct(sizes: impl Iterator<Item = u64>) -> Vec<u64> {
+    let mut out: Vec<u64> = sizes.filter(|b| *b > 0).collect();
+    out.sort_unstable();
+    out.dedup();
     out
 }
 
@@ -76,11 +73,10 @@ fn candidates(a: &Arch, w: &Workload) -> Vec<u64> {
         .collect()
 }
 
-/// The head's logits block: rows per block and the last block's rows.
+/// The head's logits block (`prune::gradprobe::block_rows`): rows per
+/// block and the last block's rows.
 fn head_rows(a: &Arch, t: u64) -> (u64, u64) {
-    let rows = ((1u64 << 22) / t.max(1))
-        .min((1u64 << 21) / a.hidden.max(1))
-        .clamp(1, a.vocab.max(1));
+    let rows = block_rows(t as usize, a.hidden as usize, a.vocab as usize) as u64;
     (rows, a.vocab % rows)
 }
 
@@ -138,12 +134,12 @@ impl Probe {
                 2 * cands.iter().sum::<u64>(),
             ),
         ];
-        let weights = by_size(shapes(a).iter().map(|(i, o)| i * o * 4));
-        let cand_sizes = by_size(cands.into_iter());
+        let weights = distinct(shapes(a).iter().map(|(i, o)| i * o * 4));
+        let cand_sizes = distinct(cands.into_iter());
         let t = self.t;
         let scores = w.batch_size.max(1) * a.heads * w.seqlen * w.seqlen * 4;
-        let pages = weights.iter().map(|(b, _)| b).sum::<u64>()
-            + 2 * cand_sizes.iter().map(|(b, _)| b).sum::<u64>()
+        let pages = weights.iter().sum::<u64>()
+            + 2 * cand_sizes.iter().sum::<u64>()
             + 9 * self.a
             + 6 * t * a.intermediate * 4
             + 4 * t * a.kv_dim() * 4

@@ -33,11 +33,7 @@ pub fn head_backward<B: Compute>(
 ) -> (Tensor<B, 2>, f64) {
     let [t, d] = h.dims();
     let [v, _] = w.dims();
-    // Blocks of at most 4 Mi logits and 2 Mi head weights (16 and 8 MiB f32):
-    // a block's slice and its transposed copy stay small beside the head.
-    let block = ((1usize << 22) / t.max(1))
-        .min((1usize << 21) / d.max(1))
-        .clamp(1, v.max(1));
+    let block = block_rows(t, d, v);
     let device = h.device();
     let targets = ints_to_device::<B>(targets.iter().map(|x| *x as i64).collect(), &device);
     let logits = |v0: usize, v1: usize| {
@@ -100,6 +96,16 @@ pub fn head_backward<B: Compute>(
         }
     }
     (dh, loss)
+}
+
+/// Vocabulary rows a block takes for `tokens` rows of `hidden` against a
+/// `vocab`-row head: at most 4 Mi logits and 2 Mi head weights (16 and 8
+/// MiB f32), so a block's slice and its transposed copy stay small beside
+/// the head. The estimator sizes its blocks by it too.
+pub fn block_rows(tokens: usize, hidden: usize, vocab: usize) -> usize {
+    ((1usize << 22) / tokens.max(1))
+        .min((1usize << 21) / hidden.max(1))
+        .clamp(1, vocab.max(1))
 }
 
 /// `p` `[T, nb]`, a block of the vocabulary from `v0`, with `scale` taken

@@ -29,6 +29,7 @@ mod write;
 use crate::exec::Compute;
 use std::collections::BTreeMap;
 
+pub use head::block_rows;
 use pass::{Batch, Norms, State, Which};
 pub use select::{GradPrecision, Strategy};
 pub use write::{Scratch, keep_pruned, scratch_model, write_pruned};
