@@ -21,7 +21,7 @@ use crate::model::save::PrunedWriter;
 use crate::prune::engine::{LinearReport, PruneOutcome, sparsity_of};
 use crate::prune::gradprobe::iterate::{self, Schedule};
 use crate::prune::gradprobe::{
-    GradProbe, GradProbeConfig, Masks, StepOutcome, keep_pruned, scratch_model, write_pruned,
+    GradProbe, GradProbeConfig, Masks, StepOutcome, scratch_model, write_pruned,
 };
 
 /// GradProbe's settings, recorded in the run's plan.
@@ -102,7 +102,7 @@ pub(super) fn prune_and_eval<B: Compute>(
     let mut kept = super::waiting::keep::<B>(job, opened, keepable, ComputeDtype::F32, run);
     let written = match kept.as_mut() {
         Some(k) => Written {
-            layers: keep_pruned(ckpt, probe.targets(), &masks, k, device)?,
+            layers: probe.keep_pruned(&masks, k)?,
             others: Vec::new(),
             path: None,
             _scratch: None,
@@ -201,12 +201,13 @@ fn evaluate_step6<B: Compute>(
 /// Whether every decoder layer in f32 can stay on the device between the
 /// passes: the device's memory is known (`--device-memory`, or a CUDA
 /// card's) and holds the run's predicted peak, the layers and the head's
-/// table, and the layers again (the pruned copies kept for the evaluation).
+/// table. The pruned layers kept for the evaluation are these layers,
+/// handed over and zeroed in place (`GradProbe::keep_pruned`).
 fn resident_fits<B: Compute>(opened: &Opened, run: &Run) -> bool {
     let c = &opened.ckpt.config;
     let layers = all_layers_bytes(c, ComputeDtype::F32);
     let head = c.vocab_table_params() * 4;
-    let need = run.predicted_peak().unwrap_or(0) + 2 * layers + head;
+    let need = run.predicted_peak().unwrap_or(0) + layers + head;
     B::is_device() && run.exec.memory_cap().is_some_and(|cap| need <= cap)
 }
 

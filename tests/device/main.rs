@@ -10,7 +10,8 @@
 //!
 //! By subject: `masks` (the device's answers against the CPU backend's),
 //! `runs` (whole runs through the CLI: logs, pool, OOM), `bus` (what
-//! crosses it), `eval` (the device evaluation), `kernels` (prunemem's own
+//! crosses it), `eval` (the device evaluation), `gradprobe_pool`
+//! (GradProbe's pool against its estimate), `kernels` (prunemem's own
 //! kernels against the host's answers); the fixtures they share are here.
 //!
 //! Built only with `--features wgpu`; with the feature, a missing Vulkan
@@ -22,6 +23,7 @@ mod support;
 
 mod bus;
 mod eval;
+mod gradprobe_pool;
 mod kernels;
 mod masks;
 mod runs;
@@ -83,6 +85,16 @@ fn fixture_of(
 /// The default synthetic model (64 wide) and text for the command-line runs.
 fn cli_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
     fixture_of(&Default::default(), 6000)
+}
+
+/// `prune --method gradprobe` on the fixture on `--device wgpu` (the
+/// Wanda run's other arguments), then `extra`.
+fn gradprobe_on_wgpu<'a>(model: &'a Path, text: &'a Path, extra: &[&'a str]) -> Vec<&'a str> {
+    let mut argv = wanda_on_wgpu(model, text, extra);
+    if let Some(at) = argv.iter().position(|a| *a == "wanda") {
+        argv[at] = "gradprobe";
+    }
+    argv
 }
 
 /// `prune --method wanda` on the fixture on `--device wgpu`, then `extra`.

@@ -72,6 +72,14 @@ pub fn head_backward<B: Compute>(
     let scale = 1.0 / t.max(1) as f32;
     let mut dh = Tensor::<B, 2>::zeros([t, d], &device);
     let mut cursor = 0usize;
+    // Every full block's candidates gathered at one length (the most any
+    // full block has, padded with position 0), so the pool reuses one page
+    // for them instead of keeping a page per block's count (the shorter
+    // last block has pages of its own anyway). The padding is read back
+    // too: a prefix read made a page per count again.
+    let widest = weight_grad
+        .as_ref()
+        .map_or(0, |(positions, _)| widest_block(positions, block, d, v));
     for v0 in (0..v).step_by(block) {
         let v1 = (v0 + block).min(v);
         let (l, wb) = logits(v0, v1);
@@ -83,19 +91,36 @@ pub fn head_backward<B: Compute>(
             let (base, end) = ((v0 * d) as u32, (v1 * d) as u32);
             let upto = cursor + positions[cursor..].partition_point(|p| *p < end);
             if upto > cursor {
-                let at = positions[cursor..upto].iter().map(|p| (p - base) as i64);
-                let at = ints_to_device::<B>(at.collect(), &device);
+                let mut at: Vec<i64> = positions[cursor..upto]
+                    .iter()
+                    .map(|p| (p - base) as i64)
+                    .collect();
+                if v1 - v0 == block {
+                    at.resize(widest, 0);
+                }
+                let at = ints_to_device::<B>(at, &device);
                 let dw = dlogits.transpose().matmul(h.clone());
                 crate::exec::watch::after_op();
                 let dw = f32s_to_host(dw.reshape([(v1 - v0) * d]).select(0, at));
-                for g in dw {
-                    sink(cursor, g);
+                for g in &dw[..upto - cursor] {
+                    sink(cursor, *g);
                     cursor += 1;
                 }
             }
         }
     }
     (dh, loss)
+}
+
+/// The most of the sorted flat `positions` (of a `[v, d]` head) that one
+/// full block of `block` rows holds.
+fn widest_block(positions: &[u32], block: usize, d: usize, v: usize) -> usize {
+    let at = |row: usize| positions.partition_point(|p| (*p as usize) < row * d);
+    (block.max(1)..=v)
+        .step_by(block.max(1))
+        .map(|end| at(end) - at(end - block))
+        .max()
+        .unwrap_or(0)
 }
 
 /// Vocabulary rows a block takes for `tokens` rows of `hidden` against a

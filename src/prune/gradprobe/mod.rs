@@ -32,7 +32,7 @@ use std::collections::BTreeMap;
 pub use head::block_rows;
 use pass::{Batch, Norms, State, Which};
 pub use select::{GradPrecision, Strategy};
-pub use write::{Scratch, keep_pruned, scratch_model, write_pruned};
+pub use write::{Scratch, scratch_model, write_pruned};
 
 use super::PruneError;
 use crate::events::stages;
@@ -193,6 +193,19 @@ impl<'a, B: Compute> GradProbe<'a, B> {
     /// Whether the layers stay on the device between passes.
     pub fn layers_resident(&self) -> bool {
         self.resident.is_some()
+    }
+
+    /// Step 6 on a device without a save (`write::keep_pruned`): the
+    /// decoder layers with `masks` zeroed, kept in `kept` for the
+    /// evaluation; the layers this probe kept on the device are handed
+    /// over (a later step would read them from the checkpoint again).
+    pub fn keep_pruned(
+        &self,
+        masks: &Masks,
+        kept: &mut crate::model::kept::Kept<B>,
+    ) -> Result<Vec<crate::prune::engine::LayerReport>, PruneError> {
+        let source = (&self.device, self.resident.as_ref());
+        write::keep_pruned(self.ckpt, &self.targets, masks, kept, source)
     }
 
     /// The device the probe computes on.

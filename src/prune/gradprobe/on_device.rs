@@ -19,6 +19,8 @@ use burn::tensor::{DType, IndexingUpdateOp};
 use super::pass::{State, Which};
 use super::select;
 use crate::exec::Compute;
+use crate::memory::held::Held;
+use crate::memory::tag::Category;
 use crate::model::llama::DecoderLayer;
 use crate::prune::on_device;
 
@@ -43,6 +45,7 @@ fn index<B: Compute>(
 /// [`State::prepare`] on the device: zeroes `full`'s already-pruned
 /// positions in `layer`'s linear `name`, and in the modified pass multiplies
 /// its candidates by `reduction`. Nothing moves when there is nothing to do.
+/// Returns the bytes of the new weight written (0 when none was).
 pub(super) fn prepare<B: Compute>(
     state: &State,
     which: Which,
@@ -50,17 +53,17 @@ pub(super) fn prepare<B: Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
     reduction: f64,
-) {
+) -> u64 {
     let pruned = state.pruned.get(full).filter(|p| !p.is_empty());
     let tentative = state
         .tentative
         .get(full)
         .filter(|t| which == Which::Modified && !t.is_empty());
     if pruned.is_none() && tentative.is_none() {
-        return;
+        return 0;
     }
     let Some(lin) = layer.linear_mut(name) else {
-        return;
+        return 0;
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
@@ -70,7 +73,9 @@ pub(super) fn prepare<B: Compute>(
             flat = scale_at(flat, p, out, inp, factor);
         }
     }
+    let bytes = crate::memory::held::tensor_bytes(&flat);
     lin.weight = Param::from_tensor(flat.reshape([inp, out]));
+    bytes
 }
 
 /// The host's `select::scale_at` on a weight where it is (Burn's `[inp,
@@ -129,6 +134,8 @@ pub(super) fn tentative<B: Compute>(
 pub(super) struct Maxima<B: Compute> {
     at: Tensor<B, 1, Int>,
     acc: Tensor<B, 1>,
+    /// Both, held as statistics (`memory::held`).
+    _held: Held,
 }
 
 impl<B: Compute> Maxima<B> {
@@ -138,9 +145,13 @@ impl<B: Compute> Maxima<B> {
         if positions.is_empty() {
             return None;
         }
+        let at = index::<B>(positions, out, inp, device);
+        let acc = Tensor::zeros([positions.len()], (device, DType::F32));
+        let bytes = positions.len() as u64 * (4 + at.dtype().size() as u64);
         Some(Self {
-            at: index::<B>(positions, out, inp, device),
-            acc: Tensor::zeros([positions.len()], (device, DType::F32)),
+            at,
+            acc,
+            _held: Held::new(Category::Statistics, bytes),
         })
     }
 

@@ -18,6 +18,7 @@
 //! layer as soon as its maxima are final.
 
 use crate::exec::Compute;
+use crate::memory::held::{Held, tensor_bytes};
 use crate::memory::tag::{self, Category};
 use std::collections::{BTreeMap, HashMap};
 
@@ -42,6 +43,49 @@ impl Batch {
             inputs: windows.iter().map(|w| w[..s].to_vec()).collect(),
             targets: windows.iter().flat_map(|w| w[1..=s].to_vec()).collect(),
         }
+    }
+}
+
+/// Every batch's layer-boundary activations `x_0 … x_L`, the only
+/// activations a pass keeps; their device bytes are held as activations
+/// (`memory::held`), and a popped boundary's go with it.
+pub struct Boundaries<B: Compute> {
+    xs: Vec<Vec<Tensor<B, 3>>>,
+    held: Held,
+}
+
+fn bytes_of<B: Compute>(x: &[Tensor<B, 3>]) -> u64 {
+    x.iter().map(tensor_bytes).sum()
+}
+
+impl<B: Compute> Default for Boundaries<B> {
+    fn default() -> Self {
+        Self {
+            xs: Vec::new(),
+            held: Held::none(Category::Activations),
+        }
+    }
+}
+
+impl<B: Compute> Boundaries<B> {
+    /// The next boundary, one tensor per batch.
+    pub fn push(&mut self, x: Vec<Tensor<B, 3>>) {
+        self.held.set(self.held.bytes() + bytes_of(&x));
+        self.xs.push(x);
+    }
+
+    /// The last boundary pushed.
+    pub fn last(&self) -> &[Tensor<B, 3>] {
+        self.xs.last().map_or(&[], Vec::as_slice)
+    }
+
+    /// The last boundary, its bytes held by the returned guard until the
+    /// caller has used it.
+    pub fn pop(&mut self) -> (Vec<Tensor<B, 3>>, Held) {
+        let x = self.xs.pop().unwrap_or_default();
+        let bytes = bytes_of(&x);
+        self.held.set(self.held.bytes().saturating_sub(bytes));
+        (x, Held::new(Category::Activations, bytes))
     }
 }
 
@@ -180,4 +224,37 @@ impl State {
             }
         }
     }
+}
+
+/// The activation norms (each a maximum over batches) as maxima over every
+/// rank's batches, reduced in a fixed order (layer by layer, the inputs in
+/// `LinearInput::ALL` order, then the head's).
+pub(super) fn max_across_ranks(norms: &mut Norms) {
+    let reducer = crate::exec::dist::reducer();
+    if reducer.world().1 == 1 {
+        return;
+    }
+    for layer in norms.layers.iter_mut() {
+        for input in crate::model::llama::LinearInput::ALL {
+            if let Some(v) = layer.get_mut(&input) {
+                reducer.max_f32(v);
+            }
+        }
+    }
+    reducer.max_f32(&mut norms.head);
+}
+
+/// The norms the Wanda strategy weighs layer `i`'s linear `name` by (its
+/// input's), or `None` (magnitude).
+pub(super) fn strategy_norms<'a>(
+    config: &GradProbeConfig,
+    norms: Option<&'a Norms>,
+    i: usize,
+    name: &str,
+) -> Option<&'a [f32]> {
+    norms
+        .filter(|_| config.strategy == select::Strategy::Wanda)
+        .and_then(|n| n.layers.get(i))
+        .and_then(|m| m.get(&input_of(name)))
+        .map(Vec::as_slice)
 }

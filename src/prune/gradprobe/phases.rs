@@ -12,9 +12,12 @@ use burn::prelude::*;
 
 use super::head::{WeightGrad, head_backward};
 use super::on_device::{self, Maxima};
-use super::pass::{Batch, Input, Norms, State, Which, fold_norms, input_of};
-use super::{EMBED, GradProbeConfig, HEAD, select};
+use super::pass::{
+    Batch, Boundaries, Input, Norms, State, Which, fold_norms, max_across_ranks, strategy_norms,
+};
+use super::{EMBED, HEAD, select};
 use crate::events::stages;
+use crate::memory::held::Held;
 use crate::memory::tag::{self, Category};
 use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LlamaRmsNorm};
 use crate::model::{ComputeDtype, Rope};
@@ -37,6 +40,8 @@ pub(super) struct Pass<'a, B: Compute> {
 pub(super) struct HeadOut<B: Compute> {
     /// Gradient w.r.t. each batch's current boundary activations.
     pub grads: Vec<Tensor<B, 3>>,
+    /// Their bytes, held as gradients (`memory::held`).
+    grads_held: Held,
     /// Tied and probed: head gradients at candidates whose row the batch
     /// also looks up, added to the lookup gradient before `|·|`.
     deferred: Vec<HashMap<usize, f32>>,
@@ -83,9 +88,19 @@ impl<'a, B: Compute> Pass<'a, B> {
         crate::exec::release_free::<B>(self.input.device);
     }
 
+    /// A kept layer's linear that the modified pass reduced is a new
+    /// weight beside the kept one (`new` bytes), held as weights; a
+    /// streamed layer's is written over its own.
+    fn hold_reduced(&self, held: &mut Held, new: u64) {
+        if self.input.resident.is_some() {
+            held.set(held.bytes() + new);
+        }
+    }
+
     /// Layer `i` on the device, in f32 (its upload counted), or the one
-    /// kept there.
-    fn load(&self, i: usize) -> Result<DecoderLayer<B>, PruneError> {
+    /// kept there; a loaded layer's bytes are held as weights by the guard
+    /// (a kept one's by `Resident`).
+    fn load(&self, i: usize) -> Result<(DecoderLayer<B>, Held), PruneError> {
         let ckpt = self.input.ckpt;
         let bytes = ckpt.config.layer_param_count() * DTYPE.size();
         let read = || -> Result<DecoderLayer<B>, PruneError> {
@@ -94,10 +109,13 @@ impl<'a, B: Compute> Pass<'a, B> {
             }
             Ok(ckpt.load_layer::<B>(i, DTYPE, self.input.device)?)
         };
-        match self.input.resident {
-            Some(resident) => resident.get_or_load(i, bytes, read),
-            None => read(),
-        }
+        Ok(match self.input.resident {
+            Some(resident) => (
+                resident.get_or_load(i, bytes, read)?,
+                Held::none(Category::Weights),
+            ),
+            None => (read()?, Held::new(Category::Weights, bytes)),
+        })
     }
 
     /// Embeds every batch (tentative candidates of a probed embedding were
@@ -134,7 +152,7 @@ impl<'a, B: Compute> Pass<'a, B> {
 
     /// Embedding and every layer forward; returns the boundaries `x_0 … x_L`
     /// (and, for the Wanda strategy's first pass, the activation norms).
-    pub fn forward(&self, state: &mut State) -> Result<Vec<Vec<Tensor<B, 3>>>, PruneError> {
+    pub fn forward(&self, state: &mut State) -> Result<Boundaries<B>, PruneError> {
         let Input { ckpt, config, .. } = self.input;
         let c = &ckpt.config;
         let rope = Rope::<B>::new(c, self.seqlen, DTYPE.burn(), self.input.device);
@@ -143,15 +161,17 @@ impl<'a, B: Compute> Pass<'a, B> {
             && state.norms.is_none();
         let mut norms = Norms::default();
         let _tag = tag::tag(Category::Activations);
-        let mut xs = vec![self.embed(state)?];
+        let mut xs = Boundaries::default();
+        xs.push(self.embed(state)?);
         for i in 0..c.num_layers {
             self.trim();
-            let mut layer = self.load(i)?;
+            let (mut layer, mut held) = self.load(i)?;
             for name in LAYER_LINEARS {
                 let full = format!("model.layers.{i}.{name}.weight");
                 if B::is_device() {
                     let r = config.reduction_factor;
-                    on_device::prepare(state, self.which, &full, &mut layer, name, r);
+                    let new = on_device::prepare(state, self.which, &full, &mut layer, name, r);
+                    self.hold_reduced(&mut held, new);
                 } else if state.pruned.contains_key(&full) || self.which == Which::Modified {
                     let (mut w, out, inp) = weight_out_in(&layer, name);
                     state.prepare(self.which, &full, &mut w, config.reduction_factor);
@@ -159,7 +179,8 @@ impl<'a, B: Compute> Pass<'a, B> {
                 }
             }
             let mut layer_norms = HashMap::new();
-            let next: Vec<Tensor<B, 3>> = xs[i]
+            let next: Vec<Tensor<B, 3>> = xs
+                .last()
                 .iter()
                 .map(|x| {
                     if collect_norms {
@@ -177,7 +198,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         }
         if collect_norms {
             let final_norm = ckpt.load_norm::<B>(DTYPE, self.input.device)?;
-            for x in &xs[c.num_layers] {
+            for x in xs.last() {
                 fold_norms(&mut norms.head, &final_norm.forward(x.clone()));
             }
             max_across_ranks(&mut norms);
@@ -239,7 +260,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     pub fn head(
         &self,
         state: &mut State,
-        last: Vec<Tensor<B, 3>>,
+        (last, mut last_held): (Vec<Tensor<B, 3>>, Held),
     ) -> Result<HeadOut<B>, PruneError> {
         // The last layer's freed buffers go back first, as each layer's do.
         self.trim();
@@ -255,12 +276,16 @@ impl<'a, B: Compute> Pass<'a, B> {
         let unchanged = !self.probed.contains(head_name)
             && !self.probed.contains(EMBED)
             && !state.pruned.contains_key(head_name);
-        let head = match self.input.resident {
-            Some(resident) if unchanged => {
-                let bytes = c.vocab_table_params() * 4;
-                resident.head_or_load(bytes, || self.head_table(state, head_name))?
-            }
-            _ => self.head_table(state, head_name)?,
+        let bytes = c.vocab_table_params() * 4;
+        let (head, _head_held) = match self.input.resident {
+            Some(resident) if unchanged => (
+                resident.head_or_load(bytes, || self.head_table(state, head_name))?,
+                Held::none(Category::Weights),
+            ),
+            _ => (
+                self.head_table(state, head_name)?,
+                Held::new(Category::Weights, bytes),
+            ),
         };
         let mut held = state.components();
         held.insert("head weight (f32)".into(), c.vocab_table_params() * 4);
@@ -277,6 +302,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let head_positions = state.tentative.get(head_name).cloned().unwrap_or_default();
         let mut out = HeadOut {
             grads: Vec::with_capacity(batches.len()),
+            grads_held: Held::none(Category::Gradients),
             deferred: Vec::with_capacity(batches.len()),
             head_name,
             head_max: vec![0f32; head_positions.len()],
@@ -289,6 +315,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         out.embed_max = vec![0f32; out.embed_positions.len()];
         for (b, x) in batches.iter().zip(last) {
             let [n, s, d] = x.dims();
+            let x_bytes = crate::memory::held::tensor_bytes(&x);
             let x_ad = Tensor::<Ad<B>, 3>::from_inner(x).require_grad();
             let h = norm_ad.forward(x_ad.clone());
             let rows: BTreeSet<u32> = b.inputs.iter().flatten().copied().collect();
@@ -315,6 +342,10 @@ impl<'a, B: Compute> Pass<'a, B> {
                 x_ad.grad(&backward)
                     .unwrap_or_else(|| Tensor::zeros([n, s, d], self.input.device)),
             );
+            // The batch's boundary is spent; its gradient is kept.
+            drop(x_ad);
+            last_held.set(last_held.bytes().saturating_sub(x_bytes));
+            out.grads_held.set(out.grads_held.bytes() + x_bytes);
         }
         drop(head);
         drop(norm_ad);
@@ -328,7 +359,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     pub fn backward(
         &self,
         state: &mut State,
-        mut boundaries: Vec<Vec<Tensor<B, 3>>>,
+        mut boundaries: Boundaries<B>,
         grads: &mut [Tensor<B, 3>],
     ) -> Result<(), PruneError> {
         let c = &self.input.ckpt.config;
@@ -336,7 +367,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         for i in (0..c.num_layers).rev() {
             self.trim();
             let _scope = self.input.profiler.scope(&stages::layer_pass(i, self.tag));
-            let inputs = boundaries.pop().unwrap_or_default();
+            let (inputs, _held) = boundaries.pop();
             self.backward_layer(state, i, inputs, grads, &rope)?;
             self.progress(2 * c.num_layers - i, format!("backward layer {i}"));
         }
@@ -347,16 +378,21 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// pass's reduction, applied; in the original pass its candidates are
     /// chosen. On a device all of it happens where the weights are: the
     /// candidates come back as one bit per weight (`on_device::tentative`).
-    fn prepared_layer(&self, state: &mut State, i: usize) -> Result<DecoderLayer<B>, PruneError> {
+    fn prepared_layer(
+        &self,
+        state: &mut State,
+        i: usize,
+    ) -> Result<(DecoderLayer<B>, Held), PruneError> {
         let config = self.input.config;
-        let mut plain = self.load(i)?;
+        let (mut plain, mut held) = self.load(i)?;
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");
             let choosing = self.which == Which::Original && self.probed.contains(full.as_str());
             let norms = strategy_norms(config, state.norms.as_ref(), i, name);
             if B::is_device() {
                 let r = config.reduction_factor;
-                on_device::prepare(state, self.which, &full, &mut plain, name, r);
+                let new = on_device::prepare(state, self.which, &full, &mut plain, name, r);
+                self.hold_reduced(&mut held, new);
                 if choosing {
                     let t = tag::tagged(Category::Masks, || {
                         on_device::tentative(&plain, name, norms, config.sparsity)
@@ -379,7 +415,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         if B::is_device() && self.which == Which::Original {
             crate::exec::release_free::<B>(self.input.device);
         }
-        Ok(plain)
+        Ok((plain, held))
     }
 
     fn backward_layer(
@@ -393,7 +429,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let config = self.input.config;
         // Prepared on the plain backend, then wrapped: reading a tracked
         // parameter would leave an unconsumed node in the autodiff graph.
-        let plain = self.prepared_layer(state, i)?;
+        let (plain, _held) = self.prepared_layer(state, i)?;
         let names: Vec<(&str, String)> = LAYER_LINEARS
             .iter()
             .map(|name| (*name, format!("model.layers.{i}.{name}.weight")))
@@ -529,24 +565,6 @@ impl<'a, B: Compute> Pass<'a, B> {
     }
 }
 
-/// The activation norms (each a maximum over batches) as maxima over every
-/// rank's batches, reduced in a fixed order (layer by layer, the inputs in
-/// `LinearInput::ALL` order, then the head's).
-fn max_across_ranks(norms: &mut Norms) {
-    let reducer = crate::exec::dist::reducer();
-    if reducer.world().1 == 1 {
-        return;
-    }
-    for layer in norms.layers.iter_mut() {
-        for input in crate::model::llama::LinearInput::ALL {
-            if let Some(v) = layer.get_mut(&input) {
-                reducer.max_f32(v);
-            }
-        }
-    }
-    reducer.max_f32(&mut norms.head);
-}
-
 /// Runs one pass; returns the mean calibration loss.
 pub fn run<B: Compute>(
     input: Input<'_, B>,
@@ -555,23 +573,8 @@ pub fn run<B: Compute>(
 ) -> Result<f64, PruneError> {
     let pass = Pass::new(input, which);
     let mut boundaries = pass.forward(state)?;
-    let last = boundaries.pop().unwrap_or_default();
+    let last = boundaries.pop();
     let mut head = pass.head(state, last)?;
     pass.backward(state, boundaries, &mut head.grads)?;
     Ok(pass.embeddings(state, head))
-}
-
-/// The norms the Wanda strategy weighs layer `i`'s linear `name` by (its
-/// input's), or `None` (magnitude).
-fn strategy_norms<'a>(
-    config: &GradProbeConfig,
-    norms: Option<&'a Norms>,
-    i: usize,
-    name: &str,
-) -> Option<&'a [f32]> {
-    norms
-        .filter(|_| config.strategy == select::Strategy::Wanda)
-        .and_then(|n| n.layers.get(i))
-        .and_then(|m| m.get(&input_of(name)))
-        .map(Vec::as_slice)
 }

@@ -4,6 +4,7 @@
 //! device, when nothing is saved, the pruned decoder layers are kept for
 //! the evaluation instead (`model::kept`): no scratch checkpoint.
 
+use super::resident::Resident;
 use super::{Masks, Target, on_device, select};
 use crate::exec::Compute;
 use crate::model::kept::Kept;
@@ -107,18 +108,20 @@ fn layer_index(name: &str) -> Option<usize> {
         .ok()
 }
 
-/// Step 6 on a device without a save: each decoder layer read in f32 (the
+/// Step 6 on a device without a save: each decoder layer in f32 (the
 /// evaluation's dtype), its pruned positions zeroed where it is, and kept
 /// in `kept` (on the device or in host memory) for the evaluation. The
 /// values are the scratch checkpoint's: the checkpoint's own, zeroed at the
-/// same positions. Returns the per-layer reports; every target must be a
-/// decoder linear (without `include_embeddings`).
-pub fn keep_pruned<B: Compute>(
+/// same positions. A layer the probe kept on the device is taken from
+/// `resident` and zeroed in place (no second copy, no upload); the others
+/// are read from the checkpoint. Returns the per-layer reports; every
+/// target must be a decoder linear (without `include_embeddings`).
+pub(super) fn keep_pruned<B: Compute>(
     ckpt: &Checkpoint,
     targets: &[Target],
     masks: &Masks,
     kept: &mut Kept<B>,
-    device: &B::Device,
+    (device, resident): (&B::Device, Option<&Resident<B>>),
 ) -> Result<Vec<LayerReport>, PruneError> {
     if let Some(t) = targets.iter().find(|t| layer_index(&t.name).is_none()) {
         return Err(PruneError::Invalid(format!(
@@ -130,8 +133,14 @@ pub fn keep_pruned<B: Compute>(
     let mut layers = Vec::with_capacity(c.num_layers);
     for index in 0..c.num_layers {
         let start = std::time::Instant::now();
-        crate::exec::transfer::uploaded(c.layer_param_count() * ComputeDtype::F32.size());
-        let mut layer = ckpt.load_layer::<B>(index, ComputeDtype::F32, device)?;
+        let mut layer = match resident.and_then(|r| r.take(index)) {
+            Some(layer) => layer,
+            None => {
+                let bytes = c.layer_param_count() * ComputeDtype::F32.size();
+                crate::exec::transfer::uploaded(bytes);
+                ckpt.load_layer::<B>(index, ComputeDtype::F32, device)?
+            }
+        };
         let mut linears = Vec::new();
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{index}.{name}.weight");
@@ -143,6 +152,9 @@ pub fn keep_pruned<B: Compute>(
             linears.push(LinearReport::counts(&full, zeros, params));
         }
         kept.push(layer)?;
+        // Each linear's positions went up at a length of their own: their
+        // pages go back before the next layer's.
+        crate::exec::release_free::<B>(device);
         layers.push(LayerReport {
             index,
             seconds: start.elapsed().as_secs_f64(),
