@@ -204,8 +204,15 @@ impl<'a, B: Compute> GradProbe<'a, B> {
         masks: &Masks,
         kept: &mut crate::model::kept::Kept<B>,
     ) -> Result<Vec<crate::prune::engine::LayerReport>, PruneError> {
-        let source = (&self.device, self.resident.as_ref());
-        write::keep_pruned(self.ckpt, &self.targets, masks, kept, source)
+        let resident = self.resident.as_ref();
+        write::keep_pruned(
+            self.ckpt,
+            &self.targets,
+            masks,
+            kept,
+            &self.device,
+            resident,
+        )
     }
 
     /// The device the probe computes on.

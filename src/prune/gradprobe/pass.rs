@@ -46,6 +46,20 @@ impl Batch {
     }
 }
 
+/// Layer `i` read from the checkpoint and uploaded in f32 (the passes'
+/// and step 6's dtype), its upload counted on a device.
+pub(super) fn load_layer_f32<B: Compute>(
+    ckpt: &Checkpoint,
+    i: usize,
+    device: &B::Device,
+) -> Result<crate::model::llama::DecoderLayer<B>, crate::prune::PruneError> {
+    let f32 = crate::model::ComputeDtype::F32;
+    if B::is_device() {
+        crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * f32.size());
+    }
+    Ok(ckpt.load_layer::<B>(i, f32, device)?)
+}
+
 /// Every batch's layer-boundary activations `x_0 … x_L`, the only
 /// activations a pass keeps; their device bytes are held as activations
 /// (`memory::held`), and a popped boundary's go with it.

@@ -13,7 +13,8 @@ use burn::prelude::*;
 use super::head::{WeightGrad, head_backward};
 use super::on_device::{self, Maxima};
 use super::pass::{
-    Batch, Boundaries, Input, Norms, State, Which, fold_norms, max_across_ranks, strategy_norms,
+    Batch, Boundaries, Input, Norms, State, Which, fold_norms, load_layer_f32, max_across_ranks,
+    strategy_norms,
 };
 use super::{EMBED, HEAD, select};
 use crate::events::stages;
@@ -88,10 +89,19 @@ impl<'a, B: Compute> Pass<'a, B> {
         crate::exec::release_free::<B>(self.input.device);
     }
 
-    /// A kept layer's linear that the modified pass reduced is a new
-    /// weight beside the kept one (`new` bytes), held as weights; a
-    /// streamed layer's is written over its own.
-    fn hold_reduced(&self, held: &mut Held, new: u64) {
+    /// `on_device::prepare` of `layer`'s linear `name`: a kept layer's
+    /// linear that it reduced is a new weight beside the kept one, added
+    /// to the layer's `held` weights; a streamed layer's is written over
+    /// its own.
+    fn prepare_on_device(
+        &self,
+        state: &State,
+        (full, name): (&str, &str),
+        layer: &mut DecoderLayer<B>,
+        held: &mut Held,
+    ) {
+        let r = self.input.config.reduction_factor;
+        let new = on_device::prepare(state, self.which, full, layer, name, r);
         if self.input.resident.is_some() {
             held.set(held.bytes() + new);
         }
@@ -103,12 +113,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     fn load(&self, i: usize) -> Result<(DecoderLayer<B>, Held), PruneError> {
         let ckpt = self.input.ckpt;
         let bytes = ckpt.config.layer_param_count() * DTYPE.size();
-        let read = || -> Result<DecoderLayer<B>, PruneError> {
-            if B::is_device() {
-                crate::exec::transfer::uploaded(bytes);
-            }
-            Ok(ckpt.load_layer::<B>(i, DTYPE, self.input.device)?)
-        };
+        let read = || load_layer_f32::<B>(ckpt, i, self.input.device);
         Ok(match self.input.resident {
             Some(resident) => (
                 resident.get_or_load(i, bytes, read)?,
@@ -169,9 +174,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             for name in LAYER_LINEARS {
                 let full = format!("model.layers.{i}.{name}.weight");
                 if B::is_device() {
-                    let r = config.reduction_factor;
-                    let new = on_device::prepare(state, self.which, &full, &mut layer, name, r);
-                    self.hold_reduced(&mut held, new);
+                    self.prepare_on_device(state, (&full, name), &mut layer, &mut held);
                 } else if state.pruned.contains_key(&full) || self.which == Which::Modified {
                     let (mut w, out, inp) = weight_out_in(&layer, name);
                     state.prepare(self.which, &full, &mut w, config.reduction_factor);
@@ -288,7 +291,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             ),
         };
         let mut held = state.components();
-        held.insert("head weight (f32)".into(), c.vocab_table_params() * 4);
+        held.insert("head weight (f32)".into(), bytes);
         let tokens: usize = batches.iter().map(|b| b.targets.len()).sum();
         held.insert(
             "boundary activations".into(),
@@ -390,9 +393,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             let choosing = self.which == Which::Original && self.probed.contains(full.as_str());
             let norms = strategy_norms(config, state.norms.as_ref(), i, name);
             if B::is_device() {
-                let r = config.reduction_factor;
-                let new = on_device::prepare(state, self.which, &full, &mut plain, name, r);
-                self.hold_reduced(&mut held, new);
+                self.prepare_on_device(state, (&full, name), &mut plain, &mut held);
                 if choosing {
                     let t = tag::tagged(Category::Masks, || {
                         on_device::tentative(&plain, name, norms, config.sparsity)

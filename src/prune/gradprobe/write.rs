@@ -7,10 +7,10 @@
 use super::resident::Resident;
 use super::{Masks, Target, on_device, select};
 use crate::exec::Compute;
+use crate::model::Checkpoint;
 use crate::model::kept::Kept;
 use crate::model::llama::LAYER_LINEARS;
 use crate::model::save::PrunedWriter;
-use crate::model::{Checkpoint, ComputeDtype};
 use crate::prune::PruneError;
 use crate::prune::engine::{LayerReport, LinearReport};
 
@@ -121,7 +121,8 @@ pub(super) fn keep_pruned<B: Compute>(
     targets: &[Target],
     masks: &Masks,
     kept: &mut Kept<B>,
-    (device, resident): (&B::Device, Option<&Resident<B>>),
+    device: &B::Device,
+    resident: Option<&Resident<B>>,
 ) -> Result<Vec<LayerReport>, PruneError> {
     if let Some(t) = targets.iter().find(|t| layer_index(&t.name).is_none()) {
         return Err(PruneError::Invalid(format!(
@@ -135,11 +136,7 @@ pub(super) fn keep_pruned<B: Compute>(
         let start = std::time::Instant::now();
         let mut layer = match resident.and_then(|r| r.take(index)) {
             Some(layer) => layer,
-            None => {
-                let bytes = c.layer_param_count() * ComputeDtype::F32.size();
-                crate::exec::transfer::uploaded(bytes);
-                ckpt.load_layer::<B>(index, ComputeDtype::F32, device)?
-            }
+            None => super::pass::load_layer_f32::<B>(ckpt, index, device)?,
         };
         let mut linears = Vec::new();
         for name in LAYER_LINEARS {
