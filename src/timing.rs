@@ -1,5 +1,6 @@
 //! Where the time went: wall seconds by phase of a run (loading a layer,
-//! the statistics pass, pruning, the output pass, writing, evaluation) and
+//! the statistics pass, pruning, the output pass, writing, evaluation, and
+//! GradProbe's forward, head and backward through the layers) and
 //! by kind of work (matrix products, attention, norms/rope/activations,
 //! statistics, selection and sorting, SparseGPT's sweep, checkpoint I/O,
 //! logits, uploads to a device, and a device run's computing thread
@@ -8,8 +9,9 @@
 //! Code marks what it is doing with scoped spans ([`work`], [`phase`]).
 //! Work spans are exclusive per thread: opening one pauses the enclosing one
 //! on the same thread, so kinds add up to the time spent inside spans and
-//! nothing is counted twice. Phase spans are coarser and counted on their
-//! own. Work handed to rayon or Burn's threads is covered by the wall time of
+//! nothing is counted twice. Phase spans are coarser and exclusive the same
+//! way: a layer's load inside a GradProbe pass is `load_layer`'s time, not
+//! the pass's, so phases add up to at most the wall time. Work handed to rayon or Burn's threads is covered by the wall time of
 //! the span the engine thread holds while it waits, so kinds are wall time
 //! of the engine thread, not CPU time. Totals are process-wide; a run reads
 //! them at its start and at its end ([`Totals::since`]).
@@ -61,6 +63,13 @@ pub enum Phase {
     OutputPass,
     Write,
     Eval,
+    /// GradProbe: the embedding and every layer forward, boundaries kept.
+    ProbeForward,
+    /// GradProbe: the loss and the head's backward, by vocabulary blocks.
+    ProbeHead,
+    /// GradProbe: every layer again, last to first, under autodiff, its
+    /// gradients folded at the candidates; the embeddings' gradient last.
+    ProbeBackward,
 }
 
 const WORKS: [Work; WORK_COUNT] = [
@@ -77,7 +86,7 @@ const WORKS: [Work; WORK_COUNT] = [
     Work::ReaderWait,
 ];
 /// How many phases there are.
-pub const PHASE_COUNT: usize = 6;
+pub const PHASE_COUNT: usize = 9;
 
 /// Every phase, in index order.
 pub const PHASES: [Phase; PHASE_COUNT] = [
@@ -87,6 +96,9 @@ pub const PHASES: [Phase; PHASE_COUNT] = [
     Phase::OutputPass,
     Phase::Write,
     Phase::Eval,
+    Phase::ProbeForward,
+    Phase::ProbeHead,
+    Phase::ProbeBackward,
 ];
 
 impl Work {
@@ -116,21 +128,30 @@ impl Phase {
             Phase::OutputPass => "output_pass",
             Phase::Write => "write",
             Phase::Eval => "eval",
+            Phase::ProbeForward => "probe_forward",
+            Phase::ProbeHead => "probe_head",
+            Phase::ProbeBackward => "probe_backward",
         }
     }
 }
 
 static WORK_NS: [AtomicU64; WORK_COUNT] = [const { AtomicU64::new(0) }; WORK_COUNT];
-static PHASE_NS: [AtomicU64; PHASE_COUNT] = [const { AtomicU64::new(0) }; 6];
+static PHASE_NS: [AtomicU64; PHASE_COUNT] = [const { AtomicU64::new(0) }; PHASE_COUNT];
 
 thread_local! {
     /// Open work spans on this thread; the last one is the running one.
     static OPEN: RefCell<Vec<(Work, Instant)>> = const { RefCell::new(Vec::new()) };
+    /// Open phase spans on this thread, the same way.
+    static OPEN_PHASES: RefCell<Vec<(Phase, Instant)>> = const { RefCell::new(Vec::new()) };
 }
 
 fn charge(w: Work, since: Instant, now: Instant) {
+    add(&WORK_NS[w as usize], since, now);
+}
+
+fn add(counter: &AtomicU64, since: Instant, now: Instant) {
     let ns = now.duration_since(since).as_nanos() as u64;
-    WORK_NS[w as usize].fetch_add(ns, Ordering::Relaxed);
+    counter.fetch_add(ns, Ordering::Relaxed);
 }
 
 /// Counts the time until the guard drops as `w`, pausing the enclosing work
@@ -184,20 +205,38 @@ pub fn current_phase() -> Option<Phase> {
     PHASES.get(CURRENT.load(Ordering::Relaxed)).copied()
 }
 
-/// Counts the time until the guard drops as phase `p`.
+/// Counts the time until the guard drops as phase `p`, pausing the
+/// enclosing phase span on this thread (its time resumes when this one
+/// ends), and charges what is counted meanwhile ([`current_phase`]) to `p`.
 #[must_use = "the span lasts as long as the guard"]
-pub struct PhaseSpan(Phase, Instant, usize);
+pub struct PhaseSpan(usize);
 
 pub fn phase(p: Phase) -> PhaseSpan {
-    let previous = CURRENT.swap(p as usize, Ordering::Relaxed);
-    PhaseSpan(p, Instant::now(), previous)
+    let now = Instant::now();
+    OPEN_PHASES.with(|open| {
+        let mut open = open.borrow_mut();
+        if let Some((outer, since)) = open.last_mut() {
+            add(&PHASE_NS[*outer as usize], *since, now);
+            *since = now;
+        }
+        open.push((p, now));
+    });
+    PhaseSpan(CURRENT.swap(p as usize, Ordering::Relaxed))
 }
 
 impl Drop for PhaseSpan {
     fn drop(&mut self) {
-        let ns = self.1.elapsed().as_nanos() as u64;
-        PHASE_NS[self.0 as usize].fetch_add(ns, Ordering::Relaxed);
-        CURRENT.store(self.2, Ordering::Relaxed);
+        let now = Instant::now();
+        OPEN_PHASES.with(|open| {
+            let mut open = open.borrow_mut();
+            if let Some((p, since)) = open.pop() {
+                add(&PHASE_NS[p as usize], since, now);
+            }
+            if let Some((_, since)) = open.last_mut() {
+                *since = now;
+            }
+        });
+        CURRENT.store(self.0, Ordering::Relaxed);
     }
 }
 
@@ -208,7 +247,7 @@ pub type Seconds = Vec<(&'static str, f64)>;
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Totals {
     work: [u64; WORK_COUNT],
-    phase: [u64; 6],
+    phase: [u64; PHASE_COUNT],
 }
 
 impl Totals {

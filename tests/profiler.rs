@@ -71,7 +71,65 @@ fn snapshot_fields_on_linux() {
         "malloc statistics on glibc"
     );
     assert!(after.rss.unwrap() >= before.rss.unwrap() + 60 * MIB);
+    // Nothing crosses a bus on the CPU backend: no bus reading, not zeros.
+    assert_eq!(after.bus, None);
     drop(block);
+}
+
+/// A device the profiler reads: a pool, not the heap.
+struct FakePool;
+impl memory::DeviceProbe for FakePool {
+    fn name(&self) -> String {
+        "fake:0".into()
+    }
+    fn read(&self) -> memory::DeviceReading {
+        memory::DeviceReading {
+            allocated: Some(1),
+            reserved: Some(2),
+            parts: None,
+        }
+    }
+}
+
+/// A device run's readings carry what crossed the bus since the run
+/// started and the phase open: the live view's bus line.
+#[test]
+fn a_device_runs_readings_carry_its_bus_since_it_started() {
+    use prunemem::exec::transfer;
+    use prunemem::timing::{self, Phase};
+    // The phase open is process-wide: no other run here while it is read.
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // Bytes moved before the run are not the run's.
+    transfer::uploaded(1 << 40);
+    let profiler = Profiler::new(
+        Arc::new(Emitter::new()),
+        ProfilerConfig {
+            sampler_hz: None,
+            gpu_index: None,
+            device: Box::new(FakePool),
+            ..Default::default()
+        },
+    );
+    let start = profiler
+        .snapshot("start")
+        .bus
+        .expect("a device run has a bus");
+    assert!(start.host_to_device_bytes < 1 << 40, "{start:?}");
+    let after = {
+        let _phase = timing::phase(Phase::ProbeHead);
+        transfer::uploaded(1000);
+        transfer::read_back(24);
+        profiler.snapshot("inside")
+    };
+    let bus = after.bus.clone().unwrap();
+    // Other tests in this process may count too: at least this test's.
+    assert!(bus.host_to_device_bytes >= start.host_to_device_bytes + 1000);
+    assert!(bus.device_to_host_bytes >= start.device_to_host_bytes + 24);
+    assert_eq!(bus.phase.as_deref(), Some("probe_head"));
+    // It is in the log: a reading's JSON round-trips it.
+    let json = serde_json::to_string(&after).unwrap();
+    let back: MemorySnapshot = serde_json::from_str(&json).unwrap();
+    assert_eq!(back.bus, Some(bus));
 }
 
 #[test]

@@ -60,3 +60,46 @@ fn nested_work_is_counted_once_and_phases_on_their_own() {
     );
     assert_eq!(work.len(), 2, "kinds never used are left out: {work:?}");
 }
+
+/// A phase opened inside another pauses it, as work spans do: a layer's
+/// load inside a GradProbe pass is `load_layer`'s seconds, not the pass's,
+/// (the phase bytes and launches are charged to, `current_phase`, is
+/// process-wide and checked in `exec::transfer`'s unit test).
+#[test]
+fn a_nested_phase_pauses_the_one_around_it() {
+    let start = Totals::now();
+    let (t0, t1, t2, t3);
+    {
+        let _pass = timing::phase(Phase::ProbeBackward);
+        t0 = Instant::now();
+        busy(30);
+        t1 = Instant::now();
+        {
+            let _load = timing::phase(Phase::Load);
+            busy(50);
+        }
+        t2 = Instant::now();
+        busy(30);
+        t3 = Instant::now();
+    }
+    let (_, phase) = Totals::now().since(&start);
+    let get = |n: &str| phase.iter().find(|(k, _)| *k == n).map_or(0.0, |(_, s)| *s);
+    let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
+    let (load, pass) = (get("load_layer"), get("probe_backward"));
+    let inner = secs(t1, t2);
+    assert!(
+        load <= inner && load >= inner - SLACK,
+        "load {load} vs {inner}: {phase:?}"
+    );
+    let around = secs(t0, t1) + secs(t2, t3);
+    assert!(
+        pass >= around && pass <= around + 2.0 * SLACK,
+        "the load is not in the pass: pass {pass}, around it {around}: {phase:?}"
+    );
+    // Together they are the block's wall time, not more.
+    let whole = secs(t0, t3);
+    assert!(
+        load + pass <= whole + 2.0 * SLACK,
+        "{load} + {pass} > {whole}"
+    );
+}

@@ -22,6 +22,10 @@
 
 use std::collections::BTreeMap;
 
+mod bus;
+
+pub use bus::{BusNow, BusRates};
+
 use super::{Event, RunPlan, RunSummary, stages};
 use crate::memory::MemorySnapshot;
 
@@ -126,6 +130,9 @@ pub struct RunFold {
     /// every reading (the mean over the run so far).
     pub gpu_util: Option<f32>,
     pub gpu_util_sum: (f64, u64),
+    /// Device runs: what crossed the bus and the kernels launched so far,
+    /// their rates and the phase open; `None` without a bus reading.
+    pub bus: Option<BusNow>,
     /// The machine's memory, when a reading said.
     pub host_total: Option<u64>,
     /// Highest RSS among background samples, and when.
@@ -314,6 +321,11 @@ impl RunFold {
         }
         if s.gpu_total.is_some() {
             self.gpu.total = s.gpu_total;
+        }
+        if let Some(b) = &s.bus {
+            self.bus
+                .get_or_insert_with(BusNow::default)
+                .observe(s.elapsed_s, b);
         }
         self.points.push(Point::of(s));
         if let Some(limit) = self.point_limit

@@ -103,6 +103,25 @@ impl Traffic {
     }
 }
 
+impl Traffic {
+    /// What moved since `start`, every phase and outside them together
+    /// (`kernels` known as soon as launches are counted, zero included).
+    pub fn total_since(&self, start: &Traffic) -> PhaseTraffic {
+        let d = |k: usize| -> u64 {
+            self.slots
+                .iter()
+                .zip(&start.slots)
+                .map(|(a, b)| a[k] - b[k])
+                .sum()
+        };
+        PhaseTraffic {
+            host_to_device_bytes: d(0),
+            device_to_host_bytes: d(1),
+            kernels: COUNTING.load(Ordering::Relaxed).then(|| d(2)),
+        }
+    }
+}
+
 /// The sum over phases.
 pub fn total<'a>(phases: impl IntoIterator<Item = &'a PhaseTraffic>) -> PhaseTraffic {
     phases
@@ -147,5 +166,11 @@ mod tests {
         assert!(d2["eval"].kernels >= Some(1), "{d2:?}");
         let t = total(d.values());
         assert!(t.host_to_device_bytes >= eval.host_to_device_bytes);
+        // Every phase and outside them together, zero launches known.
+        let all = Traffic::now().total_since(&start);
+        assert!(all.host_to_device_bytes >= t.host_to_device_bytes);
+        assert!(all.device_to_host_bytes >= 7);
+        let now = Traffic::now();
+        assert_eq!(now.total_since(&now).kernels, Some(0));
     }
 }

@@ -81,6 +81,25 @@ pub struct MemorySnapshot {
     /// `window_device_peak`, summing to it.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub window_device_peak_categories: std::collections::BTreeMap<String, u64>,
+    /// Device runs: what crossed the bus and how many kernels ran since the
+    /// run started, and the phase open at the reading; `None` on the CPU
+    /// backend (nothing crosses a bus) and in logs older than 2026-11-28.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub bus: Option<BusReading>,
+}
+
+/// A device run's bus traffic and kernel launches so far, counted where
+/// prunemem copies and where cubecl logs a launch (`exec::transfer`): the
+/// live form of a run's `transfers`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+pub struct BusReading {
+    pub host_to_device_bytes: u64,
+    pub device_to_host_bytes: u64,
+    /// Kernel launches; `None` where they are not counted.
+    pub kernels: Option<u64>,
+    /// The phase open at the reading (`load_layer`, `prune`, `eval`…);
+    /// `None` between phases.
+    pub phase: Option<String>,
 }
 
 impl MemorySnapshot {

@@ -89,6 +89,8 @@ pub(crate) struct Inner {
     next_scope: AtomicUsize,
     sampler: Mutex<Option<sampler::Sampler>>,
     sampler_hz: Option<f64>,
+    /// The bus counters when the run started (`exec::transfer`).
+    traffic_start: crate::exec::transfer::Traffic,
 }
 
 /// Takes snapshots and emits them. Cheap to clone; clones share state.
@@ -116,6 +118,7 @@ impl Profiler {
             emitter,
             start: Instant::now(),
             start_unix_ms: memory::unix_ms_now(),
+            traffic_start: crate::exec::transfer::Traffic::now(),
             process: process::ProcessProbe::current(),
             device: config.device,
             gpu_index: config.gpu_index,
@@ -444,6 +447,19 @@ impl Inner {
                 .map(memory::held::named)
                 .unwrap_or_default(),
             window_device_peak_categories: Default::default(),
+            bus: (!self.device.is_host_heap()).then(|| self.bus()),
+        }
+    }
+
+    /// What crossed the bus since the profiler started, and the phase open
+    /// now.
+    fn bus(&self) -> memory::BusReading {
+        let total = crate::exec::transfer::Traffic::now().total_since(&self.traffic_start);
+        memory::BusReading {
+            host_to_device_bytes: total.host_to_device_bytes,
+            device_to_host_bytes: total.device_to_host_bytes,
+            kernels: total.kernels,
+            phase: crate::timing::current_phase().map(|p| p.name().to_string()),
         }
     }
 

@@ -315,13 +315,53 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         linears * 4
     );
     assert!(back <= allowed, "{back} > {allowed}: {t}");
-    // Every layer load is counted: two passes, each loading every layer
-    // forward and again backward, in f32.
-    let up = sum("host_to_device_bytes");
-    let loads = 4 * layers * config.layer_param_count() * 4;
+    // Every layer load is counted, in its own phase: two passes, each
+    // loading every layer forward and again backward, and step 6 once more,
+    // in f32. The rest of the probe is in its pass's forward, head and
+    // backward, each with its launches and seconds, and nothing outside a
+    // phase (a GradProbe run was all `other` before).
+    let layer = config.layer_param_count() * 4;
+    assert_eq!(
+        t["load_layer"]["host_to_device_bytes"].as_u64(),
+        Some(5 * layers * layer),
+        "{t}"
+    );
+    for phase in ["probe_forward", "probe_head", "probe_backward", "prune"] {
+        assert!(t[phase]["kernels"].as_u64() > Some(0), "{phase}: {t}");
+        assert!(
+            json["seconds_by_phase"][phase].as_f64() > Some(0.0),
+            "{phase}: {}",
+            json["seconds_by_phase"]
+        );
+    }
+    assert!(t.get("other").is_none(), "outside every phase: {t}");
+    // The live readings count the same bytes and launches: the run's last
+    // reading (after its evaluation) carries the totals of `transfers`.
+    let last = events(&logs)
+        .into_iter()
+        .rev()
+        .find_map(|e| match e {
+            Event::Stage { snapshot } | Event::Sample { snapshot } => snapshot.bus,
+            _ => None,
+        })
+        .expect("a device run's readings carry the bus");
+    let all = |key: &str| -> u64 { phases.values().map(|p| p[key].as_u64().unwrap_or(0)).sum() };
+    assert_eq!(
+        last.host_to_device_bytes,
+        all("host_to_device_bytes"),
+        "{last:?}: {t}"
+    );
+    assert_eq!(
+        last.device_to_host_bytes,
+        all("device_to_host_bytes"),
+        "{last:?}: {t}"
+    );
+    assert_eq!(last.kernels, Some(all("kernels")), "{last:?}: {t}");
+    // The head's table goes up once a pass (f32, tied here), in the head.
+    let table = (config.vocab_size * config.hidden_size * 4) as u64;
     assert!(
-        up >= loads,
-        "{up} bytes up, under the {loads} of the layer loads: {t}"
+        t["probe_head"]["host_to_device_bytes"].as_u64() >= Some(2 * table),
+        "{t}"
     );
     assert!(
         json["perplexity"].as_f64().is_some_and(f64::is_finite),
@@ -340,6 +380,13 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     assert_eq!(disk["pruned_layers_kept"], "disk", "{disk}");
     let resident = run(&["--device-memory", "1GiB"]);
     assert_eq!(resident["gradprobe_layers"], "device", "{resident}");
+    // Kept on the device, each layer is read once.
+    assert_eq!(
+        resident["transfers"]["load_layer"]["host_to_device_bytes"].as_u64(),
+        Some(layers * layer),
+        "{}",
+        resident["transfers"]
+    );
     for other in [&disk, &resident] {
         for key in ["perplexity", "layer_sparsity", "sparsity"] {
             assert!(!json[key].is_null(), "{key}: {json}");
@@ -355,8 +402,7 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
             .sum()
     };
     // And the head's table (tied here) once a step instead of twice.
-    let head = (config.vocab_size * config.hidden_size * 4) as u64;
-    let saved = 4 * layers * config.layer_param_count() * 4 + head;
+    let saved = 4 * layers * layer + table;
     assert_eq!(
         up_outside_eval(&resident) + saved,
         up_outside_eval(&json),

@@ -47,12 +47,14 @@ impl Batch {
 }
 
 /// Layer `i` read from the checkpoint and uploaded in f32 (the passes'
-/// and step 6's dtype), its upload counted on a device.
+/// and step 6's dtype), its upload counted on a device; its time and
+/// bytes are the `load_layer` phase's, whichever phase asks.
 pub(super) fn load_layer_f32<B: Compute>(
     ckpt: &Checkpoint,
     i: usize,
     device: &B::Device,
 ) -> Result<crate::model::llama::DecoderLayer<B>, crate::prune::PruneError> {
+    let _phase = crate::timing::phase(crate::timing::Phase::Load);
     let f32 = crate::model::ComputeDtype::F32;
     if B::is_device() {
         crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * f32.size());

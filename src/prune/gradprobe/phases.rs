@@ -1,7 +1,10 @@
 //! The four phases of one GradProbe gradient pass ([`run`]):
 //! forward through the streamed layers keeping only the boundaries; the
 //! head and loss by hand; the layers again, last to first, under autodiff;
-//! the embedding gradient last.
+//! the embedding gradient last. Each opens its timing phase
+//! (`probe_forward`, `probe_head`, `probe_backward`, the embeddings' in the
+//! backward's), so a run's seconds, bytes and launches say which part of a
+//! pass took them; a layer's load inside them is `load_layer`'s.
 
 use crate::exec::Compute;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -24,6 +27,7 @@ use crate::model::llama::{DecoderLayer, LAYER_LINEARS, LlamaRmsNorm};
 use crate::model::{ComputeDtype, Rope};
 use crate::prune::PruneError;
 use crate::prune::engine::{set_weight, weight_out_in};
+use crate::timing::{self, Phase};
 
 type Ad<B> = Autodiff<B>;
 const DTYPE: ComputeDtype = ComputeDtype::F32;
@@ -158,6 +162,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// Embedding and every layer forward; returns the boundaries `x_0 … x_L`
     /// (and, for the Wanda strategy's first pass, the activation norms).
     pub fn forward(&self, state: &mut State) -> Result<Boundaries<B>, PruneError> {
+        let _phase = timing::phase(Phase::ProbeForward);
         let Input { ckpt, config, .. } = self.input;
         let c = &ckpt.config;
         let rope = Rope::<B>::new(c, self.seqlen, DTYPE.burn(), self.input.device);
@@ -170,17 +175,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         xs.push(self.embed(state)?);
         for i in 0..c.num_layers {
             self.trim();
-            let (mut layer, mut held) = self.load(i)?;
-            for name in LAYER_LINEARS {
-                let full = format!("model.layers.{i}.{name}.weight");
-                if B::is_device() {
-                    self.prepare_on_device(state, (&full, name), &mut layer, &mut held);
-                } else if state.pruned.contains_key(&full) || self.which == Which::Modified {
-                    let (mut w, out, inp) = weight_out_in(&layer, name);
-                    state.prepare(self.which, &full, &mut w, config.reduction_factor);
-                    set_weight(&mut layer, name, w, out, inp, DTYPE, self.input.device);
-                }
-            }
+            let (layer, _held) = self.prepared_layer(state, i, false)?;
             let mut layer_norms = HashMap::new();
             let next: Vec<Tensor<B, 3>> = xs
                 .last()
@@ -265,6 +260,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         state: &mut State,
         (last, mut last_held): (Vec<Tensor<B, 3>>, Held),
     ) -> Result<HeadOut<B>, PruneError> {
+        let _phase = timing::phase(Phase::ProbeHead);
         // The last layer's freed buffers go back first, as each layer's do.
         self.trim();
         let Input {
@@ -365,6 +361,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         mut boundaries: Boundaries<B>,
         grads: &mut [Tensor<B, 3>],
     ) -> Result<(), PruneError> {
+        let _phase = timing::phase(Phase::ProbeBackward);
         let c = &self.input.ckpt.config;
         let rope = Rope::<Ad<B>>::new(c, self.seqlen, DTYPE.burn(), self.input.device);
         for i in (0..c.num_layers).rev() {
@@ -378,19 +375,23 @@ impl<'a, B: Compute> Pass<'a, B> {
     }
 
     /// Layer `i` as this pass sees it: earlier zeros, and the modified
-    /// pass's reduction, applied; in the original pass its candidates are
-    /// chosen. On a device all of it happens where the weights are: the
-    /// candidates come back as one bit per weight (`on_device::tentative`).
+    /// pass's reduction, applied; with `choose` (the original pass's
+    /// backward) its candidates are chosen. On a device all of it happens
+    /// where the weights are: the candidates come back as one bit per
+    /// weight (`on_device::tentative`). The forward and the backward both
+    /// take their layer here.
     fn prepared_layer(
         &self,
         state: &mut State,
         i: usize,
+        choose: bool,
     ) -> Result<(DecoderLayer<B>, Held), PruneError> {
         let config = self.input.config;
         let (mut plain, mut held) = self.load(i)?;
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");
-            let choosing = self.which == Which::Original && self.probed.contains(full.as_str());
+            let choosing =
+                choose && self.which == Which::Original && self.probed.contains(full.as_str());
             let norms = strategy_norms(config, state.norms.as_ref(), i, name);
             if B::is_device() {
                 self.prepare_on_device(state, (&full, name), &mut plain, &mut held);
@@ -400,6 +401,10 @@ impl<'a, B: Compute> Pass<'a, B> {
                     });
                     state.tentative.insert(full, t);
                 }
+                continue;
+            }
+            let changed = state.pruned.contains_key(&full) || self.which == Which::Modified;
+            if !choosing && !changed {
                 continue;
             }
             let (mut w, out, inp) = weight_out_in(&plain, name);
@@ -413,7 +418,7 @@ impl<'a, B: Compute> Pass<'a, B> {
             set_weight(&mut plain, name, w, out, inp, DTYPE, self.input.device);
         }
         // The selections' buffers go back before the backward takes its own.
-        if B::is_device() && self.which == Which::Original {
+        if B::is_device() && choose && self.which == Which::Original {
             crate::exec::release_free::<B>(self.input.device);
         }
         Ok((plain, held))
@@ -430,7 +435,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let config = self.input.config;
         // Prepared on the plain backend, then wrapped: reading a tracked
         // parameter would leave an unconsumed node in the autodiff graph.
-        let (plain, _held) = self.prepared_layer(state, i)?;
+        let (plain, _held) = self.prepared_layer(state, i, true)?;
         let names: Vec<(&str, String)> = LAYER_LINEARS
             .iter()
             .map(|name| (*name, format!("model.layers.{i}.{name}.weight")))
@@ -509,6 +514,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// Embedding: the lookup gradient (plus the held head part when tied);
     /// a separate probed head is finished too. Returns the mean loss.
     pub fn embeddings(&self, state: &mut State, mut head: HeadOut<B>) -> f64 {
+        let _phase = timing::phase(Phase::ProbeBackward);
         self.trim();
         let Input {
             ckpt,

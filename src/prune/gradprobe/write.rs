@@ -33,6 +33,7 @@ pub fn write_pruned(
         })
         .collect();
     let mut others = Vec::new();
+    let _phase = crate::timing::phase(crate::timing::Phase::Write);
     for t in targets {
         let start = std::time::Instant::now();
         let mut w = ckpt.read_f32(&t.name)?;
@@ -132,6 +133,8 @@ pub(super) fn keep_pruned<B: Compute>(
     }
     let c = &ckpt.config;
     let mut layers = Vec::with_capacity(c.num_layers);
+    // Step 6 is the run's `prune` phase; a layer read again, `load_layer`'s.
+    let _phase = crate::timing::phase(crate::timing::Phase::Prune);
     for index in 0..c.num_layers {
         let start = std::time::Instant::now();
         let mut layer = match resident.and_then(|r| r.take(index)) {

@@ -43,6 +43,40 @@ fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Co
     ])
 }
 
+/// A device run's bus: bytes up and down and kernels launched so far, each
+/// with its rate over the last second, and the phase open ("is the GPU
+/// waiting on copies?"); nothing without a bus reading (the CPU backend).
+fn bus_line(run: &crate::events::fold::RunFold) -> Option<Line<'static>> {
+    let bus = run.bus.as_ref()?;
+    let b = &bus.latest;
+    let rates = bus.rates();
+    let rate =
+        |r: Option<f64>| r.map_or(String::new(), |r| format!(" {}/s", format_bytes(r as u64)));
+    let kernels = match (b.kernels, rates.and_then(|r| r.kernels)) {
+        (Some(k), Some(r)) => format!("{k} kernels {r:.0}/s"),
+        (Some(k), None) => format!("{k} kernels"),
+        (None, _) => "kernels n/a".into(),
+    };
+    let phase = b
+        .phase
+        .as_deref()
+        .map_or(String::new(), |p| format!("  in {p}"));
+    Some(Line::from(vec![
+        Span::raw(format!("{:<10}", "bus")),
+        Span::styled(
+            format!(
+                "↑ {}{}  ↓ {}{}",
+                format_bytes(b.host_to_device_bytes),
+                rate(rates.map(|r| r.host_to_device)),
+                format_bytes(b.device_to_host_bytes),
+                rate(rates.map(|r| r.device_to_host)),
+            ),
+            Style::new().fg(Color::LightBlue),
+        ),
+        Span::raw(format!("  {kernels}{phase}")),
+    ]))
+}
+
 /// A heap category's colour, the same as in the report's charts.
 pub fn category_color(name: &str) -> Color {
     let (r, g, b) = crate::memory::tag::color(name);
@@ -197,6 +231,7 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
         )));
     }
     lines.push(gpu);
+    lines.extend(bus_line(run));
     lines.extend(category_lines(state, width));
     lines.push(forecast_line(state));
     let title = " memory (│ = peak) ";

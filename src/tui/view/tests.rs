@@ -286,3 +286,46 @@ fn the_eta_names_the_pass_it_measures() {
         "training"
     );
 }
+
+/// A device run's bus in the live view: bytes each way and launches so
+/// far, their rates over the last second, and the phase open; no line on
+/// the CPU backend, whose readings have no bus.
+#[test]
+fn a_device_run_shows_its_bus_and_launches_as_they_go() {
+    let mut s = state();
+    assert!(
+        !screen(&s, 140, 40).contains("bus "),
+        "no bus line without a bus reading"
+    );
+    let bus = |t: f64, up: u64, down: u64, kernels: u64, phase: &str| Event::Sample {
+        snapshot: MemorySnapshot {
+            label: "sample".into(),
+            elapsed_s: t,
+            device_allocated: Some(100 * M),
+            device_reserved: Some(120 * M),
+            bus: Some(crate::memory::BusReading {
+                host_to_device_bytes: up,
+                device_to_host_bytes: down,
+                kernels: Some(kernels),
+                phase: Some(phase.into()),
+            }),
+            ..Default::default()
+        },
+    };
+    s.apply(&bus(10.0, 100 * M, 4096, 1000, "load_layer"));
+    s.apply(&bus(10.5, 300 * M, 4096, 1500, "probe_backward"));
+    s.apply(&bus(11.0, 500 * M, 8192, 2000, "probe_backward"));
+    let text = screen(&s, 140, 40);
+    let line = text
+        .lines()
+        .find(|l| l.contains("bus "))
+        .unwrap_or_else(|| panic!("no bus line in\n{text}"));
+    for want in [
+        "↑ 500.0 MiB 400.0 MiB/s",
+        "↓ 8.000 KiB 4.000 KiB/s",
+        "2000 kernels 1000/s",
+        "in probe_backward",
+    ] {
+        assert!(line.contains(want), "missing {want:?} in {line}");
+    }
+}
