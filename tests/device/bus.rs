@@ -335,6 +335,16 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         );
     }
     assert!(t.get("other").is_none(), "outside every phase: {t}");
+    // The backward uploads each linear's candidates' indices once a pass
+    // (4 bytes each): the original pass's maxima, and the modified pass's
+    // reduction, whose indices its maxima gather at (they went up twice).
+    let backward_up = t["probe_backward"]["host_to_device_bytes"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        backward_up <= 2 * layers * candidates * 4 + 4096,
+        "{backward_up} bytes up in the backward: {t}"
+    );
     // The live readings count the same bytes and launches: the run's last
     // reading (after its evaluation) carries the totals of `transfers`.
     let last = events(&logs)

@@ -25,15 +25,17 @@ use crate::model::llama::DecoderLayer;
 use crate::prune::on_device;
 
 /// Burn's flat `[in, out]` indices of PyTorch `[out, in]` positions, on the
-/// device (`[k]`; counted as 4 bytes each).
+/// device (`[k]`; counted as 4 bytes each), computed on every core (a 1B
+/// shape's candidates are about 10⁸ positions a pass).
 fn index<B: Compute>(
     positions: &[u32],
     out: usize,
     inp: usize,
     device: &B::Device,
 ) -> Tensor<B, 1, Int> {
+    use rayon::prelude::*;
     let flat: Vec<i64> = positions
-        .iter()
+        .par_iter()
         .map(|p| {
             let (o, i) = (*p as usize / inp, *p as usize % inp);
             (i * out + o) as i64
@@ -42,10 +44,19 @@ fn index<B: Compute>(
     crate::exec::copies::ints_to_device(flat, device)
 }
 
+/// What [`prepare`] did to one linear.
+pub(super) struct Prepared<B: Compute> {
+    /// Bytes of the new weight written (0 when none was).
+    pub bytes: u64,
+    /// In the modified pass, the candidates' indices it uploaded to scale
+    /// them, for the pass's maxima to gather at ([`Maxima::new`]) instead
+    /// of uploading them again.
+    pub candidates: Option<Tensor<B, 1, Int>>,
+}
+
 /// [`State::prepare`] on the device: zeroes `full`'s already-pruned
 /// positions in `layer`'s linear `name`, and in the modified pass multiplies
 /// its candidates by `reduction`. Nothing moves when there is nothing to do.
-/// Returns the bytes of the new weight written (0 when none was).
 pub(super) fn prepare<B: Compute>(
     state: &State,
     which: Which,
@@ -53,49 +64,50 @@ pub(super) fn prepare<B: Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
     reduction: f64,
-) -> u64 {
+) -> Prepared<B> {
+    let nothing = Prepared {
+        bytes: 0,
+        candidates: None,
+    };
     let pruned = state.pruned.get(full).filter(|p| !p.is_empty());
     let tentative = state
         .tentative
         .get(full)
         .filter(|t| which == Which::Modified && !t.is_empty());
     if pruned.is_none() && tentative.is_none() {
-        return 0;
+        return nothing;
     }
     let Some(lin) = layer.linear_mut(name) else {
-        return 0;
+        return nothing;
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
+    let device = w.device();
     let mut flat = w.reshape([inp * out]);
-    for (positions, factor) in [(pruned, 0.0f32), (tentative, reduction as f32)] {
-        if let Some(p) = positions {
-            flat = scale_at(flat, p, out, inp, factor);
-        }
+    if let Some(p) = pruned {
+        flat = scale_at(flat, index::<B>(p, out, inp, &device), 0.0);
+    }
+    let candidates = tentative.map(|t| index::<B>(t, out, inp, &device));
+    if let Some(at) = &candidates {
+        flat = scale_at(flat, at.clone(), reduction as f32);
     }
     let bytes = crate::memory::held::tensor_bytes(&flat);
     lin.weight = Param::from_tensor(flat.reshape([inp, out]));
-    bytes
+    Prepared { bytes, candidates }
 }
 
 /// The host's `select::scale_at` on a weight where it is (Burn's `[inp,
-/// out]`, flattened): a zero written at `positions` (PyTorch `[out, in]`)
+/// out]`, flattened): a zero written at the flat indices `at` ([`index`])
 /// for a factor of 0, else the factor multiplied in.
-fn scale_at<B: Compute>(
-    flat: Tensor<B, 1>,
-    positions: &[u32],
-    out: usize,
-    inp: usize,
-    factor: f32,
-) -> Tensor<B, 1> {
+fn scale_at<B: Compute>(flat: Tensor<B, 1>, at: Tensor<B, 1, Int>, factor: f32) -> Tensor<B, 1> {
     let device = flat.device();
-    let at = index::<B>(positions, out, inp, &device).reshape([positions.len(), 1]);
+    let [k] = at.dims();
     let update = match factor {
         0.0 => IndexingUpdateOp::Assign,
         _ => IndexingUpdateOp::Mul,
     };
-    let values = Tensor::<B, 1>::full([positions.len()], factor, (&device, flat.dtype()));
-    flat.scatter_nd(at, values, update)
+    let values = Tensor::<B, 1>::full([k], factor, (&device, flat.dtype()));
+    flat.scatter_nd(at.reshape([k, 1]), values, update)
 }
 
 /// The original pass's candidates of `layer`'s linear `name` (PyTorch
@@ -140,12 +152,20 @@ pub(super) struct Maxima<B: Compute> {
 
 impl<B: Compute> Maxima<B> {
     /// For the candidate `positions` (PyTorch `[out, in]`) of a weight
-    /// `[inp, out]` in Burn's layout; `None` without candidates.
-    pub fn new(positions: &[u32], out: usize, inp: usize, device: &B::Device) -> Option<Self> {
+    /// `[inp, out]` in Burn's layout, at their indices `at` where
+    /// [`prepare`] uploaded them already; `None` without candidates.
+    pub fn new(
+        positions: &[u32],
+        (out, inp): (usize, usize),
+        at: Option<Tensor<B, 1, Int>>,
+        device: &B::Device,
+    ) -> Option<Self> {
         if positions.is_empty() {
             return None;
         }
-        let at = index::<B>(positions, out, inp, device);
+        let at = at
+            .filter(|a| a.dims() == [positions.len()])
+            .unwrap_or_else(|| index::<B>(positions, out, inp, device));
         let acc = Tensor::zeros([positions.len()], (device, DType::F32));
         let bytes = positions.len() as u64 * (4 + at.dtype().size() as u64);
         Some(Self {
@@ -181,9 +201,10 @@ pub(super) fn zero_at<B: Compute>(
     };
     let w = lin.weight.val();
     let [inp, out] = w.dims();
+    let w_device = w.device();
     let mut flat = w.reshape([inp * out]);
     if !positions.is_empty() {
-        flat = scale_at(flat, positions, out, inp, 0.0);
+        flat = scale_at(flat, index::<B>(positions, out, inp, &w_device), 0.0);
     }
     let count = crate::exec::reduce::sum_all(flat.clone().equal_elem(0.0).int()).into_data();
     crate::exec::transfer::read_back(count.bytes.len() as u64);

@@ -96,19 +96,20 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// `on_device::prepare` of `layer`'s linear `name`: a kept layer's
     /// linear that it reduced is a new weight beside the kept one, added
     /// to the layer's `held` weights; a streamed layer's is written over
-    /// its own.
+    /// its own. Returns the candidates' indices it uploaded, if any.
     fn prepare_on_device(
         &self,
         state: &State,
         (full, name): (&str, &str),
         layer: &mut DecoderLayer<B>,
         held: &mut Held,
-    ) {
+    ) -> Option<Tensor<B, 1, Int>> {
         let r = self.input.config.reduction_factor;
-        let new = on_device::prepare(state, self.which, full, layer, name, r);
+        let prepared = on_device::prepare(state, self.which, full, layer, name, r);
         if self.input.resident.is_some() {
-            held.set(held.bytes() + new);
+            held.set(held.bytes() + prepared.bytes);
         }
+        prepared.candidates
     }
 
     /// Layer `i` on the device, in f32 (its upload counted), or the one
@@ -175,7 +176,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         xs.push(self.embed(state)?);
         for i in 0..c.num_layers {
             self.trim();
-            let (layer, _held) = self.prepared_layer(state, i, false)?;
+            let (layer, _held, _) = self.prepared_layer(state, i, false)?;
             let mut layer_norms = HashMap::new();
             let next: Vec<Tensor<B, 3>> = xs
                 .last()
@@ -379,22 +380,31 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// backward) its candidates are chosen. On a device all of it happens
     /// where the weights are: the candidates come back as one bit per
     /// weight (`on_device::tentative`). The forward and the backward both
-    /// take their layer here.
+    /// take their layer here. Also returns, per linear in `LAYER_LINEARS`
+    /// order, the candidates' indices the modified pass uploaded on a
+    /// device to reduce them, which its maxima gather at.
+    #[allow(clippy::type_complexity)]
     fn prepared_layer(
         &self,
         state: &mut State,
         i: usize,
         choose: bool,
-    ) -> Result<(DecoderLayer<B>, Held), PruneError> {
+    ) -> Result<(DecoderLayer<B>, Held, Vec<Option<Tensor<B, 1, Int>>>), PruneError> {
         let config = self.input.config;
         let (mut plain, mut held) = self.load(i)?;
+        let mut candidates = Vec::with_capacity(LAYER_LINEARS.len());
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{i}.{name}.weight");
             let choosing =
                 choose && self.which == Which::Original && self.probed.contains(full.as_str());
             let norms = strategy_norms(config, state.norms.as_ref(), i, name);
             if B::is_device() {
-                self.prepare_on_device(state, (&full, name), &mut plain, &mut held);
+                candidates.push(self.prepare_on_device(
+                    state,
+                    (&full, name),
+                    &mut plain,
+                    &mut held,
+                ));
                 if choosing {
                     let t = tag::tagged(Category::Masks, || {
                         on_device::tentative(&plain, name, norms, config.sparsity)
@@ -403,6 +413,7 @@ impl<'a, B: Compute> Pass<'a, B> {
                 }
                 continue;
             }
+            candidates.push(None);
             let changed = state.pruned.contains_key(&full) || self.which == Which::Modified;
             if !choosing && !changed {
                 continue;
@@ -421,7 +432,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         if B::is_device() && choose && self.which == Which::Original {
             crate::exec::release_free::<B>(self.input.device);
         }
-        Ok((plain, held))
+        Ok((plain, held, candidates))
     }
 
     fn backward_layer(
@@ -435,7 +446,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let config = self.input.config;
         // Prepared on the plain backend, then wrapped: reading a tracked
         // parameter would leave an unconsumed node in the autodiff graph.
-        let (plain, _held) = self.prepared_layer(state, i, true)?;
+        let (plain, _held, candidates) = self.prepared_layer(state, i, true)?;
         let names: Vec<(&str, String)> = LAYER_LINEARS
             .iter()
             .map(|name| (*name, format!("model.layers.{i}.{name}.weight")))
@@ -452,13 +463,15 @@ impl<'a, B: Compute> Pass<'a, B> {
             .map(|(_, f)| vec![0f32; state.tentative.get(f).map_or(0, Vec::len)])
             .collect();
         // On a device the maxima stay there until the last batch.
+        // The modified pass gathers at the indices it scaled (one upload).
         let mut on_device: Vec<Option<Maxima<B>>> = names
             .iter()
-            .map(|(name, full)| {
+            .zip(candidates)
+            .map(|((name, full), at)| {
                 let positions = state.tentative.get(full)?;
                 let [inp, out] = layer.linear(name)?.weight.dims();
                 B::is_device()
-                    .then(|| Maxima::new(positions, out, inp, self.input.device))
+                    .then(|| Maxima::new(positions, (out, inp), at, self.input.device))
                     .flatten()
             })
             .collect();
