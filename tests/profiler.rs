@@ -107,7 +107,6 @@ fn a_device_runs_readings_carry_its_bus_since_it_started() {
             sampler_hz: None,
             gpu_index: None,
             device: Box::new(FakePool),
-            ..Default::default()
         },
     );
     let start = profiler
