@@ -19,40 +19,60 @@ fn busy(ms: u64) {
 /// readings around it (a preemption there included).
 const SLACK: f64 = 0.005;
 
+fn secs(a: Instant, b: Instant) -> f64 {
+    (b - a).as_secs_f64()
+}
+
+/// `name`'s seconds from `totals`, 0 if it never ran.
+fn get(totals: &[(&str, f64)], name: &str) -> f64 {
+    totals
+        .iter()
+        .find(|(k, _)| *k == name)
+        .map_or(0.0, |(_, s)| *s)
+}
+
+/// A span opened at `t[1]` and closed at `t[2]` inside one over `t[0]..t[3]`:
+/// the inner span counted `inner` seconds, the time between the clock
+/// readings, and the outer `outer`, the two stretches around it only.
+fn assert_nested(inner: f64, outer: f64, t: [Instant; 4], what: &str) {
+    let between = secs(t[1], t[2]);
+    assert!(
+        inner <= between && inner >= between - SLACK,
+        "{what}: inner {inner} vs {between}"
+    );
+    let around = secs(t[0], t[1]) + secs(t[2], t[3]);
+    assert!(
+        outer >= around && outer <= around + 2.0 * SLACK,
+        "{what}: the inner span is not in the outer: outer {outer}, around it {around}"
+    );
+}
+
+/// Busy 30 ms, `inner` (60 ms of busy inside), 30 ms: the four clock
+/// readings around them.
+fn around(inner: impl FnOnce()) -> [Instant; 4] {
+    let t0 = Instant::now();
+    busy(30);
+    let t1 = Instant::now();
+    inner();
+    let t2 = Instant::now();
+    busy(30);
+    [t0, t1, t2, Instant::now()]
+}
+
 #[test]
 fn nested_work_is_counted_once_and_phases_on_their_own() {
     let start = Totals::now();
-    let (t0, t1, t2, t3);
-    {
+    let t = {
         let _p = timing::phase(Phase::Prune);
         let _outer = timing::work(Work::Elementwise);
-        t0 = Instant::now();
-        busy(30);
-        t1 = Instant::now();
-        timing::timed(Work::Gemm, || busy(60));
-        t2 = Instant::now();
-        busy(30);
-        t3 = Instant::now();
-    }
+        around(|| timing::timed(Work::Gemm, || busy(60)))
+    };
     let (work, phase) = Totals::now().since(&start);
-    let get = |v: &[(&str, f64)], n: &str| v.iter().find(|(k, _)| *k == n).map_or(0.0, |(_, s)| *s);
+    assert!(secs(t[1], t[2]) >= 0.060);
     let (gemm, outer) = (get(&work, "gemm"), get(&work, "norms_rope_activations"));
-    let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
-    // The inner span is the 60 ms call as this test's clock saw it.
-    let inner = secs(t1, t2);
-    assert!(inner >= 0.060, "{inner}");
-    assert!(
-        gemm <= inner && gemm >= inner - SLACK,
-        "gemm {gemm} vs {inner}: {work:?}"
-    );
-    // The outer span holds the two 30 ms waits and not the inner call.
-    let around = secs(t0, t1) + secs(t2, t3);
-    assert!(
-        outer >= around && outer <= around + 2.0 * SLACK,
-        "the inner call is not in the outer span: outer {outer}, around it {around}: {work:?}"
-    );
+    assert_nested(gemm, outer, t, &format!("{work:?}"));
     // The phase is the whole block, work spans or not.
-    let whole = secs(t0, t3);
+    let whole = secs(t[0], t[3]);
     let prune = get(&phase, "prune");
     assert!(
         prune >= whole && prune <= whole + 2.0 * SLACK,
@@ -62,42 +82,24 @@ fn nested_work_is_counted_once_and_phases_on_their_own() {
 }
 
 /// A phase opened inside another pauses it, as work spans do: a layer's
-/// load inside a GradProbe pass is `load_layer`'s seconds, not the pass's,
+/// load inside a GradProbe pass is `load_layer`'s seconds, not the pass's
 /// (the phase bytes and launches are charged to, `current_phase`, is
 /// process-wide and checked in `exec::transfer`'s unit test).
 #[test]
 fn a_nested_phase_pauses_the_one_around_it() {
     let start = Totals::now();
-    let (t0, t1, t2, t3);
-    {
+    let t = {
         let _pass = timing::phase(Phase::ProbeBackward);
-        t0 = Instant::now();
-        busy(30);
-        t1 = Instant::now();
-        {
+        around(|| {
             let _load = timing::phase(Phase::Load);
-            busy(50);
-        }
-        t2 = Instant::now();
-        busy(30);
-        t3 = Instant::now();
-    }
+            busy(60);
+        })
+    };
     let (_, phase) = Totals::now().since(&start);
-    let get = |n: &str| phase.iter().find(|(k, _)| *k == n).map_or(0.0, |(_, s)| *s);
-    let secs = |a: Instant, b: Instant| (b - a).as_secs_f64();
-    let (load, pass) = (get("load_layer"), get("probe_backward"));
-    let inner = secs(t1, t2);
-    assert!(
-        load <= inner && load >= inner - SLACK,
-        "load {load} vs {inner}: {phase:?}"
-    );
-    let around = secs(t0, t1) + secs(t2, t3);
-    assert!(
-        pass >= around && pass <= around + 2.0 * SLACK,
-        "the load is not in the pass: pass {pass}, around it {around}: {phase:?}"
-    );
+    let (load, pass) = (get(&phase, "load_layer"), get(&phase, "probe_backward"));
+    assert_nested(load, pass, t, &format!("{phase:?}"));
     // Together they are the block's wall time, not more.
-    let whole = secs(t0, t3);
+    let whole = secs(t[0], t[3]);
     assert!(
         load + pass <= whole + 2.0 * SLACK,
         "{load} + {pass} > {whole}"
