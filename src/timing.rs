@@ -59,10 +59,6 @@ const WORK_COUNT: usize = 11;
 pub enum Phase {
     Load,
     StatsPass,
-    Prune,
-    OutputPass,
-    Write,
-    Eval,
     /// GradProbe: the embedding and every layer forward, boundaries kept.
     ProbeForward,
     /// GradProbe: the loss and the head's backward, by vocabulary blocks.
@@ -70,6 +66,10 @@ pub enum Phase {
     /// GradProbe: every layer again, last to first, under autodiff, its
     /// gradients folded at the candidates; the embeddings' gradient last.
     ProbeBackward,
+    Prune,
+    OutputPass,
+    Write,
+    Eval,
 }
 
 const WORKS: [Work; WORK_COUNT] = [
@@ -88,18 +88,36 @@ const WORKS: [Work; WORK_COUNT] = [
 /// How many phases there are.
 pub const PHASE_COUNT: usize = 9;
 
-/// Every phase, in index order.
+/// Every phase, in index order, which is the order a run goes through
+/// them (GradProbe's passes before its step 6, `prune`).
 pub const PHASES: [Phase; PHASE_COUNT] = [
     Phase::Load,
     Phase::StatsPass,
+    Phase::ProbeForward,
+    Phase::ProbeHead,
+    Phase::ProbeBackward,
     Phase::Prune,
     Phase::OutputPass,
     Phase::Write,
     Phase::Eval,
-    Phase::ProbeForward,
-    Phase::ProbeHead,
-    Phase::ProbeBackward,
 ];
+
+/// Where the phase named `name` comes in a run ([`PHASES`] order); any
+/// other name (`other`, outside every phase) after them all.
+pub fn phase_order(name: &str) -> usize {
+    PHASES
+        .iter()
+        .position(|p| p.name() == name)
+        .unwrap_or(PHASE_COUNT)
+}
+
+/// `(phase name, value)` pairs in the order a run goes through the phases
+/// (a log's maps have them by name), other names last in their order.
+pub fn in_run_order<'a, V>(pairs: impl IntoIterator<Item = (&'a str, V)>) -> Vec<(&'a str, V)> {
+    let mut v: Vec<(&'a str, V)> = pairs.into_iter().collect();
+    v.sort_by_key(|(k, _)| phase_order(k));
+    v
+}
 
 impl Work {
     pub fn name(self) -> &'static str {

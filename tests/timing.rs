@@ -105,3 +105,56 @@ fn a_nested_phase_pauses_the_one_around_it() {
         "{load} + {pass} > {whole}"
     );
 }
+
+/// Logs keep phases by name; readers show them as a run goes through them.
+#[test]
+fn phases_sort_in_the_order_a_run_goes_through_them() {
+    let by_name = [
+        "eval",
+        "load_layer",
+        "other",
+        "probe_backward",
+        "probe_forward",
+        "probe_head",
+        "prune",
+    ];
+    let ordered: Vec<&str> = timing::in_run_order(by_name.iter().map(|n| (*n, ())))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        ordered,
+        [
+            "load_layer",
+            "probe_forward",
+            "probe_head",
+            "probe_backward",
+            "prune",
+            "eval",
+            "other"
+        ]
+    );
+    let wanda = [
+        "write",
+        "stats_pass",
+        "eval",
+        "output_pass",
+        "prune",
+        "load_layer",
+    ];
+    let ordered: Vec<&str> = timing::in_run_order(wanda.iter().map(|n| (*n, ())))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect();
+    assert_eq!(
+        ordered,
+        [
+            "load_layer",
+            "stats_pass",
+            "prune",
+            "output_pass",
+            "write",
+            "eval"
+        ]
+    );
+}

@@ -100,7 +100,7 @@ pub fn time(s: &mut String, run: &RunData) {
     let wall = summary.wall_s.max(1e-9);
     let _ = writeln!(
         s,
-        "\n## Where the time went\n\nWall seconds of the engine thread, measured where the work is done; kinds of work are exclusive (a matrix product inside a layer's forward counts once), phases are counted on their own. Run wall time {wall:.1} s.\n"
+        "\n## Where the time went\n\nWall seconds of the engine thread, measured where the work is done; kinds of work are exclusive (a matrix product inside a layer's forward counts once), phases are exclusive too (a phase opened inside another, such as a layer's load inside a GradProbe pass, pauses it). Run wall time {wall:.1} s.\n"
     );
     for (title, rows) in [("phase", phase), ("kind of work", work)] {
         if rows.is_empty() {
@@ -191,16 +191,21 @@ pub fn device(s: &mut String, run: &RunData) {
     }
     let _ = writeln!(
         s,
-        "| phase | host → device | device → host | kernels |\n|---|---|---|---|"
+        "| phase | seconds | host → device | device → host | kernels |\n|---|---|---|---|---|"
     );
-    for (phase, p) in transfers {
+    let seconds = r.get("seconds_by_phase");
+    let phases = transfers.iter().map(|(k, v)| (k.as_str(), v));
+    for (phase, p) in crate::timing::in_run_order(phases) {
         let bytes = |k: &str| format_bytes(p[k].as_u64().unwrap_or(0));
         let kernels = p["kernels"]
             .as_u64()
             .map_or("n/a".into(), |k| k.to_string());
+        let secs = seconds
+            .and_then(|t| t[phase].as_f64())
+            .map_or("—".into(), |x| format!("{x:.2}"));
         let _ = writeln!(
             s,
-            "| {} | {} | {} | {kernels} |",
+            "| {} | {secs} | {} | {} | {kernels} |",
             phase.replace('_', " "),
             bytes("host_to_device_bytes"),
             bytes("device_to_host_bytes")

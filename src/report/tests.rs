@@ -303,3 +303,68 @@ fn measured_and_predicted_bars_share_the_categories() {
     assert!(md.contains("By category at each phase's peak"), "{md}");
     assert!(md.contains("| weights |"), "{md}");
 }
+
+/// The device section's bus table: the phases as the run went through them
+/// (the log's map has them by name), each with its seconds.
+#[test]
+fn the_bus_table_follows_the_run_with_each_phases_seconds() {
+    let mut fold = crate::events::fold::RunFold::new();
+    let results: std::collections::BTreeMap<String, serde_json::Value> =
+        serde_json::from_value(serde_json::json!({
+            "transfers": {
+                "eval": {"host_to_device_bytes": 1024, "device_to_host_bytes": 8, "kernels": 98},
+                "load_layer": {"host_to_device_bytes": 2048, "device_to_host_bytes": 0, "kernels": 0},
+                "probe_backward": {"host_to_device_bytes": 0, "device_to_host_bytes": 4096, "kernels": 2342},
+                "probe_forward": {"host_to_device_bytes": 0, "device_to_host_bytes": 0, "kernels": 392},
+                "probe_head": {"host_to_device_bytes": 0, "device_to_host_bytes": 512, "kernels": 240},
+                "prune": {"host_to_device_bytes": 0, "device_to_host_bytes": 0, "kernels": null}
+            },
+            "seconds_by_phase": {"eval": 1.5, "load_layer": 0.25, "probe_backward": 9.0, "probe_forward": 2.0, "probe_head": 1.0}
+        }))
+        .unwrap();
+    fold.apply(&crate::events::Event::RunFinished {
+        summary: crate::events::RunSummary {
+            status: crate::events::RunStatus::Ok,
+            wall_s: 14.0,
+            rss_peak: None,
+            heap_peak: None,
+            device_peak: None,
+            results,
+        },
+    });
+    let run = load::RunData {
+        name: "gradprobe".into(),
+        fold,
+        scope: load::Scope::Continuous,
+        notes: Vec::new(),
+        ranks: None,
+    };
+    let mut md = String::new();
+    sections::device(&mut md, &run);
+    let rows: Vec<&str> = md.lines().filter(|l| l.starts_with("| ")).skip(1).collect();
+    let phases: Vec<&str> = rows
+        .iter()
+        .map(|r| r.split('|').nth(1).unwrap().trim())
+        .collect();
+    assert_eq!(
+        phases,
+        [
+            "load layer",
+            "probe forward",
+            "probe head",
+            "probe backward",
+            "prune",
+            "eval"
+        ],
+        "{md}"
+    );
+    assert!(
+        rows[3].contains("| 9.00 | 0 B | 4.000 KiB | 2342 |"),
+        "{md}"
+    );
+    // A phase without a time reads "—", a launch count not counted "n/a".
+    assert!(
+        rows[4].contains("| — |") && rows[4].ends_with("| n/a |"),
+        "{md}"
+    );
+}

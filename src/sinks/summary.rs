@@ -130,7 +130,8 @@ impl StageTable {
         }
         if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
             out += "Bus traffic      phase: host→device / device→host / kernels\n";
-            for (phase, p) in t {
+            let phases = t.iter().map(|(k, v)| (k.as_str(), v));
+            for (phase, p) in crate::timing::in_run_order(phases) {
                 let bytes = |k: &str| format_bytes(p[k].as_u64().unwrap_or(0));
                 let kernels = p["kernels"]
                     .as_u64()
