@@ -106,10 +106,18 @@ fn a_nested_phase_pauses_the_one_around_it() {
     );
 }
 
+/// `names` as `timing::in_run_order` sorts them.
+fn in_run_order<'a>(names: &[&'a str]) -> Vec<&'a str> {
+    timing::in_run_order(names.iter().map(|n| (*n, ())))
+        .into_iter()
+        .map(|(n, _)| n)
+        .collect()
+}
+
 /// Logs keep phases by name; readers show them as a run goes through them.
 #[test]
 fn phases_sort_in_the_order_a_run_goes_through_them() {
-    let by_name = [
+    let gradprobe = [
         "eval",
         "load_layer",
         "other",
@@ -118,12 +126,8 @@ fn phases_sort_in_the_order_a_run_goes_through_them() {
         "probe_head",
         "prune",
     ];
-    let ordered: Vec<&str> = timing::in_run_order(by_name.iter().map(|n| (*n, ())))
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
     assert_eq!(
-        ordered,
+        in_run_order(&gradprobe),
         [
             "load_layer",
             "probe_forward",
@@ -142,12 +146,8 @@ fn phases_sort_in_the_order_a_run_goes_through_them() {
         "prune",
         "load_layer",
     ];
-    let ordered: Vec<&str> = timing::in_run_order(wanda.iter().map(|n| (*n, ())))
-        .into_iter()
-        .map(|(n, _)| n)
-        .collect();
     assert_eq!(
-        ordered,
+        in_run_order(&wanda),
         [
             "load_layer",
             "stats_pass",
