@@ -18,6 +18,7 @@
 
 use std::cell::RefCell;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::thread::LocalKey;
 use std::time::{Duration, Instant};
 
 /// A kind of work.
@@ -157,19 +158,49 @@ static WORK_NS: [AtomicU64; WORK_COUNT] = [const { AtomicU64::new(0) }; WORK_COU
 static PHASE_NS: [AtomicU64; PHASE_COUNT] = [const { AtomicU64::new(0) }; PHASE_COUNT];
 
 thread_local! {
-    /// Open work spans on this thread; the last one is the running one.
-    static OPEN: RefCell<Vec<(Work, Instant)>> = const { RefCell::new(Vec::new()) };
-    /// Open phase spans on this thread, the same way.
-    static OPEN_PHASES: RefCell<Vec<(Phase, Instant)>> = const { RefCell::new(Vec::new()) };
+    /// Open work spans on this thread, by kind; the last one is the
+    /// running one.
+    static OPEN: Spans = const { RefCell::new(Vec::new()) };
+    /// Open phase spans on this thread, by phase, the same way.
+    static OPEN_PHASES: Spans = const { RefCell::new(Vec::new()) };
 }
 
-fn charge(w: Work, since: Instant, now: Instant) {
-    add(&WORK_NS[w as usize], since, now);
-}
+/// A thread's open spans: the index of each one's counter and when it last
+/// started counting.
+type Spans = RefCell<Vec<(usize, Instant)>>;
 
 fn add(counter: &AtomicU64, since: Instant, now: Instant) {
     let ns = now.duration_since(since).as_nanos() as u64;
     counter.fetch_add(ns, Ordering::Relaxed);
+}
+
+/// Opens span `k` (counted in `counters[k]`) on this thread's `stack`,
+/// pausing the one it opens inside: work spans and phase spans alike are
+/// exclusive.
+fn open_span(stack: &'static LocalKey<Spans>, counters: &[AtomicU64], k: usize) {
+    let now = Instant::now();
+    stack.with(|open| {
+        let mut open = open.borrow_mut();
+        if let Some((outer, since)) = open.last_mut() {
+            add(&counters[*outer], *since, now);
+            *since = now;
+        }
+        open.push((k, now));
+    });
+}
+
+/// Closes the innermost span of `stack`, resuming the one around it.
+fn close_span(stack: &'static LocalKey<Spans>, counters: &[AtomicU64]) {
+    let now = Instant::now();
+    stack.with(|open| {
+        let mut open = open.borrow_mut();
+        if let Some((k, since)) = open.pop() {
+            add(&counters[k], since, now);
+        }
+        if let Some((_, since)) = open.last_mut() {
+            *since = now;
+        }
+    });
 }
 
 /// Counts the time until the guard drops as `w`, pausing the enclosing work
@@ -178,30 +209,13 @@ fn add(counter: &AtomicU64, since: Instant, now: Instant) {
 pub struct WorkSpan(());
 
 pub fn work(w: Work) -> WorkSpan {
-    let now = Instant::now();
-    OPEN.with(|open| {
-        let mut open = open.borrow_mut();
-        if let Some((outer, since)) = open.last_mut() {
-            charge(*outer, *since, now);
-            *since = now;
-        }
-        open.push((w, now));
-    });
+    open_span(&OPEN, &WORK_NS, w as usize);
     WorkSpan(())
 }
 
 impl Drop for WorkSpan {
     fn drop(&mut self) {
-        let now = Instant::now();
-        OPEN.with(|open| {
-            let mut open = open.borrow_mut();
-            if let Some((w, since)) = open.pop() {
-                charge(w, since, now);
-            }
-            if let Some((_, since)) = open.last_mut() {
-                *since = now;
-            }
-        });
+        close_span(&OPEN, &WORK_NS);
     }
 }
 
@@ -230,30 +244,13 @@ pub fn current_phase() -> Option<Phase> {
 pub struct PhaseSpan(usize);
 
 pub fn phase(p: Phase) -> PhaseSpan {
-    let now = Instant::now();
-    OPEN_PHASES.with(|open| {
-        let mut open = open.borrow_mut();
-        if let Some((outer, since)) = open.last_mut() {
-            add(&PHASE_NS[*outer as usize], *since, now);
-            *since = now;
-        }
-        open.push((p, now));
-    });
+    open_span(&OPEN_PHASES, &PHASE_NS, p as usize);
     PhaseSpan(CURRENT.swap(p as usize, Ordering::Relaxed))
 }
 
 impl Drop for PhaseSpan {
     fn drop(&mut self) {
-        let now = Instant::now();
-        OPEN_PHASES.with(|open| {
-            let mut open = open.borrow_mut();
-            if let Some((p, since)) = open.pop() {
-                add(&PHASE_NS[p as usize], since, now);
-            }
-            if let Some((_, since)) = open.last_mut() {
-                *since = now;
-            }
-        });
+        close_span(&OPEN_PHASES, &PHASE_NS);
         CURRENT.store(self.0, Ordering::Relaxed);
     }
 }

@@ -101,9 +101,7 @@ impl Traffic {
         }
         out
     }
-}
 
-impl Traffic {
     /// What moved since `start`, every phase and outside them together
     /// (`kernels` known as soon as launches are counted, zero included).
     pub fn total_since(&self, start: &Traffic) -> PhaseTraffic {

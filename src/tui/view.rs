@@ -37,13 +37,9 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
     }
     let message_rows = if area.height >= 32 { 6 } else { 3 };
     // A device run has one more gauge: the device pool in use.
-    // A device run's pool has two gauges more than the heap's reserve, and
+    // A device run's pool has a gauge more than the heap's reserve, and
     // its bus a line.
-    let gauge_rows = match (state.run.on_device(), state.run.bus.is_some()) {
-        (true, true) => 11,
-        (true, false) => 10,
-        (false, bus) => 9 + u16::from(bus),
-    };
+    let gauge_rows = 9 + u16::from(state.run.on_device()) + u16::from(state.run.bus.is_some());
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(gauge_rows),

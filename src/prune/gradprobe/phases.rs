@@ -1,10 +1,8 @@
 //! The four phases of one GradProbe gradient pass ([`run`]):
 //! forward through the streamed layers keeping only the boundaries; the
 //! head and loss by hand; the layers again, last to first, under autodiff;
-//! the embedding gradient last. Each opens its timing phase
-//! (`probe_forward`, `probe_head`, `probe_backward`, the embeddings' in the
-//! backward's), so a run's seconds, bytes and launches say which part of a
-//! pass took them; a layer's load inside them is `load_layer`'s.
+//! the embedding gradient last. Each is a timing phase (`probe_forward`,
+//! `probe_head`, `probe_backward`; a layer's load, `load_layer`).
 
 use crate::exec::Compute;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
@@ -30,6 +28,10 @@ use crate::prune::engine::{set_weight, weight_out_in};
 use crate::timing::{self, Phase};
 
 type Ad<B> = Autodiff<B>;
+/// A linear's candidates' indices on the device, where a pass uploaded them.
+type Candidates<B> = Option<Tensor<B, 1, Int>>;
+/// A layer as a pass sees it, its weights' guard, its linears' [`Candidates`].
+type PreparedLayer<B> = (DecoderLayer<B>, Held, Vec<Candidates<B>>);
 const DTYPE: ComputeDtype = ComputeDtype::F32;
 
 /// One pass's fixed context.
@@ -103,7 +105,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         (full, name): (&str, &str),
         layer: &mut DecoderLayer<B>,
         held: &mut Held,
-    ) -> Option<Tensor<B, 1, Int>> {
+    ) -> Candidates<B> {
         let r = self.input.config.reduction_factor;
         let prepared = on_device::prepare(state, self.which, full, layer, name, r);
         if self.input.resident.is_some() {
@@ -380,16 +382,14 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// backward) its candidates are chosen. On a device all of it happens
     /// where the weights are: the candidates come back as one bit per
     /// weight (`on_device::tentative`). The forward and the backward both
-    /// take their layer here. Also returns, per linear in `LAYER_LINEARS`
-    /// order, the candidates' indices the modified pass uploaded on a
-    /// device to reduce them, which its maxima gather at.
-    #[allow(clippy::type_complexity)]
+    /// take their layer here; the modified pass's maxima gather at its
+    /// [`Candidates`] (`LAYER_LINEARS` order).
     fn prepared_layer(
         &self,
         state: &mut State,
         i: usize,
         choose: bool,
-    ) -> Result<(DecoderLayer<B>, Held, Vec<Option<Tensor<B, 1, Int>>>), PruneError> {
+    ) -> Result<PreparedLayer<B>, PruneError> {
         let config = self.input.config;
         let (mut plain, mut held) = self.load(i)?;
         let mut candidates = Vec::with_capacity(LAYER_LINEARS.len());
