@@ -40,7 +40,11 @@
 # through page-locked staging, PRUNEMEM_TRANSFERS=pinned (prunemem-pinned-host
 # with --keep-pruned host); prunemem-all takes the
 # head's strategy, the stored layout and the pinned copies together
-# (prunemem-all-warm again, after the kernels it compiles are cached);
+# (prunemem-all-warm again, after the kernels it compiles are cached; on
+# CUDA all three are the defaults since 2026-11-28, so these equal
+# prunemem there); prunemem-burn (and -burn-warm) takes Burn's ways
+# instead, CUDA's defaults before (PRUNEMEM_HEAD_MATMUL=auto
+# PRUNEMEM_WEIGHT_LAYOUT=burn PRUNEMEM_TRANSFERS=burn);
 # prunemem-profile is a short run, 8 calibration and
 # 8 evaluation windows, under cubecl's per-kernel profile, its kernels by
 # time in RUN.kernels.txt) with NSAMPLES × SEQLEN (default the benchmark protocol's
@@ -100,6 +104,10 @@ step() {
   echo "step $name: rc $rc"
   python3 scripts/bench/cuda_table.py "$out" >"$out/table.txt" 2>&1; cat "$out/table.txt"
   [ -n "${ARCHIVE:-}" ] && tar czf "$ARCHIVE" --exclude=models -C "$out" .
+  # The compiled kernels too (KERNELS_ARCHIVE), for a later machine to start
+  # with them cached (unpacked into PRUNEMEM_KERNEL_CACHE before its runs).
+  [ -n "${KERNELS_ARCHIVE:-}" ] && [ -d "${PRUNEMEM_KERNEL_CACHE:-}" ] \
+    && tar czf "$KERNELS_ARCHIVE" -C "$PRUNEMEM_KERNEL_CACHE" .
   return $rc
 }
 [ -n "$doing" ] || nvidia-smi --query-gpu=name,driver_version,memory.used,memory.total --format=csv | tee "$out/gpu.txt"
@@ -259,6 +267,12 @@ for shape in $SHAPES; do
       # The same again, its kernels compiled by the run before.
       prunemem-all-warm) PRUNEMEM_HEAD_MATMUL=${HEAD_MATMUL:-double_tma_mma} PRUNEMEM_WEIGHT_LAYOUT=stored PRUNEMEM_TRANSFERS=pinned \
           step "$shape-$method-all-warm" prunemem_run "$model" "$method" "$shape-$method-all-warm" ;;
+      # Burn's ways, CUDA's defaults before 2026-11-28 (exec::defaults):
+      # its matmul for the head, the host's transposition, pageable copies.
+      prunemem-burn) PRUNEMEM_HEAD_MATMUL=auto PRUNEMEM_WEIGHT_LAYOUT=burn PRUNEMEM_TRANSFERS=burn \
+          step "$shape-$method-burn" prunemem_run "$model" "$method" "$shape-$method-burn" ;;
+      prunemem-burn-warm) PRUNEMEM_HEAD_MATMUL=auto PRUNEMEM_WEIGHT_LAYOUT=burn PRUNEMEM_TRANSFERS=burn \
+          step "$shape-$method-burn-warm" prunemem_run "$model" "$method" "$shape-$method-burn-warm" ;;
       prunemem-profile) step "$shape-$method-profile" profile_run "$model" "$method" "$shape-$method-profile" ;;
       reference-24) step "ref-$shape-$method-24" reference_run "$model" "$method" "ref-$shape-$method-24" --sparsity-type 2:4 ;;
       *) echo "unknown tool $tool in RUNS" >&2 ;;

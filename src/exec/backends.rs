@@ -51,6 +51,20 @@ impl Opened {
         }
     }
 
+    /// Whether the device has the Tensor Memory Accelerator (CUDA, sm_90
+    /// and later); never on the CPU or wgpu.
+    pub(super) fn has_tma(&self) -> bool {
+        match self {
+            #[cfg(feature = "cuda")]
+            Opened::Cuda { device } => {
+                use burn::cubecl::Runtime;
+                let client = burn::cubecl::cuda::CudaRuntime::client(device);
+                !client.properties().features.tma.is_empty()
+            }
+            _ => false,
+        }
+    }
+
     pub(super) fn run<J: OnDevice>(&self, job: J) -> J::Output {
         match self {
             Opened::Cpu => job.run::<Cpu>(&Default::default()),

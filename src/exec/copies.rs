@@ -2,14 +2,14 @@
 //! take. Up: a streamed layer's linears, a layer kept in host memory, the
 //! head's table, a batch's hidden states. Down: a pruned layer kept in
 //! host memory, a pruned weight written by `--save`. Burn's `from_data` and
-//! `into_data` by default; with `PRUNEMEM_TRANSFERS=pinned`, the backend's
-//! staged copies through page-locked memory (`exec::staged`, on CUDA
-//! `exec::pinned`), each request counted in `device_kernels`
-//! (`pinned_upload`, `pinned_download`) as taken or handed back to Burn's
-//! (wgpu has no such copy: every request is handed back).
+//! `into_data`, or the backend's staged copies through page-locked memory
+//! (`exec::staged`, on CUDA `exec::pinned`), each request counted in
+//! `device_kernels` (`pinned_upload`, `pinned_download`) as taken or handed
+//! back to Burn's (wgpu has no such copy: every request is handed back).
 //!
-//! Burn's path stays the default until a GPU has timed both
-//! (`examples/transfer_rate.rs`).
+//! Staged is CUDA's default since an H200 timed it with the stored layout
+//! and the head's strategy (`exec::defaults`); `PRUNEMEM_TRANSFERS=burn`
+//! takes Burn's copies, `=pinned` the staged ones on any device.
 //!
 //! The small copies (indices up, a result back) go through Burn's, counted
 //! in `transfers` on a device: [`ints_to_device`], [`f32s_to_host`].
@@ -21,11 +21,17 @@ use burn::prelude::*;
 use super::Compute;
 use super::tally::{self, Kernel};
 
-/// Whether the large copies go through page-locked staging
-/// (`PRUNEMEM_TRANSFERS=pinned`).
+/// Whether the large copies go through page-locked staging:
+/// `PRUNEMEM_TRANSFERS=pinned` or `burn`, else the device's measured
+/// default (`exec::defaults`: pinned on CUDA).
 pub fn pinned() -> bool {
-    static PINNED: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *PINNED.get_or_init(|| std::env::var("PRUNEMEM_TRANSFERS").is_ok_and(|v| v == "pinned"))
+    static PINNED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+    super::defaults::env_or(
+        &PINNED,
+        "PRUNEMEM_TRANSFERS",
+        &["burn", "pinned"],
+        super::defaults::cuda,
+    )
 }
 
 /// The plan's `transfers` setting.

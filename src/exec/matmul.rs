@@ -64,16 +64,17 @@ pub fn measured_default(cuda_with_tma: bool) -> &'static str {
 
 /// The head's strategy (`PRUNEMEM_HEAD_MATMUL`): the evaluation's
 /// `[rows, hidden] · [vocab, hidden]ᵀ` reads the table in its stored
-/// layout, which `examples/matmul_rate.rs` had not timed on a GPU (its
-/// `[in, out]` head row ran at 41 TFLOP/s with `auto` and 102–121 with
-/// the TMA strategies on an H100), so Burn's matmul stays the default
-/// until a GPU measures it (`matmul_rate` prints both layouts).
+/// layout. Unnamed, the linears' measured default ([`measured_default`]):
+/// `double_tma_mma` on CUDA with TMA, which an H200 ran with the stored
+/// layout and staged copies (`exec::defaults`) for the 1B Wanda
+/// protocol's evaluation in 0.58 s against Burn's matmul's 1.03; Burn's
+/// matmul elsewhere.
 static HEAD: Named = Named::new("PRUNEMEM_HEAD_MATMUL", NAMES, "Burn's matmul");
 
-/// The head's strategy in use: `PRUNEMEM_HEAD_MATMUL`'s, else `auto`
-/// (Burn's matmul).
+/// The head's strategy in use: `PRUNEMEM_HEAD_MATMUL`'s, else the device's
+/// measured default (asked once, after the device opened).
 pub fn head_name() -> &'static str {
-    HEAD.chosen_or(|| "auto")
+    HEAD.chosen_or(|| measured_default(super::defaults::cuda_tma()))
 }
 
 /// `a · bᵀ` for a `[n, k]` `a` and a `[m, k]` `b` stored row by row (the

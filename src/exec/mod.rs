@@ -20,6 +20,7 @@ mod cube_float;
 pub mod copies;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
+pub mod defaults;
 pub mod dist;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernels;
@@ -188,6 +189,7 @@ impl Exec {
     /// `--device-memory`: the device bytes a run may hold.
     pub fn open(spec: DeviceSpec, memory_cap: Option<u64>) -> Result<Self, ExecError> {
         let opened = backends::open(&spec)?;
+        defaults::opened(matches!(spec, DeviceSpec::Cuda(_)), opened.has_tma());
         Ok(Self {
             adapter: opened.adapter_name(),
             spec,

@@ -130,18 +130,20 @@ impl Run {
                 crate::exec::attention::planned(cuda, f16).into(),
             );
             // The linears' weights as the reader leaves them
-            // (`model::prefetch::stored_layout`).
+            // (`model::prefetch::stored_layout`: as stored on CUDA).
             let layout = match crate::model::prefetch::stored_layout() {
                 true => "stored",
                 false => "burn",
             };
             plan.settings.insert("weight_layout".into(), layout.into());
             // How the large copies cross the bus (`exec::copies`): Burn's,
-            // or through page-locked staging (PRUNEMEM_TRANSFERS=pinned).
+            // or through page-locked staging (CUDA's default,
+            // `exec::defaults`; PRUNEMEM_TRANSFERS names either).
             plan.settings
                 .insert("transfers".into(), crate::exec::copies::name().into());
-            // The head's product (`exec::matmul::times_rows`): Burn's
-            // matmul unless PRUNEMEM_HEAD_MATMUL names a strategy.
+            // The head's product (`exec::matmul::times_rows`): the
+            // device's measured strategy (`double_tma_mma` on CUDA with
+            // TMA, else Burn's matmul) unless PRUNEMEM_HEAD_MATMUL names one.
             plan.settings.insert(
                 "head_matmul".into(),
                 crate::exec::matmul::head_name().into(),

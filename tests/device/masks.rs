@@ -425,3 +425,50 @@ fn the_stored_weight_layout_prunes_as_burns() {
         }
     }
 }
+
+/// GradProbe with CUDA's defaults (`exec::defaults`: the linears' weights
+/// as stored, the large copies staged) takes its layers as the transposed
+/// views the stored layout gives, scatters and zeroes them where they are,
+/// and decides the same: the same sparsity per layer and perplexity as in
+/// Burn's layout, its layers streamed or kept on the device between the
+/// passes (`--device-memory`), and no kernel handing its work back.
+#[test]
+fn gradprobe_in_the_stored_layout_decides_as_in_burns() {
+    let (_dir, model, text) = cli_fixture();
+    let run = |layout: &str, extra: &[&str]| -> serde_json::Value {
+        let mut common = vec!["--sparsity", "0.1", "--num-batches", "2", "--json"];
+        common.extend(["--eval-text", s(&text), "--eval-windows", "2"]);
+        common.extend_from_slice(extra);
+        let argv = gradprobe_on_wgpu(&model, &text, &common);
+        let transfers = if layout == "stored" { "pinned" } else { "burn" };
+        let env = [
+            ("PRUNEMEM_WEIGHT_LAYOUT", layout),
+            ("PRUNEMEM_TRANSFERS", transfers),
+        ];
+        let (code, stdout, stderr) = support::run_prunemem_with(&argv, &env);
+        assert_eq!(code, Some(0), "{layout} {extra:?}: {stdout}\n{stderr}");
+        support::json_line(&stdout)
+    };
+    for extra in [&[][..], &["--device-memory", "1GiB"][..]] {
+        let (burns, stored) = (run("burn", extra), run("stored", extra));
+        let kept = if extra.is_empty() {
+            "streamed"
+        } else {
+            "device"
+        };
+        println!(
+            "gradprobe {kept}: perplexity {} (Burn's layout) and {} (stored)",
+            burns["perplexity"], stored["perplexity"]
+        );
+        assert_eq!(stored["gradprobe_layers"], kept, "{stored}");
+        assert!(burns["perplexity"].as_f64() > Some(1.0), "{burns}");
+        for key in ["perplexity", "layer_sparsity", "sparsity"] {
+            assert_eq!(burns[key], stored[key], "{kept}: {key}");
+        }
+        // (wgpu has no staged copies: their requests are handed back.)
+        let kernels = stored["device_kernels"].as_object().unwrap();
+        for (name, uses) in kernels.iter().filter(|(n, _)| !n.starts_with("pinned")) {
+            assert_eq!(uses["fell_back"], 0, "{kept}, {name}: {stored}");
+        }
+    }
+}
