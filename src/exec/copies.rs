@@ -7,9 +7,11 @@
 //! `device_kernels` (`pinned_upload`, `pinned_download`) as taken or handed
 //! back to Burn's (wgpu has no such copy: every request is handed back).
 //!
-//! Staged is CUDA's default since an H200 timed it with the stored layout
-//! and the head's strategy (`exec::defaults`); `PRUNEMEM_TRANSFERS=burn`
-//! takes Burn's copies, `=pinned` the staged ones on any device.
+//! Staged uploads are CUDA's default since an H200 timed them with the
+//! stored layout and the head's strategy (`exec::defaults`); staged
+//! downloads have not run on a GPU and stay opt-in.
+//! `PRUNEMEM_TRANSFERS=burn` takes Burn's copies both ways, `=pinned` the
+//! staged ones both ways on any device.
 //!
 //! The small copies (indices up, a result back) go through Burn's, counted
 //! in `transfers` on a device: [`ints_to_device`], [`f32s_to_host`].
@@ -21,22 +23,36 @@ use burn::prelude::*;
 use super::Compute;
 use super::tally::{self, Kernel};
 
-/// Whether the large copies go through page-locked staging:
-/// `PRUNEMEM_TRANSFERS=pinned` or `burn`, else the device's measured
-/// default (`exec::defaults`: pinned on CUDA).
-pub fn pinned() -> bool {
-    static PINNED: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
-    super::defaults::env_or(
-        &PINNED,
-        "PRUNEMEM_TRANSFERS",
-        &["burn", "pinned"],
-        super::defaults::cuda,
-    )
+/// `PRUNEMEM_TRANSFERS`: `pinned` or `burn`, `None` when unset.
+static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+
+fn env_or(measured: impl FnOnce() -> bool) -> bool {
+    super::defaults::env_or(&ENV, "PRUNEMEM_TRANSFERS", &["burn", "pinned"], measured)
 }
 
-/// The plan's `transfers` setting.
+/// Whether the large uploads go through page-locked staging:
+/// `PRUNEMEM_TRANSFERS=pinned` or `burn`, else the device's measured
+/// default (`exec::defaults`: staged on CUDA, where an H200 took them).
+pub fn pinned() -> bool {
+    env_or(super::defaults::cuda)
+}
+
+/// Whether the large downloads (a pruned layer kept in host memory, a
+/// weight `--save` writes) go through page-locked staging: only where
+/// `PRUNEMEM_TRANSFERS=pinned` asks, since no GPU has run them yet (the
+/// H200 run that made the uploads CUDA's default downloaded nothing large).
+pub fn pinned_downloads() -> bool {
+    env_or(|| false)
+}
+
+/// The plan's `transfers` setting: `pinned` (both ways), `pinned_uploads`
+/// (CUDA's default) or `burn`.
 pub fn name() -> &'static str {
-    if pinned() { "pinned" } else { "burn" }
+    match (pinned(), pinned_downloads()) {
+        (true, true) => "pinned",
+        (true, false) => "pinned_uploads",
+        _ => "burn",
+    }
 }
 
 /// `data` on `device` in its own dtype: through the backend's staged copy
@@ -59,11 +75,11 @@ pub fn to_device<B: Compute, const D: usize>(
 }
 
 /// `t`'s values on the host, in its dtype: through the backend's staged
-/// copy where [`pinned`] asks for it and the backend takes it (a view
-/// whose rows are not at one pitch, such as a transposed one, is not
+/// copy where [`pinned_downloads`] asks for it and the backend takes it (a
+/// view whose rows are not at one pitch, such as a transposed one, is not
 /// taken), else Burn's `into_data`.
 pub fn to_host<B: Compute, const D: usize>(t: Tensor<B, D>) -> TensorData {
-    if B::is_device() && pinned() {
+    if B::is_device() && pinned_downloads() {
         let staged = B::staged_download(&t);
         tally::count(Kernel::PinnedDownload, staged.is_ok());
         if let Ok(data) = staged {

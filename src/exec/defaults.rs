@@ -1,6 +1,6 @@
 //! What the device a run opened was measured to run fastest with, for the
 //! choices that have an environment variable of their own (the linears'
-//! layout, the large copies, the head's product): the variable decides
+//! layout, the large uploads, the head's product): the variable decides
 //! where it is set, else this. One H200 session (2026-11-28, docs/gpu.md
 //! "On an NVIDIA H200") timed the three together on CUDA against Burn's
 //! ways: the 1B Wanda protocol pruned in 1.54 s against 2.59 and evaluated
