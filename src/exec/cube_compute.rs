@@ -34,18 +34,13 @@ fn watched_linear<B: burn::tensor::backend::Backend>(
 /// own when none is named, or when the named kernel cannot take these
 /// shapes), then a look at the pool while input and output are alive.
 macro_rules! cube_linear {
-    ($runtime:ty, $cuda:expr, $linear:expr, $x:expr) => {{
-        use burn::cubecl::Runtime;
+    ($linear:expr, $x:expr) => {{
         use burn::tensor::{Tensor, TensorPrimitive};
         let (linear, x) = ($linear, $x);
-        // The strategy is settled on the first linear; the device's
-        // features are read only then.
+        // The strategy is settled on the first linear, from the device the
+        // run opened (`exec::defaults`: CUDA with TMA or not).
         let device = x.device();
-        let default = || {
-            let client = <$runtime>::client(&device);
-            let tma = !client.properties().features.tma.is_empty();
-            crate::exec::matmul::measured_default($cuda && tma)
-        };
+        let default = || crate::exec::matmul::measured_default(crate::exec::defaults::cuda_tma());
         let Some(strategy) = crate::exec::matmul::chosen(default) else {
             return watched_linear(linear, x);
         };
@@ -533,7 +528,7 @@ macro_rules! cube_compute {
                 linear: &burn::nn::Linear<Self>,
                 x: burn::tensor::Tensor<Self, 3>,
             ) -> burn::tensor::Tensor<Self, 3> {
-                cube_linear!($runtime, $cuda, linear, x)
+                cube_linear!(linear, x)
             }
         }
     };

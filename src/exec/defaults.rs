@@ -53,8 +53,8 @@ pub fn cuda_tma() -> bool {
 }
 
 /// `var`'s value when it is one of `names`, else `None` (unset, empty, or
-/// a name not listed, said once on stderr by the caller's choice).
-pub(crate) fn from_env(var: &str, names: &[&str]) -> Option<bool> {
+/// a name not listed, which is said on stderr; [`env_or`] asks once).
+fn from_env(var: &str, names: &[&str]) -> Option<bool> {
     let v = std::env::var(var).ok()?;
     match names.iter().position(|n| *n == v) {
         Some(0) => Some(false),
