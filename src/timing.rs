@@ -1,5 +1,5 @@
 //! Where the time went: wall seconds by phase of a run (loading a layer,
-//! the statistics pass, pruning, the output pass, writing, evaluation, and
+//! OWL's outlier pass, the statistics pass, pruning, the output pass, writing, evaluation, and
 //! GradProbe's forward, head and backward through the layers) and
 //! by kind of work (matrix products, attention, norms/rope/activations,
 //! statistics, selection and sorting, SparseGPT's sweep, checkpoint I/O,
@@ -59,6 +59,8 @@ const WORK_COUNT: usize = 11;
 #[repr(usize)]
 pub enum Phase {
     Load,
+    /// OWL: the dense pass measuring each layer's outlier ratio.
+    Outliers,
     StatsPass,
     /// GradProbe: the embedding and every layer forward, boundaries kept.
     ProbeForward,
@@ -87,12 +89,13 @@ const WORKS: [Work; WORK_COUNT] = [
     Work::ReaderWait,
 ];
 /// How many phases there are.
-pub const PHASE_COUNT: usize = 9;
+pub const PHASE_COUNT: usize = 10;
 
 /// Every phase, in index order, which is the order a run goes through
 /// them (GradProbe's passes before its step 6, `prune`).
 pub const PHASES: [Phase; PHASE_COUNT] = [
     Phase::Load,
+    Phase::Outliers,
     Phase::StatsPass,
     Phase::ProbeForward,
     Phase::ProbeHead,
@@ -142,6 +145,7 @@ impl Phase {
     pub fn name(self) -> &'static str {
         match self {
             Phase::Load => "load_layer",
+            Phase::Outliers => "owl_outliers",
             Phase::StatsPass => "stats_pass",
             Phase::Prune => "prune",
             Phase::OutputPass => "output_pass",

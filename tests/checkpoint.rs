@@ -9,7 +9,7 @@ use prunemem::model::convert::convert_gguf;
 use prunemem::model::perplexity::{self as eval, EvalOptions, Weights};
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
 use prunemem::model::tokenizer::Tokenizer;
-use prunemem::model::{Checkpoint, ComputeDtype};
+use prunemem::model::{Checkpoint, ComputeDtype, prefetch};
 use safetensors::Dtype;
 
 type B = Flex;
@@ -101,6 +101,49 @@ fn loading_layer_k_reads_only_layer_k() {
         ckpt.read_f32("model.layers.1.self_attn.q_proj.weight")
             .unwrap()
     );
+}
+
+/// The layer loops stream through the reader's loader
+/// (`prefetch::load_layer`: converted on every core, transposed in the
+/// conversion's pass); a resident model loads through burn-store's adapter.
+/// Both give the same layer to the bit, from f32 and bf16 files, in f32 and
+/// f16, and read only the layer's bytes.
+#[test]
+fn the_readers_layer_is_the_adapters() {
+    let dir = tempfile::tempdir().unwrap();
+    let device = Default::default();
+    for (name, stored) in [("f32", Dtype::F32), ("bf16", Dtype::BF16)] {
+        let p = dir.path().join(name);
+        let spec = SyntheticSpec {
+            dtype: stored,
+            ..spec(1)
+        };
+        write_checkpoint(&p, &spec).unwrap();
+        for dtype in [ComputeDtype::F32, ComputeDtype::F16] {
+            let ckpt = Checkpoint::open(&p).unwrap();
+            let a = ckpt.load_layer::<B>(1, dtype, &device).unwrap();
+            let read = ckpt.bytes_read();
+            let b = prefetch::load_layer::<B>(&ckpt, 1, dtype, &device).unwrap();
+            assert_eq!(ckpt.bytes_read() - read, ckpt.layer_bytes(1));
+            let values = |t: burn::tensor::TensorData| t.as_bytes().to_vec();
+            for linear in prunemem::model::llama::LAYER_LINEARS {
+                let (x, y) = (a.linear(linear).unwrap(), b.linear(linear).unwrap());
+                let (x, y) = (x.weight.val(), y.weight.val());
+                assert_eq!(x.dims(), y.dims(), "{name} {dtype:?} {linear}");
+                assert_eq!(x.dtype(), y.dtype(), "{name} {dtype:?} {linear}");
+                assert!(
+                    values(x.into_data()) == values(y.into_data()),
+                    "{name} {dtype:?} {linear}"
+                );
+            }
+            for (x, y) in [
+                (&a.input_layernorm, &b.input_layernorm),
+                (&a.post_attention_layernorm, &b.post_attention_layernorm),
+            ] {
+                assert!(values(x.weight.val().into_data()) == values(y.weight.val().into_data()));
+            }
+        }
+    }
 }
 
 #[test]

@@ -1,10 +1,15 @@
 //! Loading a checkpoint layer after layer keeps about one layer resident: the
-//! peak does not grow with the number of layers read. (Its own test binary,
+//! peak does not grow with the number of layers read, by either loader
+//! (burn-store's adapter, which loads a resident model, and the reader's,
+//! which the layer loops stream through). (Its own test binary,
 //! so no other test allocates while RSS is measured.)
 
 use burn::backend::Flex;
+use prunemem::model::llama::DecoderLayer;
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-use prunemem::model::{Checkpoint, ComputeDtype};
+use prunemem::model::{Checkpoint, ComputeDtype, prefetch};
+
+type FlexLayer = DecoderLayer<Flex>;
 
 fn rss() -> u64 {
     prunemem::memory::process::rss_now().unwrap()
@@ -23,29 +28,42 @@ fn streaming_layers_keeps_one_layer_resident() {
         ..Default::default()
     };
     write_checkpoint(dir.path(), &spec).unwrap();
-    let ckpt = Checkpoint::open(dir.path()).unwrap();
-    let layer = ckpt.layer_bytes(0);
-    let device = Default::default();
-    // Warm up allocator arenas with one load.
-    drop(
-        ckpt.load_layer::<Flex>(0, ComputeDtype::F32, &device)
-            .unwrap(),
-    );
-    let base = rss();
-    let mut peak = 0;
-    for i in 0..spec.layers {
-        let l = ckpt
-            .load_layer::<Flex>(i, ComputeDtype::F32, &device)
-            .unwrap();
-        peak = peak.max(rss().saturating_sub(base));
-        drop(l);
+    type Load = fn(&Checkpoint, usize) -> FlexLayer;
+    let loaders: [(&str, Load); 2] = [
+        ("burn-store's adapter", |ckpt, i| {
+            ckpt.load_layer::<Flex>(i, ComputeDtype::F32, &Default::default())
+                .unwrap()
+        }),
+        ("the reader's", |ckpt, i| {
+            prefetch::load_layer::<Flex>(ckpt, i, ComputeDtype::F32, &Default::default()).unwrap()
+        }),
+    ];
+    for (name, load) in loaders {
+        let ckpt = Checkpoint::open(dir.path()).unwrap();
+        let layer = ckpt.layer_bytes(0);
+        // Warm up allocator arenas with one load.
+        drop(load(&ckpt, 0));
+        let base = rss();
+        let mut peak = 0;
+        for i in 0..spec.layers {
+            let l = load(&ckpt, i);
+            peak = peak.max(rss().saturating_sub(base));
+            drop(l);
+        }
+        let total = ckpt.stored_bytes();
+        println!("{name}: layer {layer} B, file {total} B, peak growth {peak} B");
+        assert!(
+            peak < 3 * layer,
+            "{name}: RSS grew {peak} B for {layer} B layers"
+        );
+        assert!(
+            peak < total / 3,
+            "{name}: RSS must not approach the file size"
+        );
+        assert_eq!(
+            ckpt.bytes_read(),
+            ckpt.layer_bytes(0) + (0..spec.layers).map(|i| ckpt.layer_bytes(i)).sum::<u64>(),
+            "{name}"
+        );
     }
-    let total = ckpt.stored_bytes();
-    println!("layer {layer} B, file {total} B, peak growth {peak} B");
-    assert!(peak < 3 * layer, "RSS grew {peak} B for {layer} B layers");
-    assert!(peak < total / 3, "RSS must not approach the file size");
-    assert_eq!(
-        ckpt.bytes_read(),
-        ckpt.layer_bytes(0) + (0..spec.layers).map(|i| ckpt.layer_bytes(i)).sum::<u64>()
-    );
 }

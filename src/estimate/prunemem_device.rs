@@ -33,11 +33,10 @@
 //! forward leaves in cubecl's persistent pool, the buffers the device
 //! selection frees — is each phase's `reserved` (`device_pool`).
 //!
-//! GradProbe's passes are [`gradprobe`]'s. Not estimated here: OWL's
-//! outlier pass (taken as the calibration's forward), and the CUDA
-//! context, which lives outside the pool (nvidia-smi counts it; the
-//! profiler's device figures do not; the GPU table subtracts it from each
-//! card).
+//! GradProbe's passes are [`gradprobe`]'s; OWL's outlier pass is its own
+//! phase (`owl_phase`). Not estimated here: the CUDA context, which lives
+//! outside the pool (nvidia-smi counts it; the profiler's device figures do
+//! not; the GPU table subtracts it from each card).
 
 mod gradprobe;
 pub use gradprobe::phases as gradprobe_phases;
@@ -233,10 +232,10 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
     };
     cuda_note(w, notes);
     attention_note(a, w, batch, notes);
-    if w.owl {
-        notes.push("OWL's outlier pass on a device is taken as one calibration forward".into());
-    }
     let mut out = vec![load_phase(a, w, &s)];
+    if w.owl {
+        out.push(owl_phase(a, w, &s));
+    }
     let acts = s.hidden_states(n);
     if calibrated {
         out.push(
@@ -292,6 +291,63 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
         out.insert(0, eval_phase(a, w, &s, "dense eval", stages, false));
     }
     out
+}
+
+/// OWL's outlier pass on the device (`prune::owl`): its own calibration
+/// hidden states (kept on the device, offloaded or not), one layer (the
+/// model when resident), the rotary tables and the layer's norms, and the
+/// largest of a layer's forward, the norms' update and one linear's Wanda
+/// metric beside its outlier flags. The pass gives the forward's pages
+/// back before the metrics (`exec::release_free`); the metrics' pages are
+/// two f32-wide buffers for every linear size the layer has (the metric
+/// and its flags, or the flags and their integers: on wgpu a bool is 4
+/// bytes, so all share one size; on CUDA the flags' 1-byte bools beside
+/// them), since the pool keeps a freed buffer for its own size only.
+fn owl_phase(a: &Arch, w: &Workload, s: &Sizes) -> Phase {
+    let pass = Workload {
+        dsnot: false,
+        offload_activations: false,
+        ..w.clone()
+    };
+    let n = w.nsamples;
+    let batch = w.batch_size.min(n.max(1));
+    let tokens = batch * w.seqlen;
+    let weights = match w.resident {
+        true => ("weights (resident)", a.params * s.c),
+        false => ("weights (one layer)", a.layer_params() * s.c),
+    };
+    let acts = s.hidden_states(n);
+    let tables = rope(a, w, batch, n);
+    let (norms, update) = statistics(a, &pass, Method::Wanda, tokens, n.div_ceil(batch));
+    let metric = a.largest_linear() * 8;
+    let (t_name, t) = [
+        ("activations", s.forward(tokens)),
+        ("statistics update", update),
+        ("OWL: f32 metric and its outlier flags", metric),
+    ]
+    .into_iter()
+    .max_by_key(|(_, b)| *b)
+    .unwrap_or(("activations", 0));
+    let held = weights.1 + acts + tables + norms;
+    let (h, q, kv, i) = (a.hidden, a.q_dim(), a.kv_dim(), a.intermediate);
+    let mut sizes = vec![h * q, h * kv, h * i];
+    sizes.sort_unstable();
+    sizes.dedup();
+    let per_weight = match w.device {
+        Device::Cuda => 9,
+        _ => 8,
+    };
+    let pages = sizes.iter().sum::<u64>() * per_weight;
+    let reserved = (held + t)
+        .max(held + pages)
+        .max(held + device_pool::forward(a, &pass, batch, Beside::Norms));
+    Phase::new("owl pass", &[stages::MODEL_LOADED, stages::OWL_RATIOS])
+        .add(weights.0, weights.1)
+        .add("calibration buffers (OWL's)", acts)
+        .add("rotary tables", tables)
+        .add("statistics", norms)
+        .add(t_name, t)
+        .reserving(reserved)
 }
 
 /// `prunemem eval` on a GPU device: the load (a resident model uploaded)

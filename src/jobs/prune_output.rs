@@ -59,8 +59,9 @@ pub(super) fn recorded_results(line: &mut Value, s: &crate::events::RunSummary) 
 /// layers waited, bytes and kernels by phase, the attention kernel, which
 /// of prunemem's kernels ran or handed work back, NVML's utilisation; and
 /// the seconds by phase and by kind of work; GradProbe's, whether its layers
-/// stayed on the device between its passes.
-const RESULTS_AS_THEY_ARE: [&str; 10] = [
+/// stayed on the device between its passes; OWL's, each layer's outlier
+/// ratio and the sparsity it gave the layer.
+const RESULTS_AS_THEY_ARE: [&str; 12] = [
     "device_reserved_peak",
     "device_reserved_peak_phase",
     "pruned_layers_kept",
@@ -71,6 +72,8 @@ const RESULTS_AS_THEY_ARE: [&str; 10] = [
     "gpu_util",
     "seconds_by_phase",
     "seconds_by_work",
+    "owl_outlier_ratios",
+    "owl_layer_sparsity",
 ];
 
 /// What `check_sparsity` prints: each layer's sparsity, then the total.

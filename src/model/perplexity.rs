@@ -485,9 +485,12 @@ impl<B: Compute> Layers<'_, B> {
             (None, Some(host)) => {
                 LayerRef::Owned(prefetch::upload_layer::<B>(self.ckpt, host, self.device)?)
             }
-            (None, None) => {
-                LayerRef::Owned(self.ckpt.load_layer::<B>(i, self.dtype, self.device)?)
-            }
+            (None, None) => LayerRef::Owned(prefetch::load_layer::<B>(
+                self.ckpt,
+                i,
+                self.dtype,
+                self.device,
+            )?),
         };
         if self.kept.is_none() && B::is_device() {
             crate::exec::transfer::uploaded(bytes);

@@ -309,7 +309,7 @@ impl<B: Compute> LayerPass<'_, B> {
                 let _phase = timing::phase(timing::Phase::Load);
                 let layer = match ready {
                     Some(host) => prefetch::upload_layer::<B>(ckpt, host, device)?,
-                    None => ckpt.load_layer::<B>(i, config.dtype, device)?,
+                    None => prefetch::load_layer::<B>(ckpt, i, config.dtype, device)?,
                 };
                 let bytes = c.layer_param_count() * config.dtype.size();
                 if B::is_device() {

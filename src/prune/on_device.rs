@@ -144,7 +144,7 @@ pub fn apply<B: Compute>(w: Tensor<B, 2>, mask: Tensor<B, 2, Bool>) -> (Tensor<B
 }
 
 /// One integer read back from the device, counted as traffic.
-fn read_count<B: Compute>(t: Tensor<B, 1, Int>) -> u64 {
+pub(super) fn read_count<B: Compute>(t: Tensor<B, 1, Int>) -> u64 {
     let data = t.into_data();
     crate::exec::transfer::read_back(data.bytes.len() as u64);
     data.iter::<i64>().next().unwrap_or(0).max(0) as u64

@@ -11,18 +11,20 @@
 //! every layer's ratio equal (their code divides by zero) every layer keeps
 //! the target.
 
-use crate::exec::Compute;
+use burn::prelude::*;
 
-use super::PruneError;
 use super::engine::{PruneConfig, Source, embed_windows, weight_out_in};
 use super::methods::wanda_metric;
 use super::stats::{LayerStats, Needs};
+use super::{LayerMethod, PruneError, on_device};
 use crate::events::stages;
+use crate::exec::{Compute, copies, reduce};
 use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
-use crate::model::llama::LinearInput;
-use crate::model::{Checkpoint, Rope};
+use crate::model::llama::{DecoderLayer, LinearInput};
+use crate::model::{Checkpoint, Rope, prefetch};
 use crate::profiler::Profiler;
+use crate::timing::{self, Phase};
 
 /// OWL's hyper-parameters, with the authors' defaults.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -92,7 +94,9 @@ pub fn layer_sparsities(ratios: &[f64], sparsity: f64, lambda: f64) -> (Vec<f64>
 
 /// The dense pass: each layer's outlier ratio, layer by layer (streamed or
 /// resident), the calibration activations carried through the unpruned
-/// layers.
+/// layers. Streamed on a device, the next layer is read and converted on a
+/// host thread meanwhile (`model::prefetch`, the prune's reader), and the
+/// ratio is computed where the weights are ([`device_ratio`]).
 pub fn outlier_pass<B: Compute>(
     ckpt: &Checkpoint,
     source: &Source<'_, B>,
@@ -122,49 +126,58 @@ pub fn outlier_pass<B: Compute>(
     );
     let rope = Rope::<B>::new(c, config.seqlen, config.dtype.burn(), device);
     let mut ratios = Vec::with_capacity(c.num_layers);
-    for i in 0..c.num_layers {
+    let ahead = matches!(source, Source::Streamed) && B::is_device();
+    prefetch::for_each_layer(ckpt, config.dtype, ahead, |i, ready| {
         crate::memory::alloc::trim();
+        crate::exec::release_free::<B>(device);
         let owned;
         let mut _held = None;
         let layer = match source {
             Source::Resident(m) => &m.model.layers[i],
             Source::Streamed => {
-                owned = ckpt.load_layer::<B>(i, config.dtype, device)?;
+                let _phase = timing::phase(Phase::Load);
+                owned = match ready {
+                    Some(host) => prefetch::upload_layer::<B>(ckpt, host, device)?,
+                    None => prefetch::load_layer::<B>(ckpt, i, config.dtype, device)?,
+                };
                 let bytes = c.layer_param_count() * config.dtype.size();
+                if B::is_device() {
+                    crate::exec::transfer::uploaded(bytes);
+                }
                 _held = Some(Held::new(Category::Weights, bytes));
                 &owned
             }
         };
+        let _phase = timing::phase(Phase::Outliers);
         let mut stats = LayerStats::<B>::new(Needs::NORMS);
         {
             let _tag = tag::tag(Category::Activations);
+            let mut shapes = crate::exec::BatchShapes::default();
             for x in inps.iter_mut() {
+                shapes.next::<B>(&x.dims(), device);
                 *x = layer.forward_traced(x.clone(), &rope, &mut |k, t| {
                     let _tag = tag::tag(Category::Statistics);
                     stats.observe(k, t)
                 });
             }
         }
+        // The forward's pages go back before the metrics make their own
+        // (cubecl's pool keeps a freed buffer for its size only).
+        crate::exec::release_free::<B>(device);
         let _tag = tag::tag(Category::Statistics);
-        let mut metrics = Vec::with_capacity(7);
-        for input in LinearInput::ALL {
-            let Some(norms) = stats.finish(input, nsamples).and_then(|s| s.norms) else {
-                continue;
-            };
-            for name in input.linears() {
-                let (w, _, inp) = weight_out_in(layer, name);
-                metrics.push(wanda_metric(&w, inp, &norms));
-            }
-        }
-        ratios.push(outlier_ratio(&metrics, owl.m));
-        drop(metrics);
+        let _work = timing::work(timing::Work::Selection);
+        ratios.push(match B::is_device() {
+            true => device_ratio(layer, &mut stats, nsamples, owl.m),
+            false => host_ratio(layer, &mut stats, nsamples, owl.m),
+        });
         profiler.progress(
             "OWL outliers",
             i,
             c.num_layers,
             &format!("OWL outliers, model.layers.{i}"),
         );
-    }
+        Ok::<_, PruneError>(())
+    })?;
     // The pass's hidden states go, and the blocks the allocator cached for
     // them: they had stayed resident while calibration read the embedding
     // (2.3 MiB over the pass's own peak on owl-wanda-h768-l3, 2026-11-26).
@@ -172,6 +185,75 @@ pub fn outlier_pass<B: Compute>(
     crate::memory::alloc::trim();
     profiler.stage(stages::OWL_RATIOS);
     Ok(ratios)
+}
+
+/// A layer's outlier ratio on the host: the seven linears' Wanda metrics as
+/// f32 vectors ([`outlier_ratio`]), as the authors compute it.
+fn host_ratio<B: Compute>(
+    layer: &DecoderLayer<B>,
+    stats: &mut LayerStats<B>,
+    nsamples: usize,
+    m: f64,
+) -> f64 {
+    let mut metrics = Vec::with_capacity(7);
+    for input in LinearInput::ALL {
+        let Some(norms) = stats.finish(input, nsamples).and_then(|s| s.norms) else {
+            continue;
+        };
+        for name in input.linears() {
+            let (w, _, inp) = weight_out_in(layer, name);
+            metrics.push(wanda_metric(&w, inp, &norms));
+        }
+    }
+    outlier_ratio(&metrics, m)
+}
+
+/// A layer's outlier ratio where its weights are: each linear's Wanda
+/// metric (`prune::on_device::metric`) summed per output on the device,
+/// the sums read back (4 bytes an output) and added in f64 for the mean,
+/// then the metric made again and its entries above `m` × the mean counted
+/// there (one count a linear). Nothing weight-sized crosses the bus; the
+/// mean differs from the host's f64 sum by the f32 sums' rounding.
+fn device_ratio<B: Compute>(
+    layer: &DecoderLayer<B>,
+    stats: &mut LayerStats<B>,
+    nsamples: usize,
+    m: f64,
+) -> f64 {
+    let mut parts = Vec::with_capacity(7);
+    for input in LinearInput::ALL {
+        let Some(norms) = stats.finish_norms(input, nsamples) else {
+            continue;
+        };
+        for name in input.linears() {
+            if let Some(lin) = layer.linear(name) {
+                parts.push((lin.weight.val(), norms.clone()));
+            }
+        }
+    }
+    let metric = |w: &Tensor<B, 2>, norms: &Tensor<B, 1>| {
+        on_device::metric(w, Some(norms), LayerMethod::Wanda, 0.0)
+    };
+    let (mut sum, mut n) = (0f64, 0u64);
+    for (w, norms) in &parts {
+        let [inp, out] = w.dims();
+        n += (inp * out) as u64;
+        let per_output = reduce::sum_dim(metric(w, norms), 0);
+        sum += copies::f32s_to_host(per_output)
+            .iter()
+            .map(|v| *v as f64)
+            .sum::<f64>();
+    }
+    if n == 0 {
+        return 0.0;
+    }
+    let threshold = (sum / n as f64 * m) as f32;
+    let mut count = 0u64;
+    for (w, norms) in &parts {
+        let above = metric(w, norms).greater_elem(threshold).int();
+        count += on_device::read_count(reduce::sum_all(above).reshape([1]));
+    }
+    100.0 * count as f64 / n as f64
 }
 
 #[cfg(test)]

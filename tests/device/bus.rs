@@ -429,3 +429,97 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         super::gradprobe_pool::within_the_estimate(logs);
     }
 }
+
+/// OWL's outlier pass on a device computes each layer's Wanda metrics where
+/// the weights are: what comes back is a sum per output and a count per
+/// linear, where every weight came back in f32 before; its layers stream
+/// through the prune's reader and their uploads are counted; and its
+/// ratios, layer sparsities and masks are the CPU backend's.
+#[test]
+fn owl_on_a_device_reads_back_sums_not_weights() {
+    let spec = prunemem::model::synthetic::SyntheticSpec {
+        layers: 4,
+        ..Default::default()
+    };
+    let (dir, model, text) = fixture_of(&spec, 6000);
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    let logs = dir.path().join("logs-owl");
+    let run = |device: &str| -> serde_json::Value {
+        let mut extra = vec![
+            "--owl",
+            "--sparsity",
+            "0.6",
+            "--owl-lambda",
+            "0.1",
+            "--dtype",
+            "f32",
+            "--json",
+        ];
+        if device == "wgpu" {
+            extra.extend(["--log-memory", s(&logs)]);
+        }
+        let mut argv = wanda_on_wgpu(&model, &text, &extra);
+        let at = argv.iter().position(|a| *a == "wgpu").unwrap();
+        argv[at] = device;
+        let (code, stdout, stderr) = run_prunemem(&argv);
+        assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
+        support::json_line(&stdout)
+    };
+    let (cpu, gpu) = (run("cpu"), run("wgpu"));
+    let floats = |j: &serde_json::Value, key: &str| -> Vec<f64> {
+        let v = j[key].as_array().unwrap_or_else(|| panic!("{key}: {j}"));
+        v.iter().map(|x| x.as_f64().unwrap()).collect()
+    };
+    let (a, b) = (
+        floats(&cpu, "owl_outlier_ratios"),
+        floats(&gpu, "owl_outlier_ratios"),
+    );
+    println!("OWL outlier ratios: cpu {a:?}, wgpu {b:?}");
+    assert_eq!(a.len(), config.num_layers);
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-6 * x.abs().max(1e-3), "{a:?} {b:?}");
+    }
+    let (a, b) = (
+        floats(&cpu, "owl_layer_sparsity"),
+        floats(&gpu, "owl_layer_sparsity"),
+    );
+    for (x, y) in a.iter().zip(&b) {
+        assert!((x - y).abs() <= 1e-9, "{a:?} {b:?}");
+    }
+    assert_eq!(cpu["layer_sparsity"], gpu["layer_sparsity"]);
+    let t = &gpu["transfers"];
+    println!(
+        "OWL on wgpu: transfers {t}, reserved peak {} in {}",
+        gpu["device_reserved_peak"], gpu["device_reserved_peak_phase"]
+    );
+    let (h, i) = (config.hidden_size, config.intermediate_size);
+    let kv = config.num_kv_heads * config.head_dim;
+    let outputs = (h + kv + kv + h + i + i + h) as u64;
+    let layers = config.num_layers as u64;
+    let back = t["owl_outliers"]["device_to_host_bytes"].as_u64().unwrap();
+    assert!(back > 0, "{t}");
+    assert!(
+        back <= layers * (outputs * 4 + 7 * 8),
+        "{back} bytes back: {t}"
+    );
+    // Every layer went up twice, in f32: for the outlier pass, then for
+    // the prune.
+    let layer_bytes = config.layer_param_count() * 4;
+    assert_eq!(
+        t["load_layer"]["host_to_device_bytes"].as_u64(),
+        Some(2 * layers * layer_bytes),
+        "{t}"
+    );
+    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(&logs), "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    println!("OWL on wgpu against its estimate: {cmp}");
+    // The pass is estimated (`estimate::prunemem_device`'s OWL phase): the
+    // pool's peak in use and reserved within 5%.
+    for p in [&cmp["peak"], &cmp["reserved"]] {
+        let error = p["error_percent"].as_f64().expect("measured");
+        assert!(error.abs() <= 5.0, "OWL: {p}");
+    }
+    let owl = cmp["phases"].as_array().unwrap();
+    assert!(owl.iter().any(|p| p["phase"] == "owl pass"), "{cmp}");
+}
