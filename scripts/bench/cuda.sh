@@ -30,7 +30,8 @@
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
 # METHOD:TOOL pairs; TOOL prunemem-warm is prunemem again, its kernels
 # compiled by the run before and loaded from the cache; prunemem-host is
-# that with --keep-pruned host; prunemem-24 and reference-24 prune 2:4;
+# that with --keep-pruned host; prunemem-owl adds --owl (no reference:
+# compare its seconds with the method's alone); prunemem-24 and reference-24 prune 2:4;
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
 # tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
 # head's product with HEAD_MATMUL, default double_tma_mma,
@@ -248,6 +249,8 @@ for shape in $SHAPES; do
       prunemem-warm) step "$shape-$method-warm" prunemem_run "$model" "$method" "$shape-$method-warm" ;;
       # Again, the pruned layers waiting in host memory (the least device memory).
       prunemem-host) step "$shape-$method-host" prunemem_run "$model" "$method" "$shape-$method-host" --keep-pruned host ;;
+      # OWL's layer sparsities: its outlier pass on the device first.
+      prunemem-owl) step "$shape-$method-owl" prunemem_run "$model" "$method" "$shape-$method-owl" --owl ;;
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
       # N:M (2:4): prunemem's group kernel beside the authors' mask.
       prunemem-24) step "$shape-$method-24" prunemem_run "$model" "$method" "$shape-$method-24" --sparsity-type 2:4 ;;
