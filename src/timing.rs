@@ -1,6 +1,7 @@
 //! Where the time went: wall seconds by phase of a run (loading a layer,
-//! OWL's outlier pass, the statistics pass, pruning, the output pass, writing, evaluation, and
-//! GradProbe's forward, head and backward through the layers) and
+//! OWL's outlier pass, the statistics pass, pruning, the output pass,
+//! writing, evaluation, and GradProbe's forward, head and backward through
+//! the layers) and
 //! by kind of work (matrix products, attention, norms/rope/activations,
 //! statistics, selection and sorting, SparseGPT's sweep, checkpoint I/O,
 //! logits, uploads to a device, and a device run's computing thread

@@ -123,7 +123,7 @@ fn the_readers_layer_is_the_adapters() {
             let ckpt = Checkpoint::open(&p).unwrap();
             let a = ckpt.load_layer::<B>(1, dtype, &device).unwrap();
             let read = ckpt.bytes_read();
-            let b = prefetch::load_layer::<B>(&ckpt, 1, dtype, &device).unwrap();
+            let b = prefetch::load_layer::<B>(&ckpt, 1, None, dtype, &device).unwrap();
             assert_eq!(ckpt.bytes_read() - read, ckpt.layer_bytes(1));
             let values = |t: burn::tensor::TensorData| t.as_bytes().to_vec();
             for linear in prunemem::model::llama::LAYER_LINEARS {

@@ -35,7 +35,8 @@ fn streaming_layers_keeps_one_layer_resident() {
                 .unwrap()
         }),
         ("the reader's", |ckpt, i| {
-            prefetch::load_layer::<Flex>(ckpt, i, ComputeDtype::F32, &Default::default()).unwrap()
+            prefetch::load_layer::<Flex>(ckpt, i, None, ComputeDtype::F32, &Default::default())
+                .unwrap()
         }),
     ];
     for (name, load) in loaders {

@@ -482,12 +482,10 @@ impl<B: Compute> Layers<'_, B> {
         let bytes = c.layer_param_count() * self.dtype.size();
         let layer = match (self.kept, ready) {
             (Some(k), _) => k.layer(i, c, self.device)?,
-            (None, Some(host)) => {
-                LayerRef::Owned(prefetch::upload_layer::<B>(self.ckpt, host, self.device)?)
-            }
-            (None, None) => LayerRef::Owned(prefetch::load_layer::<B>(
+            (None, ready) => LayerRef::Owned(prefetch::load_layer::<B>(
                 self.ckpt,
                 i,
+                ready,
                 self.dtype,
                 self.device,
             )?),

@@ -136,19 +136,24 @@ pub fn for_each_layer<E: From<ModelError>>(
     })
 }
 
-/// Reads decoder layer `i` of `ckpt` and builds it on `device`, on this
-/// thread: what a layer loop without a reader thread loads (the CPU
-/// backend's prune and evaluation, a resident run's none). The same module
-/// as the reader's, by the same conversion, not burn-store's adapter
+/// Decoder layer `i` of `ckpt` on `device`: `ready`, read ahead by
+/// [`for_each_layer`]'s reader thread, or else read here, on this thread
+/// (a layer loop without a reader: the CPU backend's prune and
+/// evaluation). Either way the same conversion, not burn-store's adapter
 /// ([`Checkpoint::load_layer`]), which transposes on one core (1.9 s a
 /// layer of a 1B shape on an H200's host, against 0.05 s here).
 pub fn load_layer<B: crate::exec::Compute>(
     ckpt: &Checkpoint,
     i: usize,
+    ready: Option<HostLayer>,
     dtype: ComputeDtype,
     device: &B::Device,
 ) -> Result<DecoderLayer<B>, ModelError> {
-    upload_layer::<B>(ckpt, read_layer(ckpt, i, dtype)?, device)
+    let host = match ready {
+        Some(host) => host,
+        None => read_layer(ckpt, i, dtype)?,
+    };
+    upload_layer::<B>(ckpt, host, device)
 }
 
 /// Uploads `layer` to `device` (the computing thread).

@@ -157,6 +157,26 @@ pub fn embed_windows<B: Compute>(
     Ok(hidden)
 }
 
+/// A streamed pass's layer `i` (`ready` when the reader thread read it
+/// ahead, `prefetch::load_layer`), in `load_layer`'s phase, its upload
+/// counted on a device, and its bytes held as weights while it lives: the
+/// prune's layer loop and OWL's outlier pass.
+pub(super) fn streamed_layer<B: Compute>(
+    ckpt: &Checkpoint,
+    i: usize,
+    ready: Option<prefetch::HostLayer>,
+    dtype: ComputeDtype,
+    device: &B::Device,
+) -> Result<(DecoderLayer<B>, Held), PruneError> {
+    let _phase = timing::phase(timing::Phase::Load);
+    let layer = prefetch::load_layer::<B>(ckpt, i, ready, dtype, device)?;
+    let bytes = ckpt.config.layer_param_count() * dtype.size();
+    if B::is_device() {
+        crate::exec::transfer::uploaded(bytes);
+    }
+    Ok((layer, Held::new(Category::Weights, bytes)))
+}
+
 /// Each batch's hidden states after the embedding, handed to `keep` as it
 /// is made (so that offloaded batches leave the device one at a time).
 fn embed_each<B: Compute>(
@@ -306,16 +326,8 @@ impl<B: Compute> LayerPass<'_, B> {
         let layer: &mut DecoderLayer<B> = match source {
             Source::Resident(m) => &mut m.model.layers[i],
             Source::Streamed => {
-                let _phase = timing::phase(timing::Phase::Load);
-                let layer = match ready {
-                    Some(host) => prefetch::upload_layer::<B>(ckpt, host, device)?,
-                    None => prefetch::load_layer::<B>(ckpt, i, config.dtype, device)?,
-                };
-                let bytes = c.layer_param_count() * config.dtype.size();
-                if B::is_device() {
-                    crate::exec::transfer::uploaded(bytes);
-                }
-                _held = Some(Held::new(Category::Weights, bytes));
+                let (layer, held) = streamed_layer::<B>(ckpt, i, ready, config.dtype, device)?;
+                _held = Some(held);
                 owned.insert(layer)
             }
         };

@@ -13,7 +13,7 @@
 
 use burn::prelude::*;
 
-use super::engine::{PruneConfig, Source, embed_windows, weight_out_in};
+use super::engine::{PruneConfig, Source, embed_windows, streamed_layer, weight_out_in};
 use super::methods::wanda_metric;
 use super::stats::{LayerStats, Needs};
 use super::{LayerMethod, PruneError, on_device};
@@ -135,16 +135,8 @@ pub fn outlier_pass<B: Compute>(
         let layer = match source {
             Source::Resident(m) => &m.model.layers[i],
             Source::Streamed => {
-                let _phase = timing::phase(Phase::Load);
-                owned = match ready {
-                    Some(host) => prefetch::upload_layer::<B>(ckpt, host, device)?,
-                    None => prefetch::load_layer::<B>(ckpt, i, config.dtype, device)?,
-                };
-                let bytes = c.layer_param_count() * config.dtype.size();
-                if B::is_device() {
-                    crate::exec::transfer::uploaded(bytes);
-                }
-                _held = Some(Held::new(Category::Weights, bytes));
+                let (layer, held) = streamed_layer::<B>(ckpt, i, ready, config.dtype, device)?;
+                (owned, _held) = (layer, Some(held));
                 &owned
             }
         };

@@ -49,7 +49,7 @@ impl Batch {
 /// Layer `i` read from the checkpoint and uploaded in f32 (the passes'
 /// and step 6's dtype), its upload counted on a device; its time and
 /// bytes are the `load_layer` phase's, whichever phase asks. Read as the
-/// prune's reader thread reads (`prefetch::read_layer`: converted on every
+/// prune's reader thread reads (`prefetch::load_layer`: converted on every
 /// core, the linears transposed in the conversion's pass), not through
 /// burn-store's adapter, which took 1.9 s a layer of a 1B shape on an H200.
 pub(super) fn load_layer_f32<B: Compute>(
@@ -63,8 +63,7 @@ pub(super) fn load_layer_f32<B: Compute>(
     if B::is_device() {
         crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * f32.size());
     }
-    let host = prefetch::read_layer(ckpt, i, f32)?;
-    Ok(prefetch::upload_layer::<B>(ckpt, host, device)?)
+    Ok(prefetch::load_layer::<B>(ckpt, i, None, f32, device)?)
 }
 
 /// Every batch's layer-boundary activations `x_0 … x_L`, the only
