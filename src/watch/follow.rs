@@ -177,7 +177,10 @@ pub fn replay(
                 if stop.load(Ordering::SeqCst) {
                     return Ok(());
                 }
-                std::thread::sleep((due - clock.elapsed()).min(Duration::from_millis(50)));
+                std::thread::sleep(
+                    due.saturating_sub(clock.elapsed())
+                        .min(Duration::from_millis(50)),
+                );
             }
         }
         emit(e.clone());
