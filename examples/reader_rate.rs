@@ -71,7 +71,23 @@ fn main() {
         let rows = vocab::read_rows(&ckpt, vocab::EMBEDDING, &tokens, ComputeDtype::F16)
             .expect("the rows");
         let rows_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let f32_table = ckpt.read_f32(vocab::EMBEDDING).expect("the table");
+        let f32_s = t.elapsed().as_secs_f64();
+        let t = Instant::now();
+        let serial = serial_f32(&ckpt, vocab::EMBEDDING);
+        let serial_s = t.elapsed().as_secs_f64();
+        assert_eq!(serial.len(), f32_table.len());
+        drop((serial, f32_table));
+        let t = Instant::now();
+        vocab::read_rows(&ckpt, vocab::EMBEDDING, &tokens[..256], ComputeDtype::F32)
+            .expect("the rows");
+        let probe_rows_s = t.elapsed().as_secs_f64();
         let gb = |b: u64, s: f64| b as f64 / s / 1e9;
+        println!(
+            "run {run}: GradProbe's f32 table {f32_s:.3} s on every core, {serial_s:.3} s on one; \
+             its 2 x 128 rows {probe_rows_s:.4} s"
+        );
         println!(
             "run {run}: table {:.3} s ({:.2} GB/s), layer {:.3} s ({:.2} GB/s; converted alone {:.3} s), \
              32 x 512 rows {:.3} s ({} MB) + the table's check {:.3} s",
@@ -85,4 +101,18 @@ fn main() {
             check_s,
         );
     }
+}
+
+/// The table in f32 decoded on one core, 8 MiB at a time, each piece
+/// checked first: `Checkpoint::read_f32` before 2026-11-29.
+fn serial_f32(ckpt: &Checkpoint, name: &str) -> Vec<f32> {
+    use prunemem::model::dtype;
+    let e = ckpt.entry(name).expect("the table");
+    let bytes = ckpt.bytes(name).expect("the table");
+    let mut out = Vec::with_capacity(bytes.len() / 2);
+    for piece in bytes.chunks(8 << 20) {
+        assert!(dtype::first_non_finite(piece, e.dtype).is_none());
+        out.extend(dtype::decode_f32(piece, e.dtype));
+    }
+    out
 }

@@ -218,3 +218,38 @@ fn bad_gradprobe_flags_are_one_line_errors() {
         assert!(lines[0].contains(needle), "{extra:?}: {}", lines[0]);
     }
 }
+
+/// The passes embed their batches from the rows they look up, never the
+/// whole table; a damaged table is still refused, even where the damage is
+/// in a row no batch reads (an untied model: the head never reads it).
+#[test]
+fn a_damaged_embedding_is_refused_though_only_its_rows_are_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("model");
+    let spec = SyntheticSpec {
+        layers: 2,
+        tied: false,
+        ..Default::default()
+    };
+    write_checkpoint(&model, &spec).unwrap();
+    let file = model.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let header = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let meta: serde_json::Value = serde_json::from_slice(&bytes[8..8 + header]).unwrap();
+    let end = meta["model.embed_tokens.weight"]["data_offsets"][1]
+        .as_u64()
+        .unwrap() as usize;
+    // The last value of the last row (a special token the text never has).
+    let at = 8 + header + end - 4;
+    bytes[at..at + 4].copy_from_slice(&f32::NAN.to_le_bytes());
+    std::fs::write(&file, bytes).unwrap();
+    let text = dir.path().join("text.txt");
+    std::fs::write(&text, support::sample_text(4000)).unwrap();
+    let (code, out, err) = run(&args(s(&model), s(&text), &[]));
+    assert_ne!(code, Some(0), "{out}\n{err}");
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(
+        err.contains("model.embed_tokens.weight") && err.contains("NaN"),
+        "{err}"
+    );
+}

@@ -12,7 +12,8 @@
 //! `runs` (whole runs through the CLI: logs, pool, OOM), `bus` (what
 //! crosses it), `eval` (the device evaluation), `gradprobe_pool`
 //! (GradProbe's pool against its estimate), `kernels` (prunemem's own
-//! kernels against the host's answers); the fixtures they share are here.
+//! kernels against the host's answers), `ties` (GradProbe's candidates where
+//! a bf16 threshold repeats); the fixtures they share are here.
 //!
 //! Built only with `--features wgpu`; with the feature, a missing Vulkan
 //! driver fails these tests (they never skip).
@@ -27,6 +28,7 @@ mod gradprobe_pool;
 mod kernels;
 mod masks;
 mod runs;
+mod ties;
 
 use std::collections::HashMap;
 use std::path::Path;

@@ -17,6 +17,7 @@
 //! Stage snapshots follow the reference's profiling stages (`04_…` to
 //! `16_…`), with per-layer scopes.
 
+mod embed;
 mod head;
 pub mod iterate;
 mod on_device;

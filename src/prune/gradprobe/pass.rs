@@ -212,6 +212,13 @@ impl State {
         c
     }
 
+    /// Whether [`State::prepare`] changes `name` in this pass (earlier
+    /// steps pruned it, or the modified pass reduces its candidates).
+    pub(super) fn changes(&self, which: Which, name: &str) -> bool {
+        let some = |m: &Masks| m.get(name).is_some_and(|p| !p.is_empty());
+        some(&self.pruned) || (which == Which::Modified && some(&self.tentative))
+    }
+
     /// Zeroes already-pruned weights of `name`, and in the modified pass
     /// multiplies its candidates by the reduction factor.
     pub(super) fn prepare(&self, which: Which, name: &str, values: &mut [f32], reduction: f64) {

@@ -14,7 +14,7 @@ use burn::prelude::*;
 use super::head::{WeightGrad, head_backward};
 use super::on_device::{self, Maxima};
 use super::pass::{
-    Batch, Boundaries, Input, Norms, State, Which, fold_norms, load_layer_f32, max_across_ranks,
+    Boundaries, Input, Norms, State, Which, fold_norms, load_layer_f32, max_across_ranks,
     strategy_norms,
 };
 use super::{EMBED, HEAD, select};
@@ -130,38 +130,6 @@ impl<'a, B: Compute> Pass<'a, B> {
         })
     }
 
-    /// Embeds every batch (tentative candidates of a probed embedding were
-    /// chosen in the original pass, so the modified pass reduces them here).
-    fn embed(&self, state: &State) -> Result<Vec<Tensor<B, 3>>, PruneError> {
-        let Input { ckpt, config, .. } = self.input;
-        let mut embed_w = ckpt.read_f32(EMBED)?;
-        state.prepare(self.which, EMBED, &mut embed_w, config.reduction_factor);
-        let d = ckpt.config.hidden_size;
-        let rows = |b: &Batch| -> Vec<f32> {
-            b.inputs
-                .iter()
-                .flatten()
-                .flat_map(|t| {
-                    embed_w[*t as usize * d..(*t as usize + 1) * d]
-                        .iter()
-                        .copied()
-                })
-                .collect()
-        };
-        Ok(self
-            .input
-            .batches
-            .iter()
-            .map(|b| {
-                let (n, s) = (b.inputs.len(), b.inputs[0].len());
-                if B::is_device() {
-                    crate::exec::transfer::uploaded((n * s * d * 4) as u64);
-                }
-                Tensor::from_data(TensorData::new(rows(b), [n, s, d]), self.input.device)
-            })
-            .collect())
-    }
-
     /// Embedding and every layer forward; returns the boundaries `x_0 … x_L`
     /// (and, for the Wanda strategy's first pass, the activation norms).
     pub fn forward(&self, state: &mut State) -> Result<Boundaries<B>, PruneError> {
@@ -175,7 +143,7 @@ impl<'a, B: Compute> Pass<'a, B> {
         let mut norms = Norms::default();
         let _tag = tag::tag(Category::Activations);
         let mut xs = Boundaries::default();
-        xs.push(self.embed(state)?);
+        xs.push(super::embed::batches(&self.input, self.which, state)?);
         for i in 0..c.num_layers {
             self.trim();
             let (layer, _held, _) = self.prepared_layer(state, i, false)?;
