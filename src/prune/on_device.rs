@@ -14,9 +14,9 @@
 //! second bisection over input positions takes the first ties in column
 //! order, as the host path's stable sort does, so the masks are the host
 //! path's to the position (`tests/device/` compares them). GradProbe's
-//! candidates, exactly `k` of a whole matrix, take their ties the same way
-//! over row-major positions (`smallest_exactly`) and come back as one bit
-//! per weight (`set_positions`).
+//! candidates, exactly `k` of a whole matrix, take their ties in row-major
+//! order too (`smallest_exactly`: the ties' positions searched by the same
+//! threshold) and come back as one bit per weight (`set_positions`).
 //!
 //! On cubecl's backends the per-output selection is one kernel launch
 //! (`Compute::smallest_per_column`, `exec::kernels`) running the same
