@@ -289,8 +289,8 @@ fn split<B: Compute>(
 /// other entry `i32::MAX`, and the `need`-th smallest of those is the last
 /// tie taken. On cubecl's backends both are the threshold kernel's 32
 /// launches. A bisection over positions in Burn's ops took about 13
-/// launches a halving, 20 halvings a linear, two thirds of GradProbe's
-/// backward launches on SmolLM2-135M.
+/// launches a halving, 20 halvings a linear: 59% of GradProbe's backward
+/// launches on SmolLM2-135M (76 522 then, 31 543 now).
 pub(crate) fn smallest_exactly<B: Compute>(
     keys: Tensor<B, 2, Int>,
     k: usize,
