@@ -65,6 +65,13 @@ fn windows(n: usize, len: usize, vocab: usize, seed: u64) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// The vocabulary size of the model at `model`.
+fn vocab(model: &Path) -> usize {
+    prunemem::model::LlamaConfig::from_file(&model.join("config.json"))
+        .unwrap()
+        .vocab_size
+}
+
 fn wgpu() -> Exec {
     Exec::open(WGPU, None)
         .unwrap_or_else(|e| panic!("the wgpu device must open (CI installs lavapipe): {e}"))

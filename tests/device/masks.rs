@@ -166,37 +166,58 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
     }
 }
 
-/// GradProbe's step (both gradient passes, Wanda strategy, embeddings
-/// probed) on tiny-llama: the weights it prunes and the two losses.
-struct ProbeTiny;
+/// GradProbe's step (both gradient passes) on `model` with `config`, its
+/// `windows` in batches of 2: the weights it prunes and the two losses.
+pub(crate) struct Probe<'a> {
+    pub model: &'a Path,
+    pub config: prunemem::prune::gradprobe::GradProbeConfig,
+    pub windows: Vec<Vec<u32>>,
+}
 
-impl OnDevice for ProbeTiny {
+impl OnDevice for Probe<'_> {
     type Output = (prunemem::prune::gradprobe::Masks, f64, f64);
     fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
-        use prunemem::prune::gradprobe::{
-            GradPrecision, GradProbe, GradProbeConfig, Masks, Strategy,
-        };
-        let ckpt = Checkpoint::open(&tiny_llama()).unwrap();
-        let wins = windows(4, 25, ckpt.config.vocab_size, 3);
+        use prunemem::prune::gradprobe::{GradProbe, Masks};
+        let ckpt = Checkpoint::open(self.model).unwrap();
         let profiler = quiet_profiler();
-        let config = GradProbeConfig {
+        let mut probe = GradProbe::<B>::new(
+            &ckpt,
+            self.config,
+            &self.windows,
+            2,
+            &profiler,
+            device.clone(),
+        )
+        .unwrap();
+        let step = probe.step(&Masks::new()).unwrap();
+        (step.pruned, step.loss_original, step.loss_modified)
+    }
+}
+
+/// [`Probe`] on tiny-llama: Wanda strategy, embeddings probed.
+fn probe_tiny(model: &Path) -> Probe<'_> {
+    use prunemem::prune::gradprobe::{GradPrecision, GradProbeConfig, Strategy};
+    Probe {
+        model,
+        config: GradProbeConfig {
             strategy: Strategy::Wanda,
             sparsity: 0.5,
             reduction_factor: 0.1,
             gradient_threshold: 1.0,
             include_embeddings: true,
             precision: GradPrecision::F32,
-        };
-        let mut probe =
-            GradProbe::<B>::new(&ckpt, config, &wins, 2, &profiler, device.clone()).unwrap();
-        let step = probe.step(&Masks::new()).unwrap();
-        (step.pruned, step.loss_original, step.loss_modified)
+        },
+        windows: windows(4, 25, vocab(model), 3),
     }
 }
 
 #[test]
 fn gradprobe_decides_the_same_on_the_device() {
-    let (cpu, gpu) = (Exec::cpu().run(ProbeTiny), wgpu().run(ProbeTiny));
+    let tiny = tiny_llama();
+    let (cpu, gpu) = (
+        Exec::cpu().run(probe_tiny(&tiny)),
+        wgpu().run(probe_tiny(&tiny)),
+    );
     let count = |m: &prunemem::prune::gradprobe::Masks| m.values().map(Vec::len).sum::<usize>();
     let (mut same, mut total) = (0usize, 0usize);
     for (name, want) in &cpu.0 {

@@ -6,6 +6,7 @@
 //! its searches a linear, not a bisection over positions in Burn's ops.
 
 use super::*;
+use masks::Probe;
 
 /// The 256-wide fixture stored in bf16.
 fn bf16_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf) {
@@ -19,37 +20,30 @@ fn bf16_fixture() -> (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf)
     fixture_of(&spec, 6000)
 }
 
-/// GradProbe's step (magnitude candidates, 10%) on a checkpoint: the
-/// weights it prunes.
-struct Probe<'a>(&'a Path);
-
-impl OnDevice for Probe<'_> {
-    type Output = prunemem::prune::gradprobe::Masks;
-    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
-        use prunemem::prune::gradprobe::{
-            GradPrecision, GradProbe, GradProbeConfig, Masks, Strategy,
-        };
-        let ckpt = Checkpoint::open(self.0).unwrap();
-        let wins = windows(2, 33, ckpt.config.vocab_size, 5);
-        let profiler = quiet_profiler();
-        let config = GradProbeConfig {
+/// [`Probe`] on `model`: magnitude candidates, 10%, GradProbe's defaults.
+fn probe(model: &Path) -> Probe<'_> {
+    use prunemem::prune::gradprobe::{GradPrecision, GradProbeConfig, Strategy};
+    Probe {
+        model,
+        config: GradProbeConfig {
             strategy: Strategy::Magnitude,
             sparsity: 0.1,
             reduction_factor: 0.1,
             gradient_threshold: 2.0,
             include_embeddings: false,
             precision: GradPrecision::F32,
-        };
-        let mut probe =
-            GradProbe::<B>::new(&ckpt, config, &wins, 2, &profiler, device.clone()).unwrap();
-        probe.step(&Masks::new()).unwrap().pruned
+        },
+        windows: windows(2, 33, vocab(model), 5),
     }
 }
 
 #[test]
 fn gradprobe_breaks_bf16_ties_as_the_host_does() {
     let (_dir, model, _) = bf16_fixture();
-    let (cpu, gpu) = (Exec::cpu().run(Probe(&model)), wgpu().run(Probe(&model)));
+    let (cpu, gpu) = (
+        Exec::cpu().run(probe(&model)).0,
+        wgpu().run(probe(&model)).0,
+    );
     let (mut same, mut total) = (0usize, 0usize);
     for (name, want) in &cpu {
         let got: std::collections::BTreeSet<u32> = gpu[name].iter().copied().collect();
