@@ -168,13 +168,26 @@ pub(super) fn streamed_layer<B: Compute>(
     dtype: ComputeDtype,
     device: &B::Device,
 ) -> Result<(DecoderLayer<B>, Held), PruneError> {
+    let layer = counted_layer::<B>(ckpt, i, ready, dtype, device)?;
+    let bytes = ckpt.config.layer_param_count() * dtype.size();
+    Ok((layer, Held::new(Category::Weights, bytes)))
+}
+
+/// [`streamed_layer`] without the guard, for a caller that holds the
+/// layer's bytes its own way (GradProbe's layers kept on the device).
+pub(super) fn counted_layer<B: Compute>(
+    ckpt: &Checkpoint,
+    i: usize,
+    ready: Option<prefetch::HostLayer>,
+    dtype: ComputeDtype,
+    device: &B::Device,
+) -> Result<DecoderLayer<B>, PruneError> {
     let _phase = timing::phase(timing::Phase::Load);
     let layer = prefetch::load_layer::<B>(ckpt, i, ready, dtype, device)?;
-    let bytes = ckpt.config.layer_param_count() * dtype.size();
     if B::is_device() {
-        crate::exec::transfer::uploaded(bytes);
+        crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * dtype.size());
     }
-    Ok((layer, Held::new(Category::Weights, bytes)))
+    Ok(layer)
 }
 
 /// Each batch's hidden states after the embedding, handed to `keep` as it

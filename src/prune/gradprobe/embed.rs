@@ -27,10 +27,11 @@ pub(super) fn batches<B: Compute>(
 }
 
 /// Each batch's rows of the embedding as stored, read and converted on
-/// every core (`vocab::read_rows`): the table is neither decoded nor held
-/// whole (a 1B shape's is 1 GB in f32, decoded on one core twice a step
-/// for 256 tokens before). The original pass still refuses a damaged
-/// table, as the whole read did.
+/// every core and uploaded as the prune embeds its windows
+/// (`vocab::embed_windows`): the table is neither decoded nor held whole
+/// (a 1B shape's is 1 GB in f32, decoded on one core twice a step for 256
+/// tokens before). The original pass still refuses a damaged table, as
+/// the whole read did.
 fn from_rows<B: Compute>(
     input: &Input<'_, B>,
     which: Which,
@@ -39,21 +40,8 @@ fn from_rows<B: Compute>(
     if which == Which::Original {
         vocab::check_finite(ckpt, EMBED)?;
     }
-    let d = ckpt.config.hidden_size;
-    let mut out = Vec::with_capacity(input.batches.len());
-    for b in input.batches {
-        let (n, s) = (b.inputs.len(), b.inputs[0].len());
-        let tokens: Vec<u32> = b.inputs.iter().flatten().copied().collect();
-        let rows = {
-            let _io = crate::timing::work(crate::timing::Work::Io);
-            vocab::read_rows(ckpt, EMBED, &tokens, DTYPE)?
-        };
-        if B::is_device() {
-            crate::exec::transfer::uploaded(rows.bytes.len() as u64);
-        }
-        out.push(Tensor::<B, 2>::from_data(rows, input.device).reshape([n, s, d]));
-    }
-    Ok(out)
+    let embed = |b: &Batch| vocab::embed_windows::<B>(ckpt, &b.inputs, DTYPE, input.device);
+    Ok(input.batches.iter().map(embed).collect::<Result<_, _>>()?)
 }
 
 /// The whole table read in f32, the pass's changes applied

@@ -47,23 +47,18 @@ impl Batch {
 }
 
 /// Layer `i` read from the checkpoint and uploaded in f32 (the passes'
-/// and step 6's dtype), its upload counted on a device; its time and
-/// bytes are the `load_layer` phase's, whichever phase asks. Read as the
-/// prune's reader thread reads (`prefetch::load_layer`: converted on every
-/// core, the linears transposed in the conversion's pass), not through
-/// burn-store's adapter, which took 1.9 s a layer of a 1B shape on an H200.
+/// and step 6's dtype) as the prune's layer loop loads it
+/// (`engine::counted_layer`: converted on every core, not through
+/// burn-store's adapter, which took 1.9 s a layer of a 1B shape on an
+/// H200), in the `load_layer` phase whichever phase asks, its upload
+/// counted on a device.
 pub(super) fn load_layer_f32<B: Compute>(
     ckpt: &Checkpoint,
     i: usize,
     device: &B::Device,
 ) -> Result<crate::model::llama::DecoderLayer<B>, crate::prune::PruneError> {
-    use crate::model::prefetch;
-    let _phase = crate::timing::phase(crate::timing::Phase::Load);
     let f32 = crate::model::ComputeDtype::F32;
-    if B::is_device() {
-        crate::exec::transfer::uploaded(ckpt.config.layer_param_count() * f32.size());
-    }
-    Ok(prefetch::load_layer::<B>(ckpt, i, None, f32, device)?)
+    crate::prune::engine::counted_layer::<B>(ckpt, i, None, f32, device)
 }
 
 /// Every batch's layer-boundary activations `x_0 … x_L`, the only
