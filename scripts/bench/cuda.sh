@@ -16,6 +16,9 @@
 # a 1B layer's linears and on the head, in both of the head's layouts.
 # TRANSFER_BIN (optional): examples/transfer_rate, Burn's uploads and reads
 # against the staged copies through page-locked memory at a run's sizes.
+# SELECT_BIN (optional): examples/select_rate, the per-output selection and
+# the per-matrix threshold at a model's linear shapes (SELECT_SHAPES,
+# default "1b"; "1b 8b" adds the 8B shape's), checked against the host.
 #
 # GRADPROBE_REPO (optional): a checkout of dcifrian/GradProbe, for
 # gradprobe:reference (scripts/reference/run_gradprobe_reference.py --device
@@ -211,6 +214,16 @@ transfer_rate() {
   return $rc
 }
 
+# The selections alone (`examples/select_rate.rs`).
+select_rate() {
+  local rc=0 shape
+  for shape in ${SELECT_SHAPES:-1b}; do
+    "$SELECT_BIN" cuda "$shape" >>"$out/select-rate.txt" 2>&1 || rc=$?
+  done
+  cat "$out/select-rate.txt"
+  return $rc
+}
+
 # A short run under cubecl's profile (every kernel synchronised and timed,
 # so its seconds are not a run's): which kernels the time went to, and the
 # phases' seconds of the same run in its RUN.json.
@@ -234,9 +247,10 @@ fi
 common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
         --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
 export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO GRADPROBE_REPO=${GRADPROBE_REPO:-} GRADPROBE_ARGS FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-} \
-    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SEQLEN EVAL_WINDOWS TEXT
+    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SELECT_BIN=${SELECT_BIN:-} SELECT_SHAPES=${SELECT_SHAPES:-1b} SEQLEN EVAL_WINDOWS TEXT
 [ -n "${FACTOR_BIN:-}" ] && step factor-rate factor_rate
 [ -n "${TRANSFER_BIN:-}" ] && step transfer-rate transfer_rate
+[ -n "${SELECT_BIN:-}" ] && step select-rate select_rate
 [ -n "${MATMUL_BIN:-}" ] && step matmul-rate matmul_rate
 for shape in $SHAPES; do
   model=$out/models/$shape

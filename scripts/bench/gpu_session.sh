@@ -9,7 +9,7 @@
 #     scripts/bench/gpu_session.sh
 #
 # `.gpu/` (ignored through .git/info/exclude, named in the call's carry):
-#   prunemem.gz [transfer_rate.gz matmul_rate.gz]  cargo build --release
+#   prunemem.gz [transfer_rate.gz matmul_rate.gz select_rate.gz]  cargo build --release
 #       --features cuda --bin prunemem [--example ...], stripped, gzipped
 #   kit/   tokenizer.json, tokenizer_config.json (SmolLM2's), wiki.test.raw
 #   wanda/ gradprobe/   `git archive` of locuslab/wanda, dcifrian/GradProbe
@@ -19,7 +19,7 @@ cd "$(dirname "$0")/../.."
 g=.gpu
 name=${NAME:-call}
 mkdir -p /tmp/bin
-for b in prunemem transfer_rate matmul_rate; do
+for b in prunemem transfer_rate matmul_rate select_rate; do
   [ -f "$g/$b.gz" ] && gunzip -c "$g/$b.gz" >/tmp/bin/$b && chmod +x /tmp/bin/$b
 done
 export PRUNEMEM_KERNEL_CACHE=/tmp/kernels
@@ -28,6 +28,7 @@ mkdir -p "$PRUNEMEM_KERNEL_CACHE"
 echo "kernels cached at start: $(find "$PRUNEMEM_KERNEL_CACHE" -type f | wc -l) files"
 [ -x /tmp/bin/transfer_rate ] && [ -n "${WITH_TRANSFER:-}" ] && export TRANSFER_BIN=/tmp/bin/transfer_rate
 [ -x /tmp/bin/matmul_rate ] && [ -n "${WITH_MATMUL:-}" ] && export MATMUL_BIN=/tmp/bin/matmul_rate
+[ -x /tmp/bin/select_rate ] && [ -n "${WITH_SELECT:-}" ] && export SELECT_BIN=/tmp/bin/select_rate
 export BIN=/tmp/bin/prunemem KIT=$g/kit WANDA_REPO=$g/wanda GRADPROBE_REPO=$g/gradprobe
 export ARCHIVE=$OUT/$name.tgz KERNELS_ARCHIVE=$OUT/kernels.tgz
 export STEP_TIMEOUT=${STEP_TIMEOUT:-120}

@@ -131,8 +131,9 @@ pub trait Compute: Backend {
 
     /// The smallest of `keys` (any shape, the bit patterns of non-negative
     /// f32) with at least `k` keys at or below it (`1 <= k <= numel`), as a
-    /// `[1, 1]` tensor: a per-matrix threshold in one kernel launch
-    /// (`exec::kernels`). `None` where the backend has no such kernel.
+    /// `[1, 1]` tensor: a per-matrix threshold in one to nine kernel
+    /// launches (`exec::kernels`). `None` where the backend has no such
+    /// kernel.
     fn kth_smallest(keys: &Tensor<Self, 2, Int>, k: usize) -> Option<Tensor<Self, 2, Int>> {
         let _ = (keys, k);
         None

@@ -222,7 +222,12 @@ macro_rules! cube_select {
         };
         let laid_out = strides == (cols, 1) || strides == (1, rows);
         let fits = rows < i32::MAX as usize && rows * cols < u32::MAX as usize;
-        if prim.dtype != DType::I32 || !laid_out || !prim.is_contiguous_buffer() || !fits || !$takes
+        if prim.dtype != DType::I32
+            || !laid_out
+            || !prim.is_contiguous_buffer()
+            || !fits
+            || !$takes
+            || !crate::exec::kernels::takes_selection_cubes(&prim.client)
         {
             return Err(Tensor::from_primitive(prim));
         }
@@ -258,6 +263,7 @@ macro_rules! cube_kth_smallest {
             || k == 0
             || k > len
             || len >= u32::MAX as usize
+            || !crate::exec::kernels::takes_selection_cubes(&prim.client)
         {
             return None;
         }

@@ -19,9 +19,12 @@
 //! threshold) and come back as one bit per weight (`set_positions`).
 //!
 //! On cubecl's backends the per-output selection is one kernel launch
-//! (`Compute::smallest_per_column`, `exec::kernels`) running the same
-//! halvings for 32 outputs per cube; the Burn-ops bisection below is what
-//! other backends run and what the kernel is tested against.
+//! (`Compute::smallest_per_column`) and the per-matrix threshold one to
+//! nine (`Compute::kth_smallest`): radix selects in `exec::kernels` that
+//! read each key 10 and 8 times where the halvings read it 31 to 45, and
+//! find the same threshold and the same ties. The Burn-ops bisection
+//! below is what other backends run and what the kernels are tested
+//! against.
 //!
 //! Layout: Burn keeps a linear's weight `[in, out]`; a PyTorch row (one
 //! output) is a column here, so "per row" reductions run over dim 0 and N:M
@@ -181,7 +184,7 @@ fn count<B: Compute>(flags: Tensor<B, 2, Int>, over: Over) -> Tensor<B, 2, Int> 
 fn kth_key<B: Compute>(keys: &Tensor<B, 2, Int>, k: usize, over: Over) -> Tensor<B, 2, Int> {
     let [rows, cols] = keys.dims();
     if over == Over::Matrix && k <= rows * cols {
-        // One launch where the backend has the kernel (the same halvings).
+        // The backend's kernel where it has one (the same threshold).
         if let Some(t) = B::kth_smallest(keys, k) {
             return t;
         }
@@ -235,7 +238,7 @@ fn per_output_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B,
     if k >= rows {
         return keys.greater_equal_elem(i32::MIN as i64);
     }
-    // One launch where the backend has the kernel (the same halvings).
+    // One launch where the backend has the kernel (the same mask).
     let keys = match B::smallest_per_column(keys, k) {
         Ok(mask) => {
             // The keys beside the kernel's flags and the mask.
@@ -287,8 +290,9 @@ fn split<B: Compute>(
 /// checkpoints make that the rule, not the exception), the first ties are
 /// found as a second `k`-th smallest: each tie's row-major position, every
 /// other entry `i32::MAX`, and the `need`-th smallest of those is the last
-/// tie taken. On cubecl's backends both are the threshold kernel's 32
-/// launches. A bisection over positions in Burn's ops took about 13
+/// tie taken. On cubecl's backends both are the threshold kernel's (9
+/// launches each where the keys are many). A bisection over positions in
+/// Burn's ops took about 13
 /// launches a halving, 20 halvings a linear: 59% of GradProbe's backward
 /// launches on SmolLM2-135M (76 522 then, 31 543 now).
 pub(crate) fn smallest_exactly<B: Compute>(

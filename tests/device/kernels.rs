@@ -173,6 +173,24 @@ fn attention_cases<B: Compute>(
     out
 }
 
+/// `n` keys over every digit of a non-negative i32: bf16-rounded f32
+/// bits of `|w|` with magnitudes from 1e-30 to 1e30, every 97th
+/// `i32::MAX`.
+fn spread_keys(n: usize) -> Vec<i32> {
+    prunemem::model::synthetic::Normal::new(13)
+        .vec(n, 1.0)
+        .iter()
+        .enumerate()
+        .map(|(i, v)| match i % 97 {
+            0 => i32::MAX,
+            _ => {
+                let scale = 10f32.powi((i % 61) as i32 - 30);
+                ((v.abs() * scale).to_bits() & 0xFFFF_0000) as i32
+            }
+        })
+        .collect()
+}
+
 impl OnDevice for KernelsAgainstHost {
     /// (case, positions that differ or worst relative error, kernel ran).
     type Output = Vec<(String, f64, bool)>;
@@ -207,16 +225,40 @@ impl OnDevice for KernelsAgainstHost {
             ));
         }
         out.extend(group_cases::<B>(&keys, cols, device));
-        // 21 000 keys: one cube; 400 000 (past 64 a unit of the largest
-        // cube): the halvings spread over many cubes.
+        // 21 000 keys: one cube; 400 000 (past 128 a unit of a 256-unit
+        // cube): the radix passes spread over many cubes. The third set
+        // spans every digit of the key: f32 bit patterns of |w| from
+        // 1e-30 to 1e30, every 97th `i32::MAX` (GradProbe's positions
+        // fill the others so), and bf16-rounded, so ties too.
         let wide: Vec<i32> = prunemem::model::synthetic::Normal::new(12)
             .vec(400 * 1000, 1.0)
             .iter()
             .map(|v| ((v.abs() * 64.0).round() as i32) * 1000 + 7)
             .collect();
+        let spread = spread_keys(300 * 700);
+        for (rows, cols) in [(300, 700), (700, 300)] {
+            let mut expected = vec![false; rows * cols];
+            let k = rows / 3;
+            for c in 0..cols {
+                let mut order: Vec<usize> = (0..rows).collect();
+                order.sort_by_key(|&r| spread[r * cols + c]);
+                for &r in &order[..k] {
+                    expected[r * cols + c] = true;
+                }
+            }
+            out.extend(in_both_layouts::<B>(
+                &spread,
+                (rows, cols),
+                device,
+                &expected,
+                &format!("select every digit {rows}x{cols} k={k}"),
+                |t| B::smallest_per_column(t, k).ok(),
+            ));
+        }
         for (keys, (rows, cols), ks) in [
             (&keys, (rows, cols), [1, 777, rows * cols]),
             (&wide, (400, 1000), [1, 123_457, 400_000]),
+            (&spread, (300, 700), [1, 70_001, 210_000]),
         ] {
             let mut sorted = keys.clone();
             sorted.sort();

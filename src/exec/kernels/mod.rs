@@ -2,15 +2,13 @@
 //! kernels are `model::host`'s). Each replaces a sequence of Burn ops whose
 //! launches, not arithmetic, dominated an H100's time (cubecl's per-kernel
 //! profile in docs/gpu.md): SparseGPT's sweep, the per-output selection's
-//! bisection, the evaluation's log-softmax over the vocabulary; and the
-//! N:M selection, whose ops kept 27–43 bytes per weight reserved; and the
-//! MLP's `silu(gate) · up`, whose ops kept an f32 copy of the gate; and
-//! Wanda's column norms, whose ops kept an f32 copy of the input and its
-//! square; and the RMS norm, whose ops kept an f32 copy of the batch and
-//! its square.
-//!
-//! Every kernel has a Burn-ops path beside it (the reference the tests
-//! compare it with, and what a backend without it runs).
+//! bisection and the per-matrix threshold's (both now radix selects), the
+//! evaluation's log-softmax over the vocabulary; and the N:M selection,
+//! whose ops kept 27–43 bytes per weight reserved; and the MLP's
+//! `silu(gate) · up`, whose ops kept an f32 copy of the gate; and Wanda's
+//! column norms, whose ops kept an f32 copy of the input and its square;
+//! and the RMS norm, whose ops kept an f32 copy of the batch and its
+//! square.
 
 // cubecl's language declares a branch's variable before assigning it in
 // every arm; rustc sees the first value unread.
@@ -28,6 +26,6 @@ pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;
 pub use obs_sweep::launch_obs_sweep;
 pub use rms_norm::launch_rms_norm;
-pub use select::{launch_kth_smallest, launch_smallest_per_column};
+pub use select::{launch_kth_smallest, launch_smallest_per_column, takes_selection_cubes};
 pub use squares::{launch_column_squares, slabs as square_slabs};
 pub use swiglu::{launch_swiglu, launch_swiglu_in_place};
