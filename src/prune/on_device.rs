@@ -21,8 +21,9 @@
 //! On cubecl's backends the per-output selection is one kernel launch
 //! (`Compute::smallest_per_column`) and the per-matrix threshold one to
 //! nine (`Compute::kth_smallest`): radix selects in `exec::kernels` that
-//! read each key 10 and 8 times where the halvings read it 31 to 45, and
-//! find the same threshold and the same ties. The Burn-ops bisection
+//! read each key 10 and 8 times where the bisection kernels read it 44 to
+//! 47 times (at Llama shapes) and 31, and find the same threshold and the
+//! same ties. The Burn-ops bisection
 //! below is what other backends run and what the kernels are tested
 //! against.
 //!

@@ -8,10 +8,12 @@
 //! pass counts, among the keys whose higher bits equal those chosen so
 //! far, how many have each of the 16 values of the next 4 bits, and the
 //! `k`-th smallest lies in the first bin where the running count reaches
-//! `k`. Each key is read 8 times. The bisections these replace (31
-//! halvings of the key range, then up to 14 over row positions for the
-//! ties) read it 31 to 45 times, and the many-cube threshold took 32
-//! launches where it now takes 9. The answers are the bisections' to the
+//! `k`. Each key is read 8 times, 10 by the per-output kernel (its ties
+//! and its flags). The bisection kernels these replace read it 31 times
+//! (the threshold) and 33 + ⌈log₂ rows⌉ times (per output: 31 halvings of
+//! the key range, the count below, the halvings over row positions for
+//! the ties, the flags; 44 to 47 at Llama shapes), and the many-cube
+//! threshold took 32 launches where it now takes 9. The answers are the bisections' to the
 //! key: the smallest `t` with at least `k` keys at or below it, a negative
 //! key counting as 0 (the bisections searched `[0, i32::MAX]`).
 //!
