@@ -23,9 +23,8 @@
 //! nine (`Compute::kth_smallest`): radix selects in `exec::kernels` that
 //! read each key 10 and 8 times where the bisection kernels read it 44 to
 //! 47 times (at Llama shapes) and 31, and find the same threshold and the
-//! same ties. The Burn-ops bisection
-//! below is what other backends run and what the kernels are tested
-//! against.
+//! same ties. The Burn-ops bisection below is what other backends run and
+//! what the kernels are tested against.
 //!
 //! Layout: Burn keeps a linear's weight `[in, out]`; a PyTorch row (one
 //! output) is a column here, so "per row" reductions run over dim 0 and N:M

@@ -44,6 +44,13 @@ fn shift_of(pass: u32) -> u32 {
     28u32 - 4u32 * pass
 }
 
+/// The bits the passes before `pass` have fixed: those above its digit
+/// (none for the first).
+#[cube]
+fn above_of(pass: u32) -> u32 {
+    0xFFFF_FFFFu32 ^ (0xFFFF_FFFFu32 >> (4u32 * pass))
+}
+
 /// The bin of `totals` (a digit's 16 counts) where their running sum
 /// reaches `remaining`; `BINS` where it never does (a column past the
 /// matrix, whose counts are all 0).
@@ -73,26 +80,24 @@ fn below_bin(totals: &Array<u32>, bin: u32) -> u32 {
     acc
 }
 
-/// Counts `key` in this unit's bin of its digit at `shift`, where its bits
-/// above the digit (`above` masks them) are `prefix`'s. A negative key
-/// counts as 0.
+/// Counts `key` in this unit's bin of its digit in `pass`, where its bits
+/// above the digit are `prefix`'s (the earlier passes' digits). A negative
+/// key counts as 0.
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn bin_key(
     counts: &mut SharedMemory<u32>,
     unit: usize,
     units: usize,
     key: i32,
     prefix: u32,
-    above: u32,
-    shift: u32,
+    pass: u32,
 ) {
     let mut v = 0u32;
     if key > 0i32 {
         v = u32::cast_from(key);
     }
-    if (v & above) == prefix {
-        let d = ((v >> shift) & 15u32) as usize;
+    if (v & above_of(pass)) == prefix {
+        let d = ((v >> shift_of(pass)) & 15u32) as usize;
         let at = d * units + unit;
         counts[at] = counts[at] + 1u32;
     }
@@ -138,10 +143,8 @@ fn smallest_per_column(
     let mut counts = SharedMemory::<u32>::new((BINS * COLUMNS * LANES) as usize);
     let mut totals = Array::<u32>::new(BINS as usize);
     let mut prefix = 0u32;
-    let mut above = 0u32;
     let mut remaining = k;
     for pass in 0..PASSES {
-        let shift = shift_of(pass);
         for d in 0..BINS {
             counts[d as usize * units + unit] = 0u32;
         }
@@ -149,7 +152,7 @@ fn smallest_per_column(
             let mut i = start;
             while i < end {
                 let key = keys[i * rs + column * cs];
-                bin_key(&mut counts, unit, units, key, prefix, above, shift);
+                bin_key(&mut counts, unit, units, key, prefix, pass);
                 i += 1;
             }
         }
@@ -165,8 +168,7 @@ fn smallest_per_column(
         sync_cube();
         let chosen = bin_reaching(&totals, remaining);
         remaining -= below_bin(&totals, chosen);
-        prefix |= (chosen & 15u32) << shift;
-        above |= 15u32 << shift;
+        prefix |= (chosen & 15u32) << shift_of(pass);
     }
     let t = i32::cast_from(prefix);
     // Below the threshold, and this lane's ties.
@@ -255,11 +257,10 @@ pub fn launch_smallest_per_column<R: Runtime>(
 }
 
 /// The cube's 16 bin totals of the keys at `first`, `first + stride`, …
-/// below `len` (filtered by `prefix` and `above`, binned at `shift`), left
+/// below `len` (filtered by `prefix`, binned by `pass`'s digit), left
 /// at `counts[bin · UNITS]`. Called in uniform control flow (it
 /// synchronises the cube).
 #[cube]
-#[allow(clippy::too_many_arguments)]
 fn cube_histogram(
     keys: &Array<i32>,
     counts: &mut SharedMemory<u32>,
@@ -267,8 +268,7 @@ fn cube_histogram(
     stride: usize,
     len: usize,
     prefix: u32,
-    above: u32,
-    shift: u32,
+    pass: u32,
 ) {
     let u = UNIT_POS as usize;
     let units = UNITS as usize;
@@ -277,7 +277,7 @@ fn cube_histogram(
     }
     let mut i = first;
     while i < len {
-        bin_key(counts, u, units, keys[i], prefix, above, shift);
+        bin_key(counts, u, units, keys[i], prefix, pass);
         i += stride;
     }
     sync_cube();
@@ -306,28 +306,16 @@ fn kth_smallest(keys: &Array<i32>, out: &mut Array<i32>, len: u32, k: u32) {
     let mut counts = SharedMemory::<u32>::new((BINS * UNITS) as usize);
     let mut totals = Array::<u32>::new(BINS as usize);
     let mut prefix = 0u32;
-    let mut above = 0u32;
     let mut remaining = k;
     for pass in 0..PASSES {
-        let shift = shift_of(pass);
-        cube_histogram(
-            keys,
-            &mut counts,
-            u,
-            units,
-            len as usize,
-            prefix,
-            above,
-            shift,
-        );
+        cube_histogram(keys, &mut counts, u, units, len as usize, prefix, pass);
         for d in 0..BINS {
             totals[d as usize] = counts[d as usize * units];
         }
         sync_cube();
         let chosen = bin_reaching(&totals, remaining);
         remaining -= below_bin(&totals, chosen);
-        prefix |= chosen << shift;
-        above |= 15u32 << shift;
+        prefix |= chosen << shift_of(pass);
     }
     if u == 0 {
         out[0] = i32::cast_from(prefix);
@@ -362,24 +350,10 @@ fn kth_pass(keys: &Array<i32>, totals: &Array<Atomic<u32>>, len: u32, k: u32, pa
     let u = UNIT_POS as usize;
     let units = UNITS as usize;
     let prefix = replayed_prefix(totals, k, pass);
-    let mut above = 0u32;
-    for q in 0..pass {
-        above |= 15u32 << shift_of(q);
-    }
     let mut counts = SharedMemory::<u32>::new((BINS * UNITS) as usize);
     let first = CUBE_POS_X as usize * units + u;
     let stride = CUBE_COUNT_X as usize * units;
-    let shift = shift_of(pass);
-    cube_histogram(
-        keys,
-        &mut counts,
-        first,
-        stride,
-        len as usize,
-        prefix,
-        above,
-        shift,
-    );
+    cube_histogram(keys, &mut counts, first, stride, len as usize, prefix, pass);
     if u < BINS as usize {
         let total = counts[u * units];
         if total > 0u32 {
