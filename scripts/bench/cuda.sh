@@ -32,8 +32,9 @@
 # wiki.test.raw. SHAPES picks the configs (profiles/models/NAME.json); each
 # runs RUNS (default "wanda:prunemem wanda:reference", then any other
 # METHOD:TOOL pairs; TOOL prunemem-warm is prunemem again, its kernels
-# compiled by the run before and loaded from the cache; prunemem-host is
-# that with --keep-pruned host; prunemem-owl adds --owl (no reference:
+# compiled by the run before and loaded from the cache; prunemem-device and
+# prunemem-host are that with --keep-pruned device or host (the default
+# evaluates each pruned layer inside the prune, --keep-pruned inline); prunemem-owl adds --owl (no reference:
 # compare its seconds with the method's alone); prunemem-24 and reference-24 prune 2:4;
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
 # tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
@@ -261,7 +262,10 @@ for shape in $SHAPES; do
       prunemem) step "$shape-$method" prunemem_run "$model" "$method" "$shape-$method" ;;
       # The same again: cubecl's compiled kernels are now in the cache.
       prunemem-warm) step "$shape-$method-warm" prunemem_run "$model" "$method" "$shape-$method-warm" ;;
-      # Again, the pruned layers waiting in host memory (the least device memory).
+      # Again, the pruned layers kept on the device for the evaluation
+      # (the default before the evaluation ran inside the prune, 2026-11-29).
+      prunemem-device) step "$shape-$method-device" prunemem_run "$model" "$method" "$shape-$method-device" --keep-pruned device ;;
+      # Again, the pruned layers waiting in host memory.
       prunemem-host) step "$shape-$method-host" prunemem_run "$model" "$method" "$shape-$method-host" --keep-pruned host ;;
       # OWL's layer sparsities: its outlier pass on the device first.
       prunemem-owl) step "$shape-$method-owl" prunemem_run "$model" "$method" "$shape-$method-owl" --owl ;;

@@ -215,6 +215,18 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         w.sparsity = crate::model::compressed::declared_sparsity(dir).unwrap_or(w.sparsity);
         w.stored_bytes = crate::model::compressed::stored_width(dir).unwrap_or(w.stored_bytes);
     }
+    // A streamed device prune evaluates each layer as it is pruned when
+    // the windows' hidden states are no more than the layers it would
+    // keep (`kept::Place::choose`, with the device's size unknown here).
+    let layer_method = !matches!(args.method, Task::Inference | Task::Train | Task::GradProbe);
+    let eval_states = w.eval_windows * w.seqlen * arch.hidden * w.dtype.size();
+    let layers = arch.layers * arch.layer_params() * w.dtype.size();
+    w.eval_inline = engine == Engine::Prunemem
+        && device.is_gpu()
+        && layer_method
+        && !w.resident
+        && w.eval_windows > 0
+        && eval_states <= layers;
     // The model's own tokenizer, beside its config.json.
     w.tokenizer = args
         .model

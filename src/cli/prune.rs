@@ -77,7 +77,7 @@ pub struct PruneArgs {
     /// Keep the calibration activations in host memory between layers, uploading one batch at a time (for models whose activations do not fit on the device)
     #[arg(long)]
     pub offload_activations: bool,
-    /// Where a device run's pruned layers wait for the evaluation: auto (the device when the predicted peak plus every layer fits, else host memory, else disk), device, host (the least device memory: each layer uploaded again for the evaluation) or disk
+    /// Where a device run's pruned layers wait for the evaluation: auto (inline when the evaluation's hidden states are no larger than the layers and fit beside the predicted peak; else the device when the peak plus every layer fits, else host memory, else disk), inline (each layer evaluated as it is pruned, none kept; the layer-by-layer methods), device, host (each layer uploaded again for the evaluation) or disk
     #[arg(long, default_value = "auto")]
     pub keep_pruned: KeepPruned,
     /// Compute dtype (default: f32 on the CPU, f16 on a GPU device, as the reference scripts)

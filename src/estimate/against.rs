@@ -290,8 +290,9 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         if let Some(n) = s.results.get("text_bytes").and_then(|v| v.as_u64()) {
             workload.text_bytes = n;
         }
-        workload.kept_on_device =
-            s.results.get("pruned_layers_kept").and_then(|v| v.as_str()) == Some("device");
+        let kept = s.results.get("pruned_layers_kept").and_then(|v| v.as_str());
+        workload.kept_on_device = kept == Some("device");
+        workload.eval_inline = kept == Some("inline");
         workload.probe_layers_on_device =
             s.results.get("gradprobe_layers").and_then(|v| v.as_str()) == Some("device");
     }

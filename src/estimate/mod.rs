@@ -236,6 +236,10 @@ pub struct Workload {
     /// Pruning on a device: the pruned layers wait on the device for the
     /// evaluation (`pruned_layers_kept: device`) instead of streaming.
     pub kept_on_device: bool,
+    /// Pruning on a device: the evaluation runs each pruned layer as it is
+    /// pruned (`pruned_layers_kept: inline`), its hidden states held
+    /// through the prune, and only the head is left after it.
+    pub eval_inline: bool,
     /// GradProbe on a device: its decoder layers (and an unchanged head's
     /// table) kept on the device between the passes (`gradprobe_layers:
     /// device`) instead of streamed four times a step.
@@ -297,6 +301,7 @@ impl Workload {
             dsnot: false,
             offload_activations: false,
             kept_on_device: false,
+            eval_inline: false,
             probe_layers_on_device: false,
             fused_attention: false,
             swiglu_kernel: false,

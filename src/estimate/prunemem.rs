@@ -169,6 +169,13 @@ fn forward_with_hessians(a: &Arch, tokens: u64, batches: u64) -> u64 {
 /// fused kernel (`model::cpu_ops`) from `[seq, head_dim]` tables and caches
 /// none.
 pub(super) fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u64 {
+    let rest = if batch > 0 { windows % batch } else { 0 };
+    rope_table_rows(a, w, batch.min(windows) + rest)
+}
+
+/// The expanded rotary tables for batch shapes of `rows` windows in all
+/// (the sum of the distinct batch sizes that ran).
+pub(super) fn rope_table_rows(a: &Arch, w: &Workload, rows: u64) -> u64 {
     if w.device == Device::Cpu && w.dtype == ComputeDtype::F32 {
         return 0;
     }
@@ -177,8 +184,7 @@ pub(super) fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u
     } else {
         a.q_dim() + a.kv_dim()
     };
-    let rest = if batch > 0 { windows % batch } else { 0 };
-    2 * (batch.min(windows) + rest) * w.seqlen * widths * w.dtype.size()
+    2 * rows * w.seqlen * widths * w.dtype.size()
 }
 
 /// Loading one layer: its largest linear as stored bytes and as the

@@ -38,7 +38,9 @@
 //! outside the pool (nvidia-smi counts it; the profiler's device figures do
 //! not; the GPU table subtracts it from each card).
 
+mod eval;
 mod gradprobe;
+use eval::{Inline, eval_phase, inline_eval};
 pub use gradprobe::phases as gradprobe_phases;
 
 use super::device_pool::{self, Beside};
@@ -275,7 +277,8 @@ pub fn phases(a: &Arch, w: &Workload, m: Method, notes: &mut Vec<String>) -> Vec
                 ),
         );
     }
-    out.push(prune_phase(a, w, m, &s, weights, tokens, n));
+    let inline = inline_eval(a, w, &s, n);
+    out.push(prune_phase(a, w, m, &s, weights, tokens, n, inline));
     if w.eval_windows > 0 {
         out.push(eval_phase(
             a,
@@ -373,7 +376,9 @@ pub fn inference_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<
 
 /// The layer-by-layer pass: what stays for the run, one layer and its
 /// statistics, and the largest of the forward, the statistics' update and a
-/// pruned weight uploaded beside the one it replaces.
+/// pruned weight uploaded beside the one it replaces; with the evaluation
+/// inside it, its hidden states too and its forward among the largest.
+#[allow(clippy::too_many_arguments)]
 fn prune_phase(
     a: &Arch,
     w: &Workload,
@@ -382,6 +387,7 @@ fn prune_phase(
     weights: (&str, u64),
     tokens: u64,
     n: u64,
+    inline: Option<Inline>,
 ) -> Phase {
     let calibrated = n > 0;
     let batch = w.batch_size.min(n.max(1));
@@ -422,18 +428,24 @@ fn prune_phase(
         ),
         _ => ("pruned weight (upload)", a.largest_linear() * s.c),
     };
+    let eval_forward = inline
+        .as_ref()
+        .map_or(0, |e| e.forward.saturating_sub(stats));
     let (t_name, t) = [
         ("activations", forward),
         ("statistics update", update),
         moment,
+        ("activations (evaluation)", eval_forward),
     ]
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
-    let rope = match calibrated {
-        true => rope(a, w, batch, n),
-        false => rope(a, w, 0, 0),
+    let rope = match (&inline, calibrated) {
+        (Some(e), _) => e.rope,
+        (None, true) => rope(a, w, batch, n),
+        (None, false) => rope(a, w, 0, 0),
     };
+    let eval_states = inline.as_ref().map_or(0, |e| e.hidden_states);
     // What the pool keeps freed beside SparseGPT's factorisation.
     let kept = match (m, w.dsnot) {
         (Method::SparseGpt, false) if calibrated => {
@@ -442,8 +454,11 @@ fn prune_phase(
         }
         _ => 0,
     };
-    let held = weights.1 + acts + rope + stats;
-    let reserved = prune_reserve(a, w, m, n, held, t).max(held + moment.1 + kept);
+    let held = weights.1 + acts + rope + stats + eval_states;
+    let eval_pages = inline.as_ref().map_or(0, |e| held - stats + e.pages);
+    let reserved = prune_reserve(a, w, m, n, held, t)
+        .max(held + moment.1 + kept)
+        .max(eval_pages);
     Phase::new("prune", &[stages::BEFORE_PRUNING, stages::AFTER_PRUNING])
         .add(weights.0, weights.1)
         .add(
@@ -457,6 +472,7 @@ fn prune_phase(
         // Built for every run; expanded per batch shape once windows run.
         .add("rotary tables", rope)
         .add("statistics", stats)
+        .add("evaluation hidden states", eval_states)
         .add(t_name, t)
         .reserving(reserved)
 }
@@ -488,96 +504,6 @@ fn prune_reserve(a: &Arch, w: &Workload, m: Method, n: u64, held: u64, moment: u
         _ => Beside::Nothing,
     };
     outside.max(held + device_pool::forward(a, w, batch, beside))
-}
-
-/// An evaluation on the device: the embedding table (and an untied head),
-/// one layer (or the whole model), every window's hidden states, the rotary
-/// tables, and the larger of a layer's forward and the head's logits chunk.
-fn eval_phase(
-    a: &Arch,
-    w: &Workload,
-    s: &Sizes,
-    name: &str,
-    stages: [&str; 2],
-    resident: bool,
-) -> Phase {
-    let eval_batch = w.batch_size.min(w.eval_windows);
-    let embed = a.embedding_params() * s.c;
-    let head = if a.tied { 0 } else { embed };
-    // The tables on the device for the whole phase, and the head's table
-    // uploaded after the layers (`embedding_rows`: the embedding reads only
-    // the windows' rows on the host; before it, the embedding and an untied
-    // head went up first).
-    let (tables_always, at_head) = match (resident, w.embedding_rows) {
-        (true, _) => (0, 0),
-        (false, false) => (embed + head, 0),
-        (false, true) => (0, embed),
-    };
-    let rows =
-        (crate::model::perplexity::device_chunk_rows(a.vocab as usize) as u64).min(w.seqlen - 1);
-    // The head runs after the last layer: the normed batch and its chunk
-    // (each row's loss is one kernel over the chunk in its own dtype, with
-    // no f32 copy: `Compute::row_nll`).
-    let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c;
-    // Each batch's hidden states are moved through the layers, held by
-    // nothing else: the residual stream is added in place.
-    let forward = s.forward(eval_batch * w.seqlen) - s.hidden_states(eval_batch);
-    // Streamed, the layer is gone by the time the head runs; kept on the
-    // device, every layer stays and none is uploaded.
-    let kept = w.kept_on_device && !resident && name == "eval";
-    let streamed = if resident || kept {
-        0
-    } else {
-        a.layer_params() * s.c
-    };
-    let (layer, t_name, t) = if streamed + forward >= at_head + logits {
-        (streamed, "activations", forward)
-    } else {
-        (0, "logits chunk", logits)
-    };
-    let (weights_name, weights) = match (resident, t_name) {
-        (true, _) => ("weights (resident)", a.params * s.c),
-        (false, "logits chunk") => ("embeddings and head", tables_always + at_head),
-        (false, _) => ("embeddings and head", tables_always),
-    };
-    let always = if resident { weights } else { tables_always };
-    let kept_bytes = if kept {
-        a.layers * a.layer_params() * s.c
-    } else {
-        0
-    };
-    let tables = rope(a, w, eval_batch, w.eval_windows);
-    // Reserved: the layers' pass (every window's hidden states, a layer,
-    // a forward's pages) or the head's after the pool is emptied (the
-    // batches still waiting, the head's pages).
-    let base = always + kept_bytes + tables;
-    let reserved = (base
-        + s.hidden_states(w.eval_windows)
-        + streamed
-        + device_pool::forward(a, w, eval_batch, Beside::Nothing))
-    .max(
-        base + at_head
-            + s.hidden_states(w.eval_windows - eval_batch)
-            + device_pool::head(a, w, eval_batch, rows),
-    );
-    Phase::new(name, &stages)
-        .add(weights_name, weights)
-        .add("weights (pruned layers kept)", kept_bytes)
-        .add("weights (one layer)", layer)
-        .add(
-            "hidden states",
-            match (resident, t_name) {
-                (true, "logits chunk") => 0,
-                (true, _) => s.hidden_states(eval_batch),
-                // At the head, the first batch has been normed (counted in
-                // the logits) and the rest wait.
-                (false, "logits chunk") => s.hidden_states(w.eval_windows - eval_batch),
-                (false, _) => s.hidden_states(w.eval_windows),
-            },
-        )
-        .add("rotary tables", tables)
-        .add(t_name, t)
-        .reserving(reserved)
 }
 
 #[cfg(test)]

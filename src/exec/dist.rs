@@ -90,6 +90,14 @@ pub fn share<T: Clone>(items: &[T]) -> Vec<T> {
     share_of(items, rank, world)
 }
 
+/// [`share`], borrowed where there is one process (every item is its).
+pub fn share_cow<T: Clone>(items: &[T]) -> std::borrow::Cow<'_, [T]> {
+    match world().1 > 1 {
+        true => std::borrow::Cow::Owned(share(items)),
+        false => std::borrow::Cow::Borrowed(items),
+    }
+}
+
 /// This rank's share of `items` taken in batches of `batch`: batch `k`
 /// goes to rank `k mod world`. Each rank then forms exactly the batches a
 /// single process would, so when every rank holds one batch the ranks'

@@ -153,7 +153,24 @@ pub struct BatchShapes {
     last: Option<Vec<usize>>,
 }
 
+thread_local! {
+    /// The last batch shape any pass on this thread (the computing one)
+    /// ran, for a pass that follows another without an emptied pool.
+    static LAST_SHAPE: std::cell::RefCell<Option<Vec<usize>>> =
+        const { std::cell::RefCell::new(None) };
+}
+
 impl BatchShapes {
+    /// A watch that starts from the shape the pass before it on this
+    /// thread left its buffers for: the evaluation run inside the prune
+    /// (`model::inline_eval`) follows a layer's output pass, whose
+    /// batches may have another shape.
+    pub fn after_last_pass() -> Self {
+        Self {
+            last: LAST_SHAPE.with_borrow(Clone::clone),
+        }
+    }
+
     /// Called before each batch with its dims.
     pub fn next<B: burn::tensor::backend::Backend>(&mut self, dims: &[usize], device: &B::Device) {
         if self.last.as_deref() == Some(dims) {
@@ -163,6 +180,7 @@ impl BatchShapes {
             release_free::<B>(device);
         }
         self.last = Some(dims.to_vec());
+        LAST_SHAPE.with_borrow_mut(|l| *l = Some(dims.to_vec()));
     }
 }
 

@@ -14,6 +14,7 @@ use super::{JobError, base_plan, text};
 use crate::events::{Level, RunStatus, RunSummary, stages};
 use crate::exec::OnDevice;
 use crate::model::Checkpoint;
+use crate::model::kept::PrunedLayers;
 use crate::model::perplexity::{self, EvalOptions, Perplexity, Weights};
 use crate::model::save::PrunedWriter;
 use crate::model::tokenizer::Tokenizer;
@@ -367,9 +368,14 @@ fn prune_and_eval<B: Compute>(
         config.layer_sparsity = Some(sparsities);
     }
     // Where the pruned layers wait for the evaluation (`jobs::waiting`).
-    let streamed_eval = eval_wins.is_some() && model.is_none();
-    let (mut kept, mut scratch) =
-        super::waiting::choose::<B>(job, opened, streamed_eval, writer.is_some(), run)?;
+    let streamed_eval = eval_wins.as_deref().filter(|_| model.is_none());
+    let waiting =
+        super::waiting::choose::<B>(job, opened, streamed_eval, writer.is_some(), run, device)?;
+    let super::waiting::Waiting {
+        mut kept,
+        mut inline,
+        mut scratch,
+    } = waiting;
     let source = match model.as_mut() {
         Some(m) => Source::Resident(m),
         None => Source::Streamed,
@@ -379,8 +385,14 @@ fn prune_and_eval<B: Compute>(
         (None, Some((_, w))) => Some(w),
         _ => None,
     };
-    let keep = kept.as_mut();
-    let prune = engine::prune::<B>(ckpt, source, &config, &calib, target, keep, device, &p)?;
+    let keep: Option<&mut dyn PrunedLayers<B>> = match (kept.as_mut(), inline.as_mut()) {
+        (Some(k), _) => Some(k),
+        (None, Some(e)) => Some(e),
+        (None, None) => None,
+    };
+    let mut prune = engine::prune::<B>(ckpt, source, &config, &calib, target, keep, device, &p)?;
+    // The evaluation's seconds inside the prune are the evaluation's.
+    prune.seconds -= inline.as_ref().map_or(0.0, |e| e.seconds());
     layer_results(run, &prune);
     run.result("text_bytes", text_bytes);
     let seconds: Vec<f64> = prune.layers.iter().map(|l| l.seconds).collect();
@@ -398,21 +410,23 @@ fn prune_and_eval<B: Compute>(
             perplexity: None,
         });
     };
-    // Streaming: the pruned layers are kept, or on disk (complete that
-    // folder).
-    let pruned = match (&model, &kept, writer, &mut scratch) {
-        (Some(_), _, _, _) | (None, Some(_), _, _) => None,
-        (None, None, Some(w), _) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
-        (None, None, None, Some((_, w))) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
-        (None, None, None, None) => {
+    // Streaming: the pruned layers were evaluated or kept, or are on disk
+    // (complete that folder).
+    let in_memory = kept.is_some() || inline.is_some();
+    let pruned = match (&model, in_memory, writer, &mut scratch) {
+        (Some(_), _, _, _) | (None, true, _, _) => None,
+        (None, false, Some(w), _) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
+        (None, false, None, Some((_, w))) => Some(Checkpoint::open(&w.complete(ckpt)?)?),
+        (None, false, None, None) => {
             return Err(internal("pruned weights were not kept for evaluation"));
         }
     };
-    let weights = match (&model, &kept, &pruned) {
-        (Some(m), _, _) => Weights::Resident(m, &ckpt.config),
-        (None, Some(k), _) => Weights::Kept(ckpt, k),
-        (None, None, Some(c)) => Weights::Streamed(c),
-        (None, None, None) => return Err(internal("nothing to evaluate")),
+    let weights = match (&model, &kept, inline, &pruned) {
+        (Some(m), _, _, _) => Weights::Resident(m, &ckpt.config),
+        (None, Some(k), _, _) => Weights::Kept(ckpt, k),
+        (None, None, Some(e), _) => Weights::Evaluated(e.finish()?),
+        (None, None, None, Some(c)) => Weights::Streamed(c),
+        (None, None, None, None) => return Err(internal("nothing to evaluate")),
     };
     let result = evaluate(job, weights, windows, run, device)?;
     Ok(Pruned {

@@ -1,9 +1,11 @@
 //! The pruned layers kept for the evaluation that follows a device prune,
-//! so that it never goes through disk: on the device when they fit beside
-//! the run's own peak, else in host memory in the compute dtype (uploaded
-//! again layer by layer), and only as the last resort written to a scratch
-//! checkpoint that the evaluation streams back (the job's choice, recorded
-//! as `pruned_layers_kept`).
+//! so that it never goes through disk: run through the evaluation as each
+//! is pruned and kept nowhere (`model::inline_eval`), on the device when
+//! they fit beside the run's own peak, else in host memory in the compute
+//! dtype (uploaded again layer by layer), and only as the last resort
+//! written to a scratch checkpoint that the evaluation streams back (the
+//! job's choice, recorded as `pruned_layers_kept`). The engine hands each
+//! pruned layer to a [`PrunedLayers`] and knows no more.
 //!
 //! On the CPU backend the host is the device: the engine keeps streaming
 //! through the scratch checkpoint there (its pages stay in the page cache,
@@ -24,20 +26,48 @@ use crate::memory::tag::Category;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Place {
+    /// Evaluated as it is pruned, then dropped (`model::inline_eval`).
+    Inline,
     Device,
     Host,
     Disk,
+}
+
+/// Where the engine hands each pruned layer, in order: a store that keeps
+/// it for the evaluation ([`Kept`]), or the evaluation itself
+/// (`model::inline_eval`).
+pub trait PrunedLayers<B: Compute> {
+    /// Takes pruned layer `i`; `rope` holds the rotary tables the prune ran
+    /// it with.
+    fn take(
+        &mut self,
+        i: usize,
+        layer: DecoderLayer<B>,
+        rope: &super::Rope<B>,
+    ) -> Result<(), ModelError>;
+}
+
+impl<B: Compute> PrunedLayers<B> for Kept<B> {
+    fn take(
+        &mut self,
+        _: usize,
+        layer: DecoderLayer<B>,
+        _: &super::Rope<B>,
+    ) -> Result<(), ModelError> {
+        self.push(layer)
+    }
 }
 
 impl std::str::FromStr for Place {
     type Err = String;
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "inline" => Ok(Place::Inline),
             "device" => Ok(Place::Device),
             "host" => Ok(Place::Host),
             "disk" => Ok(Place::Disk),
             other => Err(format!(
-                "unknown place '{other}' (expected auto, device, host or disk)"
+                "unknown place '{other}' (expected auto, inline, device, host or disk)"
             )),
         }
     }
@@ -46,18 +76,26 @@ impl std::str::FromStr for Place {
 impl Place {
     pub fn name(self) -> &'static str {
         match self {
+            Place::Inline => "inline",
             Place::Device => "device",
             Place::Host => "host",
             Place::Disk => "disk",
         }
     }
 
-    /// Where `layers_bytes` of pruned layers go: on the device when the
-    /// run's predicted device peak plus them fits `device_budget`, else on
-    /// the host when they fit `host_free` with a quarter to spare, else on
-    /// disk. An unknown budget is not a yes.
+    /// Where `layers_bytes` of pruned layers go. Evaluated as they are
+    /// pruned (`Inline`) when the evaluation's hidden states
+    /// (`eval_bytes`, held through the prune instead of only through the
+    /// evaluation) are no more than the layers and, where the device's
+    /// budget is known, fit it beside the run's predicted device peak;
+    /// else on the device when the peak plus them fits `device_budget`,
+    /// else on the host when they fit `host_free` with a quarter to spare,
+    /// else on disk. An unknown budget is not a yes for keeping every
+    /// layer on the device; the inline evaluation asks no more of the
+    /// device than keeping them would.
     pub fn choose(
         layers_bytes: u64,
+        eval_bytes: Option<u64>,
         device_peak: u64,
         device_budget: Option<u64>,
         host_free: Option<u64>,
@@ -66,7 +104,13 @@ impl Place {
             (Some(n), Some(b)) => n <= b,
             _ => false,
         };
-        if fits(device_peak.checked_add(layers_bytes), device_budget) {
+        let inline = eval_bytes.is_some_and(|e| {
+            e <= layers_bytes
+                && (device_budget.is_none() || fits(device_peak.checked_add(e), device_budget))
+        });
+        if inline {
+            Place::Inline
+        } else if fits(device_peak.checked_add(layers_bytes), device_budget) {
             Place::Device
         } else if fits(layers_bytes.checked_add(layers_bytes / 4), host_free) {
             Place::Host
@@ -114,7 +158,7 @@ impl<B: Compute> std::ops::Deref for LayerRef<'_, B> {
 
 impl<B: Compute> Kept<B> {
     /// Keeps layers at `place` (`Device` or `Host`; `Disk` is the job's
-    /// scratch checkpoint, not kept here).
+    /// scratch checkpoint and `Inline` the evaluation's, not kept here).
     pub fn new(place: Place) -> Self {
         Self {
             place,
@@ -246,18 +290,55 @@ mod tests {
     #[test]
     fn the_place_is_the_device_only_when_a_budget_says_so() {
         let gib = 1u64 << 30;
-        assert_eq!(Place::choose(gib, gib, Some(4 * gib), None), Place::Device);
         assert_eq!(
-            Place::choose(gib, 3 * gib + 1, Some(4 * gib), Some(2 * gib)),
+            Place::choose(gib, None, gib, Some(4 * gib), None),
+            Place::Device
+        );
+        assert_eq!(
+            Place::choose(gib, None, 3 * gib + 1, Some(4 * gib), Some(2 * gib)),
             Place::Host
         );
         // An unknown device size is no room on the device.
-        assert_eq!(Place::choose(gib, 0, None, Some(2 * gib)), Place::Host);
-        assert_eq!(Place::choose(gib, 0, None, Some(gib)), Place::Disk);
-        assert_eq!(Place::choose(gib, 0, None, None), Place::Disk);
+        assert_eq!(
+            Place::choose(gib, None, 0, None, Some(2 * gib)),
+            Place::Host
+        );
+        assert_eq!(Place::choose(gib, None, 0, None, Some(gib)), Place::Disk);
+        assert_eq!(Place::choose(gib, None, 0, None, None), Place::Disk);
         // Sizes near u64::MAX never wrap into a fit.
         assert_eq!(
-            Place::choose(u64::MAX, 1, Some(u64::MAX), Some(u64::MAX)),
+            Place::choose(u64::MAX, None, 1, Some(u64::MAX), Some(u64::MAX)),
+            Place::Disk
+        );
+    }
+
+    #[test]
+    fn the_evaluation_runs_inline_when_its_states_are_no_more_than_the_layers() {
+        let gib = 1u64 << 30;
+        let small = Some(gib / 8);
+        // Known budget: inline when the peak plus the states fit, even
+        // where keeping every layer would not.
+        assert_eq!(
+            Place::choose(gib, small, gib, Some(gib + gib / 8), None),
+            Place::Inline
+        );
+        assert_eq!(
+            Place::choose(gib, small, gib, Some(gib), Some(4 * gib)),
+            Place::Host
+        );
+        // Unknown budget: inline asks no more than keeping would.
+        assert_eq!(Place::choose(gib, small, 0, None, None), Place::Inline);
+        // States larger than the layers: keep the layers instead.
+        assert_eq!(
+            Place::choose(gib, Some(2 * gib), 0, Some(8 * gib), None),
+            Place::Device
+        );
+        assert_eq!(
+            Place::choose(gib, Some(2 * gib), 0, None, Some(4 * gib)),
+            Place::Host
+        );
+        assert_eq!(
+            Place::choose(gib, Some(u64::MAX), u64::MAX, Some(u64::MAX), None),
             Place::Disk
         );
     }

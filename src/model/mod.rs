@@ -12,6 +12,7 @@ pub mod dtype;
 pub mod gguf;
 pub mod host;
 pub mod hub;
+pub mod inline_eval;
 pub mod kept;
 pub mod llama;
 pub mod lock;

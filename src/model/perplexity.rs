@@ -17,6 +17,7 @@ use burn::tensor::{DType, FloatDType};
 
 use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
+use crate::model::inline_eval::Evaluated;
 use crate::model::kept::{Kept, LayerRef};
 use crate::model::llama::Head;
 use crate::model::prefetch;
@@ -31,6 +32,9 @@ pub enum Weights<'a, B: Compute> {
     /// The decoder layers a device prune kept (`model::kept`); the
     /// embedding, final norm and head from the checkpoint.
     Kept(&'a Checkpoint, &'a Kept<B>),
+    /// Every batch already through the pruned layers, inside the prune
+    /// (`model::inline_eval`): the final norm and the head are left.
+    Evaluated(Evaluated<'a, B>),
 }
 
 /// How to evaluate.
@@ -234,14 +238,10 @@ pub fn perplexity<B: Compute>(
     // the losses are summed across ranks.
     crate::exec::dist::check_share("evaluation windows", windows.len(), "--eval-windows")
         .map_err(|e| ModelError::Checkpoint(e.to_string()))?;
-    let shared;
-    let windows = if crate::exec::dist::world().1 > 1 {
-        shared = crate::exec::dist::share(windows);
-        &shared[..]
-    } else {
-        windows
-    };
+    let shared = crate::exec::dist::share_cow(windows);
+    let windows = &shared[..];
     let t = Instant::now();
+    let mut before = 0.0;
     let _phase = timing::phase(timing::Phase::Eval);
     let bs = options.batch_size.max(1);
     let batches: Vec<&[Vec<u32>]> = windows.chunks(bs).collect();
@@ -273,6 +273,26 @@ pub fn perplexity<B: Compute>(
             let kept = Some(kept);
             nll = streamed_nll::<B>(ckpt, kept, &batches, seqlen, options, device, profiler)?;
         }
+        Weights::Evaluated(e) => {
+            let ran: Vec<&[Vec<u32>]> = e.batches.iter().map(Vec::as_slice).collect();
+            if ran != batches {
+                return Err(ModelError::Checkpoint(
+                    "the evaluation inside the prune ran other windows".into(),
+                ));
+            }
+            before = e.seconds;
+            let head = match e.table {
+                Some(data) => LmHead::from_host(data, options.dtype, device)?,
+                None => LmHead::load(e.ckpt, options.dtype, device)?,
+            };
+            let at_head = AtHead {
+                ckpt: e.ckpt,
+                dtype: options.dtype,
+                device,
+                profiler,
+            };
+            nll = at_head.nll(e.xs, e.held, head, &batches)?;
+        }
     }
     // A perplexity of NaN is not an answer: finite weights can still
     // overflow the forward pass (f16's range ends at 65 504).
@@ -290,7 +310,7 @@ pub fn perplexity<B: Compute>(
     ];
     crate::exec::dist::reducer().sum_f64(&mut sums);
     let (mean_loss, evaluated) = (sums[0] / sums[1], sums[1] as usize);
-    let seconds = t.elapsed().as_secs_f64();
+    let seconds = before + t.elapsed().as_secs_f64();
     Ok(Perplexity {
         perplexity: mean_loss.exp(),
         mean_loss,
@@ -372,8 +392,10 @@ fn streamed_nll<B: Compute>(
         .map(|batch| vocab::embed_windows::<B>(ckpt, batch, dtype, device))
         .collect::<Result<Vec<_>, _>>()?;
     drop(activations);
-    let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
-    let mut xs_held = Held::new(Category::Activations, sizes.iter().sum());
+    let xs_held = Held::new(
+        Category::Activations,
+        xs.iter().map(held::tensor_bytes).sum(),
+    );
     let layers = Layers {
         ckpt,
         kept,
@@ -401,29 +423,60 @@ fn streamed_nll<B: Compute>(
         };
         Ok((xs, head))
     })?;
-    let _head_held = Held::new(Category::Weights, c.vocab_table_params() * dtype.size());
-    let norm = ckpt.load_norm::<B>(dtype, device)?;
-    let head = Head::of(&head);
-    // The head over every batch is its own sequence: on a large
-    // vocabulary it takes as long as the layers.
-    let mut nll = Vec::new();
-    let mut shapes = crate::exec::BatchShapes::default();
-    for (k, (x, batch)) in xs.into_iter().zip(batches).enumerate() {
-        shapes.next::<B>(&x.dims(), device);
-        // The batches still waiting stay held; this one is the head's.
-        xs_held.set(sizes[k + 1..].iter().sum());
-        nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
-        if let Some(p) = profiler {
-            p.device_tick(|| format!("eval logits batch {}", k + 1))?;
-            p.progress(
-                "evaluation logits",
-                k,
-                batches.len(),
-                &format!("eval logits batch {}", k + 1),
-            );
+    let at_head = AtHead {
+        ckpt,
+        dtype,
+        device,
+        profiler,
+    };
+    at_head.nll(xs, xs_held, head, batches)
+}
+
+/// The evaluation's last part: the final norm and the head over every
+/// batch's hidden states.
+struct AtHead<'a, B: Compute> {
+    ckpt: &'a Checkpoint,
+    dtype: ComputeDtype,
+    device: &'a B::Device,
+    profiler: Option<&'a Profiler>,
+}
+
+impl<B: Compute> AtHead<'_, B> {
+    /// Each window's summed negative log-likelihood from `xs` (one tensor
+    /// per batch, `xs_held` their bytes) through `head`.
+    fn nll(
+        &self,
+        xs: Vec<Tensor<B, 3>>,
+        mut xs_held: Held,
+        head: LmHead<B>,
+        batches: &[&[Vec<u32>]],
+    ) -> Result<Vec<f64>, ModelError> {
+        let (c, dtype, device) = (&self.ckpt.config, self.dtype, self.device);
+        let sizes: Vec<u64> = xs.iter().map(held::tensor_bytes).collect();
+        let _head_held = Held::new(Category::Weights, c.vocab_table_params() * dtype.size());
+        let norm = self.ckpt.load_norm::<B>(dtype, device)?;
+        let head = Head::of(&head);
+        // The head over every batch is its own sequence: on a large
+        // vocabulary it takes as long as the layers.
+        let mut nll = Vec::new();
+        let mut shapes = crate::exec::BatchShapes::default();
+        for (k, (x, batch)) in xs.into_iter().zip(batches).enumerate() {
+            shapes.next::<B>(&x.dims(), device);
+            // The batches still waiting stay held; this one is the head's.
+            xs_held.set(sizes[k + 1..].iter().sum());
+            nll.extend(window_nll(norm.forward(x), batch, &head, c.vocab_size));
+            if let Some(p) = self.profiler {
+                p.device_tick(|| format!("eval logits batch {}", k + 1))?;
+                p.progress(
+                    "evaluation logits",
+                    k,
+                    batches.len(),
+                    &format!("eval logits batch {}", k + 1),
+                );
+            }
         }
+        Ok(nll)
     }
-    Ok(nll)
 }
 
 /// The decoder layers of a streamed evaluation.

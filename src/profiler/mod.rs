@@ -43,6 +43,10 @@ struct Peaks {
     /// The highest device reading since the last stage and what the pool
     /// was made of then (`memory::held`).
     device_window: Option<(u64, memory::held::Parts)>,
+    /// The latest device reading and its composition: a stage window
+    /// starts at it, so a window whose peak is where it started (the pool
+    /// only emptied inside it) has that reading's composition.
+    device_latest: Option<(u64, memory::held::Parts)>,
     /// The highest bytes the device pool reserved (what the driver sees),
     /// and the phase of the run it was reached in (`timing::Phase`).
     device_reserved: Option<u64>,
@@ -61,10 +65,11 @@ impl Peaks {
             self.device_reserved = reading.reserved;
             self.device_reserved_phase = crate::timing::current_phase().map(|p| p.name());
         }
-        if let (Some(a), Some(parts)) = (reading.allocated, reading.parts)
-            && self.device_window.is_none_or(|(w, _)| a >= w)
-        {
-            self.device_window = Some((a, parts));
+        if let (Some(a), Some(parts)) = (reading.allocated, reading.parts) {
+            self.device_latest = Some((a, parts));
+            if self.device_window.is_none_or(|(w, _)| a >= w) {
+                self.device_window = Some((a, parts));
+            }
         }
     }
 }
@@ -127,6 +132,7 @@ impl Profiler {
                 rss: PeakStack::new(Box::<RssPeak>::default()),
                 device: PeakStack::new(device_peak),
                 device_window: None,
+                device_latest: None,
                 device_reserved: None,
                 device_reserved_phase: None,
                 gpu_util: (0.0, 0),
@@ -189,6 +195,7 @@ impl Profiler {
                 if let Some((_, parts)) = peaks.device_window.take() {
                     snapshot.window_device_peak_categories = memory::held::named(&parts);
                 }
+                peaks.device_window = peaks.device_latest;
             }
         }
         if let Some(heap) = snapshot.heap_allocated {

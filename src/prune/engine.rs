@@ -26,7 +26,7 @@ use super::{LayerMethod, PruneError};
 use crate::events::stages;
 use crate::memory::held::Held;
 use crate::memory::tag::{self, Category};
-use crate::model::kept::Kept;
+use crate::model::kept::PrunedLayers;
 use crate::model::llama::DecoderLayer;
 use crate::model::perplexity::token_tensor;
 use crate::model::prefetch;
@@ -218,8 +218,9 @@ fn embed_each<B: Compute>(
 }
 
 /// Prunes every decoder layer of `ckpt` (or of the resident model), writing
-/// pruned layers to `writer` when given and, streamed, keeping them in
-/// `kept` when given (for the evaluation that follows).
+/// pruned layers to `writer` when given and, streamed, handing them to
+/// `kept` when given (a store for the evaluation that follows, or the
+/// evaluation itself).
 #[allow(clippy::too_many_arguments)]
 pub fn prune<B: Compute>(
     ckpt: &Checkpoint,
@@ -227,7 +228,7 @@ pub fn prune<B: Compute>(
     config: &PruneConfig,
     calibration: &[Vec<u32>],
     mut writer: Option<&mut PrunedWriter>,
-    mut kept: Option<&mut Kept<B>>,
+    mut kept: Option<&mut dyn PrunedLayers<B>>,
     device: &B::Device,
     profiler: &Profiler,
 ) -> Result<PruneOutcome, PruneError> {
@@ -324,7 +325,7 @@ impl<B: Compute> LayerPass<'_, B> {
         source: &mut Source<'_, B>,
         inps: &mut Activations<B>,
         mut writer: Option<&mut PrunedWriter>,
-        kept: Option<&mut Kept<B>>,
+        kept: Option<&mut (dyn PrunedLayers<B> + '_)>,
         ready: Option<prefetch::HostLayer>,
     ) -> Result<LayerReport, PruneError> {
         let (ckpt, config, device, profiler) = (self.ckpt, self.config, self.device, self.profiler);
@@ -408,10 +409,10 @@ impl<B: Compute> LayerPass<'_, B> {
             w.copy_rest(ckpt, &format!("model.layers.{i}."))?;
         }
         if let (Some(kept), Some(layer)) = (kept, owned) {
-            // The kept layer's bytes move from this layer's guard to the
-            // store's.
+            // The layer's bytes move from this layer's guard to the
+            // store's (or the evaluation's, while it runs the layer).
             drop(_held.take());
-            kept.push(layer)?;
+            kept.take(i, layer, &self.rope)?;
         }
         // What this layer's passes freed goes back to the driver before
         // the next layer allocates (`exec::cube`).

@@ -166,10 +166,16 @@ pub fn device(s: &mut String, run: &RunData) {
         );
     }
     if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
-        let _ = writeln!(
-            s,
-            "The pruned layers waited for the evaluation on the {k}.\n"
-        );
+        let _ = match k {
+            "inline" => writeln!(
+                s,
+                "The evaluation ran each pruned layer as it was pruned; no layer waited.\n"
+            ),
+            _ => writeln!(
+                s,
+                "The pruned layers waited for the evaluation on the {k}.\n"
+            ),
+        };
     }
     if let Some(a) = r.get("attention") {
         let n = |k: &str| a[k].as_u64().unwrap_or(0);

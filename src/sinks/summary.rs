@@ -108,7 +108,10 @@ impl StageTable {
             );
         }
         if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
-            out += &format!("{:<16} on the {k}\n", "Pruned layers");
+            out += &match k {
+                "inline" => format!("{:<16} evaluated as pruned, none kept\n", "Pruned layers"),
+                _ => format!("{:<16} on the {k}\n", "Pruned layers"),
+            };
         }
         if let Some(k) = r.get("gradprobe_layers").and_then(|v| v.as_str()) {
             out += &format!("{:<16} {k} between the passes\n", "Probed layers");

@@ -30,8 +30,10 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
             s(&logs),
             "--json",
         ];
+        // RIA's layers are kept on the device (the evaluation inside the
+        // prune, the default, is `tests/device/inline.rs`'s).
         if let Some(cap) = cap {
-            extra.extend(["--device-memory", cap]);
+            extra.extend(["--device-memory", cap, "--keep-pruned", "device"]);
         }
         let mut argv = wanda_on_wgpu(&model, &text, &extra);
         let at = argv.iter().position(|a| *a == "wanda").unwrap();
@@ -90,7 +92,7 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
         let kept = json["pruned_layers_kept"].as_str().unwrap();
         assert_eq!(
             kept,
-            if cap.is_some() { "device" } else { "host" },
+            if cap.is_some() { "device" } else { "inline" },
             "{method}"
         );
         let events = events(&logs);

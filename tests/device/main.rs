@@ -25,6 +25,7 @@ mod support;
 mod bus;
 mod eval;
 mod gradprobe_pool;
+mod inline;
 mod kernels;
 mod masks;
 mod runs;
