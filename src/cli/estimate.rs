@@ -219,8 +219,9 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     // the windows' hidden states are no more than the layers it would
     // keep (`kept::Place::choose`, with the device's size unknown here).
     let layer_method = !matches!(args.method, Task::Inference | Task::Train | Task::GradProbe);
-    let eval_states = w.eval_windows * w.seqlen * arch.hidden * w.dtype.size();
-    let layers = arch.layers * arch.layer_params() * w.dtype.size();
+    let bytes = |factors: [u64; 4]| factors.into_iter().fold(1u64, u64::saturating_mul);
+    let eval_states = bytes([w.eval_windows, w.seqlen, arch.hidden, w.dtype.size()]);
+    let layers = bytes([arch.layers, arch.layer_params(), w.dtype.size(), 1]);
     w.eval_inline = engine == Engine::Prunemem
         && device.is_gpu()
         && layer_method

@@ -144,10 +144,10 @@ impl<'a, B: Compute> InlineEval<'a, B> {
                 layer.forward(x, rope)
             })
             .collect();
+        // No progress of its own: the prune's progress for this layer
+        // follows, and one pass's pace keeps the live view's ETA steady.
         if let Some(p) = &self.profiler {
             p.device_tick(|| format!("eval model.layers.{i}"))?;
-            let n = self.ckpt.config.num_layers;
-            p.progress("evaluation", i, n, &format!("eval model.layers.{i}"));
         }
         Ok(())
     }
