@@ -35,10 +35,17 @@ pub(super) fn inline_eval(a: &Arch, w: &Workload, s: &Sizes, n: u64) -> Option<I
     let rows = shapes.iter().sum();
     Some(Inline {
         hidden_states: s.hidden_states(w.eval_windows),
-        forward: s.forward(eval_batch * w.seqlen) - s.hidden_states(eval_batch),
+        forward: evaluation_forward(s, eval_batch),
         pages: device_pool::forward(a, w, eval_batch, Beside::Nothing),
         rope: rope_base(a, w) + super::super::prunemem::rope_table_rows(a, w, rows),
     })
+}
+
+/// A layer's forward of one evaluation batch of `batch` windows: each
+/// batch's hidden states are moved through the layers, held by nothing
+/// else, so the residual stream is added in place.
+fn evaluation_forward(s: &Sizes, batch: u64) -> u64 {
+    s.forward(batch * s.seqlen) - s.hidden_states(batch)
 }
 
 /// An evaluation on the device: the embedding table (and an untied head),
@@ -70,15 +77,15 @@ pub(super) fn eval_phase(
     // (each row's loss is one kernel over the chunk in its own dtype, with
     // no f32 copy: `Compute::row_nll`).
     let logits = s.hidden_states(eval_batch) + rows * a.vocab * s.c;
-    // Each batch's hidden states are moved through the layers, held by
-    // nothing else: the residual stream is added in place.
-    let forward = s.forward(eval_batch * w.seqlen) - s.hidden_states(eval_batch);
     // Streamed, the layer is gone by the time the head runs; kept on the
     // device, every layer stays and none is uploaded; run inside the
     // prune, only the head is left.
     let kept = w.kept_on_device && !resident && name == "eval";
     let inline = w.eval_inline && !resident && name == "eval";
-    let forward = if inline { 0 } else { forward };
+    let forward = match inline {
+        true => 0,
+        false => evaluation_forward(s, eval_batch),
+    };
     let streamed = if resident || kept || inline {
         0
     } else {
