@@ -96,7 +96,8 @@ fn a_prune_job_reports_to_the_sinks_it_is_given() {
     );
     assert!((outcome.prune.sparsity() - 0.5).abs() < 1e-9);
     assert!(outcome.saved.is_none() && outcome.logs.is_none());
-    // The evaluation's head has its own progress after the layers'.
+    // The evaluation's head has its own progress after the layers' (run
+    // inside the prune, so the last layer's is the prune's).
     let names: Vec<&str> = events
         .iter()
         .filter_map(|e| match e {
@@ -104,9 +105,12 @@ fn a_prune_job_reports_to_the_sinks_it_is_given() {
             _ => None,
         })
         .collect();
-    let last_layer = names
-        .iter()
-        .rposition(|n| n.starts_with("eval model.layers"));
+    assert_eq!(
+        outcome.summary.results["pruned_layers_kept"], "inline",
+        "a CPU run evaluates inside the prune"
+    );
+    assert!(!names.iter().any(|n| n.starts_with("eval model.layers")));
+    let last_layer = names.iter().rposition(|n| n.starts_with("model.layers"));
     let logits = names
         .iter()
         .position(|n| n.starts_with("eval logits batch"));

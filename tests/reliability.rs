@@ -220,6 +220,8 @@ fn ctrl_c_during_evaluation_leaves_no_scratch_model() {
             "128",
             "--eval-text",
             s(&text),
+            "--keep-pruned",
+            "disk",
             "--ui",
             "none",
             "--log-memory",

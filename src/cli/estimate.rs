@@ -215,20 +215,9 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         w.sparsity = crate::model::compressed::declared_sparsity(dir).unwrap_or(w.sparsity);
         w.stored_bytes = crate::model::compressed::stored_width(dir).unwrap_or(w.stored_bytes);
     }
-    // A streamed device prune evaluates each layer as it is pruned where
-    // the run's own choice would (`kept::Place::choose`, the device's size
-    // unknown here).
-    let layer_method = !matches!(args.method, Task::Inference | Task::Train | Task::GradProbe);
-    let bytes = |factors: [u64; 4]| factors.into_iter().fold(1u64, u64::saturating_mul);
-    let eval_states = bytes([w.eval_windows, w.seqlen, arch.hidden, w.dtype.size()]);
-    let layers = bytes([arch.layers, arch.layer_params(), w.dtype.size(), 1]);
-    let inline = crate::model::kept::Place::choose(layers, Some(eval_states), 0, None, None);
-    w.eval_inline = engine == Engine::Prunemem
-        && device.is_gpu()
-        && layer_method
-        && !w.resident
-        && w.eval_windows > 0
-        && inline == crate::model::kept::Place::Inline;
+    // A streamed prune evaluates each layer as it is pruned where the
+    // run's own choice would (the memory unknown here).
+    w.eval_inline = w.inline_by_default(&arch);
     // The model's own tokenizer, beside its config.json.
     w.tokenizer = args
         .model

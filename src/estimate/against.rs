@@ -133,6 +133,16 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);
+    // Where the pruned layers would wait, as asked (`keep_pruned`; logs
+    // from before it name none: none ran inline on the CPU). A finished
+    // run's `pruned_layers_kept` replaces it (`compare`).
+    w.eval_inline = match setting("keep_pruned") {
+        Some("inline") => {
+            super::prunemem::method(&w).is_some() && !w.resident && w.eval_windows > 0
+        }
+        Some("auto") => w.inline_by_default(&arch),
+        _ => false,
+    };
     Ok((arch, w))
 }
 

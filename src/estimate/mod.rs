@@ -236,9 +236,9 @@ pub struct Workload {
     /// Pruning on a device: the pruned layers wait on the device for the
     /// evaluation (`pruned_layers_kept: device`) instead of streaming.
     pub kept_on_device: bool,
-    /// Pruning on a device: the evaluation runs each pruned layer as it is
-    /// pruned (`pruned_layers_kept: inline`), its hidden states held
-    /// through the prune, and only the head is left after it.
+    /// Pruning: the evaluation runs each pruned layer as it is pruned
+    /// (`pruned_layers_kept: inline`), its hidden states held through the
+    /// prune, and only the head is left after it.
     pub eval_inline: bool,
     /// GradProbe on a device: its decoder layers (and an unchanged head's
     /// table) kept on the device between the passes (`gradprobe_layers:
@@ -313,6 +313,28 @@ impl Workload {
             matmul_workspace: crate::model::matmul::workspace_bytes(),
             compressed: None,
         }
+    }
+
+    /// Whether a streamed prune of this workload evaluates inside the
+    /// prune by the run's own rule where the memory is unknown
+    /// (`kept::Place::choose` on a device, `choose_on_host` on the CPU):
+    /// prunemem's layer-by-layer methods, when the windows' hidden states
+    /// are no larger than the decoder layers.
+    pub fn inline_by_default(&self, a: &Arch) -> bool {
+        use crate::model::kept::Place;
+        let bytes = |factors: [u64; 4]| factors.into_iter().fold(1u64, u64::saturating_mul);
+        let c = self.dtype.size();
+        let states = bytes([self.eval_windows, self.seqlen, a.hidden, c]);
+        let layers = bytes([a.layers, a.layer_params(), c, 1]);
+        let place = match self.device.is_gpu() {
+            true => Place::choose(layers, Some(states), 0, None, None),
+            false => Place::choose_on_host(layers, states, 0, None),
+        };
+        self.engine == Engine::Prunemem
+            && prunemem::method(self).is_some()
+            && !self.resident
+            && self.eval_windows > 0
+            && place == Place::Inline
     }
 }
 

@@ -173,6 +173,31 @@ pub(super) fn rope_tables(a: &Arch, w: &Workload, batch: u64, windows: u64) -> u
     rope_table_rows(a, w, batch.min(windows) + rest)
 }
 
+/// The windows of every distinct batch shape a streamed prune's one set
+/// of rotary tables sees when the evaluation runs inside it
+/// (`model::inline_eval`): the calibration's batches of `nsamples` and the
+/// evaluation's.
+pub(super) fn inline_rope_rows(w: &Workload, nsamples: u64) -> u64 {
+    let eval_batch = w.batch_size.min(w.eval_windows);
+    let mut shapes = Vec::new();
+    for (batch, total) in [
+        (w.batch_size.min(nsamples), nsamples),
+        (eval_batch, w.eval_windows),
+    ] {
+        if total > 0 && batch > 0 {
+            shapes.extend([batch, total % batch].into_iter().filter(|b| *b > 0));
+        }
+    }
+    shapes.sort_unstable();
+    shapes.dedup();
+    shapes.iter().sum()
+}
+
+/// Whether the evaluation runs inside the prune (`model::inline_eval`).
+pub(super) fn evaluates_inline(w: &Workload) -> bool {
+    w.eval_inline && !w.resident && w.eval_windows > 0
+}
+
 /// The expanded rotary tables for batch shapes of `rows` windows in all
 /// (the sum of the distinct batch sizes that ran).
 pub(super) fn rope_table_rows(a: &Arch, w: &Workload, rows: u64) -> u64 {
@@ -322,9 +347,18 @@ fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
 }
 
 /// The layer loop, at the largest of its moments: a layer's load, its
-/// forward (with the method's statistics), or its pruning.
+/// forward (with the method's statistics), its pruning, or, with the
+/// evaluation inside the prune, an evaluation batch through the pruned
+/// layer (every window's hidden states held from the first layer on, each
+/// batch's output replacing its input).
 fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
     let tokens = sh.batch * w.seqlen;
+    let inline = evaluates_inline(w);
+    let eval_tokens = w.batch_size.min(w.eval_windows) * w.seqlen;
+    let eval_forward = match inline {
+        true => forward(a, eval_tokens) - eval_tokens * a.hidden * sh.c,
+        false => 0,
+    };
     let (transient_name, transient) = [
         ("load transient", load_transient(a, w)),
         (
@@ -343,6 +377,7 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
             (Method::SparseGpt, false) => ("OBS sweep transient", prune_transient(a, m)),
             _ => ("pruning transient", prune_transient(a, m)),
         },
+        ("evaluation forward", eval_forward),
     ]
     .into_iter()
     .max_by_key(|(_, b)| *b)
@@ -352,13 +387,20 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
     } else {
         ("weights (one layer)", a.layer_params() * sh.c)
     };
-    let (rotary, workspace) = if sh.calibrated {
-        (
+    let (rotary, workspace) = match (sh.calibrated, inline) {
+        (_, true) => (
+            rope_table_rows(a, w, inline_rope_rows(w, sh.nsamples)),
+            compute_workspace(w),
+        ),
+        (true, false) => (
             rope_tables(a, w, sh.batch, sh.nsamples),
             compute_workspace(w),
-        )
-    } else {
-        (0, PRUNING_THREADS_WORKSPACE)
+        ),
+        (false, false) => (0, PRUNING_THREADS_WORKSPACE),
+    };
+    let eval_states = match inline {
+        true => w.eval_windows * w.seqlen * a.hidden * sh.c,
+        false => 0,
     };
     sh.base(Phase::new(
         "prune",
@@ -366,6 +408,7 @@ fn prune_phase(a: &Arch, w: &Workload, m: Method, sh: &Shape) -> Phase {
     ))
     .add(weights_name, weights)
     .add("calibration buffers", sh.calibration)
+    .add("evaluation hidden states", eval_states)
     .add("rotary tables", rotary)
     .add("compute workspace", workspace)
     .add(transient_name, transient)

@@ -232,9 +232,12 @@ impl Run {
     }
 
     /// The estimator's peak for this run's plan (the device pool's on a
-    /// device run); `None` where the estimator cannot place the plan.
+    /// device run) with its pruned layers streamed to the evaluation: what
+    /// the choice of where they wait adds to (`jobs::waiting`). `None`
+    /// where the estimator cannot place the plan.
     pub fn predicted_peak(&self) -> Option<u64> {
-        let (arch, w) = crate::estimate::against::workload_of(&self.plan).ok()?;
+        let (arch, mut w) = crate::estimate::against::workload_of(&self.plan).ok()?;
+        w.eval_inline = false;
         crate::estimate::estimate(&arch, &w).ok().map(|e| e.peak())
     }
 

@@ -193,6 +193,8 @@ fn plan(job: &PruneJob, ckpt: &Checkpoint, seqlen: usize) -> crate::events::RunP
     s.insert("save_format".into(), json!(job.save_format));
     s.insert("eval_windows".into(), json!(job.eval_windows));
     s.insert("eval_dense".into(), json!(job.eval_dense));
+    let keep = job.keep_pruned.map_or("auto", |p| p.name());
+    s.insert("keep_pruned".into(), json!(keep));
     if job.method == Method::SparseGpt {
         s.insert("percdamp".into(), json!(job.percdamp));
         s.insert("blocksize".into(), json!(job.blocksize));

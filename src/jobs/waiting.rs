@@ -70,8 +70,8 @@ pub(super) fn choose<'a, B: Compute>(
 /// The store for a device run's pruned layers in `dtype` while they wait
 /// for the evaluation, where it is memory (never inline: GradProbe's
 /// evaluation follows its last step), the place recorded
-/// (`pruned_layers_kept`) and said in the log. `None`: a CPU run, nothing
-/// to evaluate, or disk.
+/// (`pruned_layers_kept`) and said in the log. `None`: a CPU run (its own
+/// scratch model), nothing to evaluate, or disk.
 pub(super) fn keep<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
@@ -107,9 +107,9 @@ fn place<B: Compute>(
     Some(place)
 }
 
-/// Where a streamed device prune keeps its pruned layers for the
-/// evaluation (`None`: nothing to keep — a CPU run, a resident model, or no
-/// evaluation): `kept::Place::choose` from every layer's bytes in `dtype`,
+/// Where a streamed prune keeps its pruned layers for the evaluation
+/// (`None`: nothing to keep — a resident model, no evaluation, or
+/// GradProbe on the CPU; a CPU run: [`cpu_place`]): `kept::Place::choose` from every layer's bytes in `dtype`,
 /// the evaluation's hidden states (`eval_bytes`; `None` where it cannot
 /// run inline), the run's predicted device peak, its memory
 /// (`--device-memory`, or a CUDA card's) and the host's; or where
@@ -123,8 +123,12 @@ fn keep_place<B: Compute>(
     dtype: ComputeDtype,
     run: &Run,
 ) -> Option<Place> {
-    if !B::is_device() || !evaluates {
+    if !evaluates {
         return None;
+    }
+    if !B::is_device() {
+        // GradProbe on the CPU streams its own scratch model.
+        return eval_bytes.map(|e| cpu_place(job, opened, e, dtype, run));
     }
     match job.keep_pruned {
         Some(Place::Inline) if eval_bytes.is_none() => run.profiler.message(
@@ -145,6 +149,34 @@ fn keep_place<B: Compute>(
         run.exec.memory_cap(),
         host,
     ))
+}
+
+/// Where a CPU run's pruned layers wait (`kept::Place::choose_on_host`):
+/// inline or disk, as `--keep-pruned` says or as they fit; `device` and
+/// `host` are a device run's places (the CPU's layers are already in host
+/// memory, and keeping them all would hold the whole model).
+fn cpu_place(
+    job: &PruneJob,
+    opened: &Opened,
+    eval_bytes: u64,
+    dtype: ComputeDtype,
+    run: &Run,
+) -> Place {
+    match job.keep_pruned {
+        Some(place @ (Place::Inline | Place::Disk)) => return place,
+        Some(place) => run.profiler.message(
+            Level::Warn,
+            format!(
+                "--keep-pruned {}: a device run's place; on the CPU the pruned layers are evaluated inline or streamed from disk",
+                place.name()
+            ),
+        ),
+        None => {}
+    }
+    let layers = crate::model::kept::all_layers_bytes(&opened.ckpt.config, dtype);
+    let peak = run.predicted_peak().unwrap_or(0);
+    let host = crate::memory::process::available_memory();
+    Place::choose_on_host(layers, eval_bytes, peak, host)
 }
 
 /// A writer into a scratch folder (removed on every exit path) for

@@ -7,10 +7,11 @@
 //! job's choice, recorded as `pruned_layers_kept`). The engine hands each
 //! pruned layer to a [`PrunedLayers`] and knows no more.
 //!
-//! On the CPU backend the host is the device: the engine keeps streaming
-//! through the scratch checkpoint there (its pages stay in the page cache,
-//! and the run's resident set is what its users budget), so this is used by
-//! device runs only.
+//! On the CPU backend the host is the device: a layer kept would be the
+//! whole model beside the run, so a CPU run evaluates inline or, where the
+//! evaluation's hidden states do not fit, streams through the scratch
+//! checkpoint ([`Place::choose_on_host`]); [`Kept`] is used by device runs
+//! only.
 
 use burn::prelude::*;
 use burn_store::{ModuleSnapshot, TensorSnapshot};
@@ -114,6 +115,27 @@ impl Place {
             Place::Device
         } else if fits(layers_bytes.checked_add(layers_bytes / 4), host_free) {
             Place::Host
+        } else {
+            Place::Disk
+        }
+    }
+    /// Where a CPU run's pruned layers go, where the host is the device:
+    /// evaluated as they are pruned (`Inline`) when the evaluation's hidden
+    /// states (`eval_bytes`, held in memory through the prune) are no more
+    /// than the layers' `layers_bytes` and, where the memory available is
+    /// known, fit it beside the run's predicted `peak`; else the scratch
+    /// checkpoint (`Disk`), which costs disk and no memory. Never kept:
+    /// every layer in memory is the whole model beside the run.
+    pub fn choose_on_host(
+        layers_bytes: u64,
+        eval_bytes: u64,
+        peak: u64,
+        host_free: Option<u64>,
+    ) -> Place {
+        let fits =
+            host_free.is_none_or(|free| peak.checked_add(eval_bytes).is_some_and(|n| n <= free));
+        if eval_bytes <= layers_bytes && fits {
+            Place::Inline
         } else {
             Place::Disk
         }
@@ -339,6 +361,31 @@ mod tests {
         );
         assert_eq!(
             Place::choose(gib, Some(u64::MAX), u64::MAX, Some(u64::MAX), None),
+            Place::Disk
+        );
+    }
+
+    #[test]
+    fn a_cpu_run_evaluates_inline_or_streams_from_disk() {
+        let gib = 1u64 << 30;
+        // Unknown memory, or the states fit beside the peak: inline.
+        assert_eq!(
+            Place::choose_on_host(gib, gib / 8, gib, None),
+            Place::Inline
+        );
+        assert_eq!(
+            Place::choose_on_host(gib, gib / 8, gib, Some(gib + gib / 8)),
+            Place::Inline
+        );
+        // They do not fit, or they are more than the layers: disk, never
+        // the layers kept.
+        assert_eq!(
+            Place::choose_on_host(gib, gib / 8, gib, Some(gib)),
+            Place::Disk
+        );
+        assert_eq!(Place::choose_on_host(gib, 2 * gib, 0, None), Place::Disk);
+        assert_eq!(
+            Place::choose_on_host(u64::MAX, u64::MAX, 1, Some(u64::MAX)),
             Place::Disk
         );
     }

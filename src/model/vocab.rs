@@ -207,14 +207,21 @@ pub fn read_rows(
     }
     let table = ckpt.bytes(name)?;
     let row = cols * dtype::stored_size(e.dtype).max(1);
-    // Copied on every core: each row is a page or two of the mapping to
-    // fault in.
+    // Copied on every core, each row's pages released once copied: a row
+    // faults in its fault-around window (64 KiB, or a whole large folio),
+    // and the windows of a calibration's tokens covered the table (SmolLM2's
+    // 113 MB f32 table: the calibration phase's peak RSS rose 65 MiB above
+    // its heap, 4 × 256 tokens, 2026-11-29).
     let mut gathered = bytemuck::allocation::zeroed_vec::<u8>(rows.len() * row);
     if row > 0 {
         gathered
             .par_chunks_mut(row)
             .zip(rows.par_iter())
-            .for_each(|(out, r)| out.copy_from_slice(&table[*r as usize * row..][..row]));
+            .for_each(|(out, r)| {
+                let at = *r as usize * row;
+                out.copy_from_slice(&table[at..][..row]);
+                ckpt.release_part(name, at, at + row);
+            });
     }
     ckpt.release(name);
     ckpt.count_read(gathered.len() as u64);

@@ -1,6 +1,7 @@
 //! The CPU engine's evaluation phase: the streamed layers, the windows'
 //! hidden states and, after the layers, the head's table and its logits
-//! chunk (or the resident model), in `prunemem`'s terms.
+//! chunk (or the resident model), in `prunemem`'s terms; the head's alone
+//! when the layers ran inside the prune (`model::inline_eval`).
 
 use super::{LOGIT_CHUNK_ELEMS, Shape, compute_workspace, forward, load_transient, rope_tables};
 use crate::estimate::{Arch, Phase, Workload};
@@ -58,21 +59,34 @@ pub(super) fn eval_phase(
         true => ("weights (resident)", a.params * c),
         false => ("weights (one layer)", a.layer_params() * c),
     };
-    let ((weights_name, weights), (t_name, t)) = if resident {
-        (
-            layer,
-            if logits > t {
-                ("logits chunk", logits)
-            } else {
-                (t_name, t)
-            },
-        )
-    } else if at_head + logits > layer.1 + t {
-        (("weights (one layer)", 0), ("logits chunk", logits))
-    } else {
-        (layer, (t_name, t))
+    // The layers ran inside the prune (`model::inline_eval`): the head is
+    // the phase.
+    let inline = super::evaluates_inline(w) && !resident && name == "eval";
+    // At the head, the larger of a logits chunk and the head's load: an
+    // untied head is a linear, loaded as a layer's are (its stored bytes
+    // and its transposed copy beside it: 60 MiB of weights for a 20 MiB
+    // f32 head at sparsegpt-eval-h640-l3's evaluation peak, 2026-11-29).
+    let head_load = match (at_head, a.tied) {
+        (0, _) | (_, true) => 0,
+        _ => a.embedding_params() * (w.stored_bytes + c),
     };
-    let at_head = if t_name == "logits chunk" { at_head } else { 0 };
+    let head = match head_load > logits {
+        true => ("head load transient", head_load),
+        false => ("logits chunk", logits),
+    };
+    let ((weights_name, weights), (t_name, t), at_the_head) = if resident {
+        let t = if logits > t {
+            ("logits chunk", logits)
+        } else {
+            (t_name, t)
+        };
+        (layer, t, false)
+    } else if inline || at_head + head.1 > layer.1 + t {
+        (("weights (one layer)", 0), head, true)
+    } else {
+        (layer, (t_name, t), false)
+    };
+    let at_head = if at_the_head { at_head } else { 0 };
     sh.base(Phase::new(name, stages))
         .add(weights_name, weights)
         .add("embeddings and head", tables + at_head)

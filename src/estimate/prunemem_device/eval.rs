@@ -20,19 +20,11 @@ pub(super) struct Inline {
 }
 
 pub(super) fn inline_eval(a: &Arch, w: &Workload, s: &Sizes, n: u64) -> Option<Inline> {
-    if !w.eval_inline || w.resident || w.eval_windows == 0 {
+    if !super::super::prunemem::evaluates_inline(w) {
         return None;
     }
     let eval_batch = w.batch_size.min(w.eval_windows);
-    let mut shapes = Vec::new();
-    for (batch, total) in [(w.batch_size.min(n), n), (eval_batch, w.eval_windows)] {
-        if total > 0 && batch > 0 {
-            shapes.extend([batch, total % batch].into_iter().filter(|b| *b > 0));
-        }
-    }
-    shapes.sort_unstable();
-    shapes.dedup();
-    let rows = shapes.iter().sum();
+    let rows = super::super::prunemem::inline_rope_rows(w, n);
     Some(Inline {
         hidden_states: s.hidden_states(w.eval_windows),
         forward: evaluation_forward(s, eval_batch),
