@@ -327,7 +327,9 @@ fn load_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
 /// Streamed, each batch's rows are read from the checkpoint
 /// (`model::vocab::embed_windows`) and the calibration buffers filled; the
 /// table is never held (before `embedding_rows`, it was decoded whole
-/// beside them).
+/// beside them). The last batch's rows are there twice while they are
+/// converted (SmolLM2, 32 × 512 in f32: 45 MiB of activations at the
+/// phase's peak for 36 MiB of buffers, 2026-11-29).
 fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     sh.base(super::calibration_phase(w))
         .add(
@@ -343,6 +345,14 @@ fn calibration_phase(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
             },
         )
         .add("calibration buffers", sh.calibration)
+        .add(
+            "calibration batch's rows beside their copy",
+            if w.resident || !w.embedding_rows {
+                0
+            } else {
+                sh.batch * w.seqlen * a.hidden * sh.c
+            },
+        )
         .add("compute workspace", compute_workspace(w))
 }
 
