@@ -217,7 +217,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     }
     // A streamed prune evaluates each layer as it is pruned where the
     // run's own choice would (the memory unknown here).
-    w.eval_inline = w.inline_by_default(&arch);
+    w.eval_inline = w.inline_by_default(arch);
     // The model's own tokenizer, beside its config.json.
     w.tokenizer = args
         .model
