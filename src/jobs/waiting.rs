@@ -109,8 +109,8 @@ fn place<B: Compute>(
 
 /// Where a streamed prune keeps its pruned layers for the evaluation
 /// (`None`: nothing to keep — a resident model, no evaluation, or
-/// GradProbe on the CPU; a CPU run: [`cpu_place`]): `kept::Place::choose` from every layer's bytes in `dtype`,
-/// the evaluation's hidden states (`eval_bytes`; `None` where it cannot
+/// GradProbe on the CPU; a CPU run: [`cpu_place`]): `kept::Place::choose`
+/// from every layer's bytes in `dtype`, the evaluation's hidden states (`eval_bytes`; `None` where it cannot
 /// run inline), the run's predicted device peak, its memory
 /// (`--device-memory`, or a CUDA card's) and the host's; or where
 /// `--keep-pruned` says (`inline` where it cannot run inline: the choice
@@ -126,15 +126,21 @@ fn keep_place<B: Compute>(
     if !evaluates {
         return None;
     }
+    let after_last_step = || {
+        run.profiler.message(
+            Level::Warn,
+            "--keep-pruned inline: this method evaluates after its last step, so its pruned layers wait",
+        )
+    };
     if !B::is_device() {
         // GradProbe on the CPU streams its own scratch model.
+        if eval_bytes.is_none() && job.keep_pruned == Some(Place::Inline) {
+            after_last_step();
+        }
         return eval_bytes.map(|e| cpu_place(job, opened, e, dtype, run));
     }
     match job.keep_pruned {
-        Some(Place::Inline) if eval_bytes.is_none() => run.profiler.message(
-            Level::Warn,
-            "--keep-pruned inline: this method evaluates after its last step, so its pruned layers wait",
-        ),
+        Some(Place::Inline) if eval_bytes.is_none() => after_last_step(),
         Some(place) => return Some(place),
         None => {}
     }
