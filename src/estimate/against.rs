@@ -137,9 +137,7 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     // from before it name none: none ran inline on the CPU). A finished
     // run's `pruned_layers_kept` replaces it (`compare`).
     w.eval_inline = match setting("keep_pruned") {
-        Some("inline") => {
-            super::prunemem::method(&w).is_some() && !w.resident && w.eval_windows > 0
-        }
+        Some("inline") => w.can_evaluate_inline(),
         Some("auto") => w.inline_by_default(&arch),
         _ => false,
     };

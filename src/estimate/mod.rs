@@ -315,11 +315,21 @@ impl Workload {
         }
     }
 
+    /// Whether the evaluation can run inside the prune: a streamed prune
+    /// by one of prunemem's layer-by-layer methods, with windows to
+    /// evaluate (`--keep-pruned inline` asks for it).
+    pub fn can_evaluate_inline(&self) -> bool {
+        self.engine == Engine::Prunemem
+            && prunemem::method(self).is_some()
+            && !self.resident
+            && self.eval_windows > 0
+    }
+
     /// Whether a streamed prune of this workload evaluates inside the
     /// prune by the run's own rule where the memory is unknown
     /// (`kept::Place::choose` on a device, `choose_on_host` on the CPU):
-    /// prunemem's layer-by-layer methods, when the windows' hidden states
-    /// are no larger than the decoder layers.
+    /// where it can, when the windows' hidden states are no larger than
+    /// the decoder layers.
     pub fn inline_by_default(&self, a: &Arch) -> bool {
         use crate::model::kept::Place;
         let bytes = |factors: [u64; 4]| factors.into_iter().fold(1u64, u64::saturating_mul);
@@ -330,11 +340,7 @@ impl Workload {
             true => Place::choose(layers, Some(states), 0, None, None),
             false => Place::choose_on_host(layers, states, 0, None),
         };
-        self.engine == Engine::Prunemem
-            && prunemem::method(self).is_some()
-            && !self.resident
-            && self.eval_windows > 0
-            && place == Place::Inline
+        self.can_evaluate_inline() && place == Place::Inline
     }
 }
 

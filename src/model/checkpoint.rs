@@ -253,16 +253,6 @@ impl Checkpoint {
         }
     }
 
-    /// Drops bytes `start..end` of tensor `name` (offsets into
-    /// [`Checkpoint::bytes`]) from the resident set, with the fault-around
-    /// window on either side (`shard::release_range`).
-    pub fn release_part(&self, name: &str, start: usize, end: usize) {
-        if let Some(e) = self.tensors.get(name) {
-            let end = e.start.saturating_add(end).min(e.end);
-            release_range(&self.shards[e.shard].mmap, e.start + start, end);
-        }
-    }
-
     /// Counts `bytes` read from the mapping by a reader outside this file
     /// (`model::vocab`'s row gather).
     pub(crate) fn count_read(&self, bytes: u64) {

@@ -119,6 +119,7 @@ impl Place {
             Place::Disk
         }
     }
+
     /// Where a CPU run's pruned layers go, where the host is the device:
     /// evaluated as they are pruned (`Inline`) when the evaluation's hidden
     /// states (`eval_bytes`, held in memory through the prune) are no more

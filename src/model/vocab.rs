@@ -206,6 +206,7 @@ pub fn read_rows(
         )));
     }
     let table = ckpt.bytes(name)?;
+    let mmap = &ckpt.shards[e.shard].mmap;
     let row = cols * dtype::stored_size(e.dtype).max(1);
     // Copied on every core, each row's pages released once copied: a row
     // faults in its fault-around window (64 KiB, or a whole large folio),
@@ -220,7 +221,7 @@ pub fn read_rows(
             .for_each(|(out, r)| {
                 let at = *r as usize * row;
                 out.copy_from_slice(&table[at..][..row]);
-                ckpt.release_part(name, at, at + row);
+                super::shard::release_range(mmap, e.start + at, e.start + at + row);
             });
     }
     ckpt.release(name);
