@@ -1,13 +1,15 @@
 //! `prunemem prune --method gradprobe` through the binary on a synthetic
-//! model: the reference's stages in the log, the saved model, `--iterative`
-//! stopping and keeping the best step, and one-line errors for bad flags.
+//! model: the reference's stages in the log, the saved model, the last
+//! step evaluated as step 6 zeroes its layers when nothing is saved,
+//! `--iterative` stopping and keeping the best step, and one-line errors
+//! for bad flags.
 
 mod support;
 
 use prunemem::events::Event;
 use prunemem::model::Checkpoint;
 use prunemem::model::synthetic::{SyntheticSpec, write_checkpoint};
-use support::{json_line, run_prunemem as run, s};
+use support::{json_line, run_prunemem as run, run_prunemem_with, s};
 
 fn setup() -> (tempfile::TempDir, String, String) {
     let dir = tempfile::tempdir().unwrap();
@@ -138,6 +140,158 @@ fn one_step_logs_the_reference_stages_and_saves_the_model() {
         total += w.len();
     }
     assert!((zeros as f64 / total as f64 - sparsity).abs() < 1e-9);
+}
+
+/// Without a save, step 6 hands each pruned layer to the evaluation as it
+/// zeroes it (`model::inline_eval`) instead of writing the pruned model to
+/// a scratch checkpoint: the scratch checkpoint's perplexity to the bit,
+/// nothing written to the temp folder, the place recorded, and the
+/// windows' hidden states held through step 6 where the estimate counts
+/// them. `--keep-pruned disk` still writes the scratch
+/// model; with `--save` the model is evaluated from the save folder and
+/// `--keep-pruned inline` is warned about.
+#[test]
+fn one_step_without_a_save_is_evaluated_as_step_6_zeroes_its_layers() {
+    let (dir, model, text) = setup();
+    let run_with = |name: &str, extra: &[&str]| {
+        let mut argv = vec!["--eval-text", &text, "--eval-windows", "4"];
+        argv.extend_from_slice(extra);
+        run_in_tmp(dir.path(), name, &model, &text, &argv)
+    };
+    let (inline, inline_events, inline_log) = run_with("auto", &[]);
+    let (disk, disk_events, disk_log) = run_with("disk", &["--keep-pruned", "disk"]);
+    assert_eq!(inline["pruned_layers_kept"], "inline", "{inline}");
+    assert_eq!(disk["pruned_layers_kept"], "disk", "{disk}");
+    let ppl = |v: &serde_json::Value| v["perplexity"].as_f64().expect("a perplexity");
+    assert_eq!(
+        ppl(&inline).to_bits(),
+        ppl(&disk).to_bits(),
+        "the same zeroed layers through the same batches"
+    );
+    for key in ["sparsity", "layer_sparsity", "pruned", "restored"] {
+        assert_eq!(inline[key], disk[key], "{key}");
+    }
+    // Only the scratch checkpoint's run writes the model, and says so.
+    assert!(
+        inline["seconds_by_phase"].get("write").is_none(),
+        "{inline}"
+    );
+    assert!(disk["seconds_by_phase"].get("write").is_some(), "{disk}");
+    let says =
+        |events: &str| events.contains("the evaluation runs each pruned layer as it is pruned");
+    assert!(says(&inline_events) && !says(&disk_events));
+    // The estimate follows the place: a step-6 phase holding the
+    // evaluation's hidden states (4 windows of 32 tokens, f32), which the
+    // run held there too. (This model is too small for the totals to
+    // mean much: the process is most of them; SmolLM2's are in
+    // docs/estimator.md.)
+    let (code, out, err) = run(&["estimate", "--against", &inline_log, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    let cmp: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let phases = cmp["phases"].as_array().unwrap();
+    let step6 = phases
+        .iter()
+        .find(|p| p["phase"] == "step 6")
+        .expect("a step-6 phase");
+    println!("step 6: {step6}");
+    let config =
+        prunemem::model::LlamaConfig::from_file(&std::path::Path::new(&model).join("config.json"))
+            .unwrap();
+    let states = 4 * 32 * config.hidden_size as u64 * 4;
+    let activations = step6["categories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["category"] == "activations")
+        .expect("activations in step 6");
+    assert_eq!(activations["predicted"].as_u64(), Some(states), "{step6}");
+    assert!(activations["measured"].as_u64() >= Some(states), "{step6}");
+    let (code, out, err) = run(&["estimate", "--against", &disk_log, "--json"]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        !out.contains("step 6"),
+        "no step 6 phase from a scratch checkpoint: {out}"
+    );
+    // With a save, the model is evaluated from the save folder.
+    let save = dir.path().join("saved");
+    let (saved, saved_events, _) =
+        run_with("save", &["--save", s(&save), "--keep-pruned", "inline"]);
+    assert!(saved["pruned_layers_kept"].is_null(), "{saved}");
+    assert!(saved_events.contains("evaluated from the save folder"));
+    assert_eq!(ppl(&saved).to_bits(), ppl(&disk).to_bits());
+}
+
+/// A GradProbe run with `extra`, its own empty `TMPDIR` (checked empty
+/// after it) and logs: its `--json` line, its events and its log folder.
+fn run_in_tmp(
+    dir: &std::path::Path,
+    name: &str,
+    model: &str,
+    text: &str,
+    extra: &[&str],
+) -> (serde_json::Value, String, String) {
+    let tmp = dir.join(format!("tmp-{name}"));
+    let log = dir.join(format!("log-{name}"));
+    std::fs::create_dir_all(&tmp).unwrap();
+    let mut argv = vec!["--log-memory", s(&log)];
+    argv.extend_from_slice(extra);
+    let (code, out, err) = run_prunemem_with(&args(model, text, &argv), &[("TMPDIR", s(&tmp))]);
+    assert_eq!(code, Some(0), "{name}: {err}");
+    let left: Vec<_> = std::fs::read_dir(&tmp).unwrap().flatten().collect();
+    assert!(left.is_empty(), "{name}: left in TMPDIR: {left:?}");
+    let events = std::fs::read_to_string(log.join("events.jsonl")).unwrap();
+    (json_line(&out), events, s(&log).to_string())
+}
+
+/// `--iterative` evaluates each step's model as its layers are zeroed,
+/// the probe's own layers untouched for the next step: every step's
+/// sparsity and perplexity are the scratch checkpoints' to the bit
+/// (`--keep-pruned disk`), and nothing is written.
+#[test]
+fn iterative_steps_are_evaluated_as_their_layers_are_zeroed() {
+    let (dir, model, text) = setup();
+    let iterate = [
+        "--iterative",
+        "--initial-sparsity",
+        "0.2",
+        "--sparsity-step",
+        "0.3",
+        "--max-ppl-increase",
+        "1e9",
+        "--eval-text",
+        &text,
+        "--eval-windows",
+        "2",
+    ];
+    let (inline, inline_events, _) = run_in_tmp(dir.path(), "auto", &model, &text, &iterate);
+    let disk_args = [&iterate[..], &["--keep-pruned", "disk"]].concat();
+    let (disk, disk_events, _) = run_in_tmp(dir.path(), "disk", &model, &text, &disk_args);
+    assert_eq!(inline["pruned_layers_kept"], "inline", "{inline}");
+    assert_eq!(disk["pruned_layers_kept"], "disk", "{disk}");
+    let steps = |events: &str| -> Vec<(u64, u64)> {
+        let last = events.lines().last().unwrap();
+        let summary: serde_json::Value = serde_json::from_str(last).unwrap();
+        let steps = summary["summary"]["results"]["iterations"]
+            .as_array()
+            .unwrap()
+            .clone();
+        steps
+            .iter()
+            .map(|s| {
+                let bits = |k: &str| s[k].as_f64().unwrap().to_bits();
+                (bits("sparsity"), bits("perplexity"))
+            })
+            .collect()
+    };
+    let (a, b) = (steps(&inline_events), steps(&disk_events));
+    assert!(a.len() >= 2, "several steps: {a:?}");
+    assert_eq!(a, b, "each step's sparsity and perplexity");
+    assert_eq!(inline["perplexity"], disk["perplexity"]);
+    assert!(
+        inline["seconds_by_phase"].get("write").is_none(),
+        "{inline}"
+    );
+    assert!(disk["seconds_by_phase"].get("write").is_some(), "{disk}");
 }
 
 #[test]

@@ -77,7 +77,7 @@ pub struct PruneArgs {
     /// Keep the calibration activations in host memory between layers, uploading one batch at a time (for models whose activations do not fit on the device)
     #[arg(long)]
     pub offload_activations: bool,
-    /// Where the pruned layers wait for the evaluation: auto (inline when the evaluation's hidden states are no larger than the layers and fit beside the predicted peak; else, on a device, the device when the peak plus every layer fits, else host memory, else disk; on the CPU, disk), inline (each layer evaluated as it is pruned, none kept; the layer-by-layer methods), device, host (a device run's: each layer uploaded again for the evaluation) or disk (a scratch checkpoint, or the --save folder)
+    /// Where the pruned layers wait for the evaluation: auto (inline when the evaluation's hidden states are no larger than the layers and fit beside the predicted peak; else, on a device, the device when the peak plus every layer fits, else host memory, else disk; on the CPU, disk), inline (each layer evaluated as it is pruned, none kept; the layer-by-layer methods, and GradProbe without --include-embeddings), device, host (a device run's: each layer uploaded again for the evaluation) or disk (a scratch checkpoint, or the --save folder)
     #[arg(long, default_value = "auto")]
     pub keep_pruned: KeepPruned,
     /// Compute dtype (default: f32 on the CPU, f16 on a GPU device, as the reference scripts)

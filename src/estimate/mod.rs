@@ -319,10 +319,13 @@ impl Workload {
     /// by one of prunemem's layer-by-layer methods, with windows to
     /// evaluate (`--keep-pruned inline` asks for it).
     pub fn can_evaluate_inline(&self) -> bool {
-        self.engine == Engine::Prunemem
-            && prunemem::method(self).is_some()
-            && !self.resident
-            && self.eval_windows > 0
+        // GradProbe's step 6 hands its decoder layers to the evaluation
+        // (`jobs::gradprobe`), not with its embeddings probed.
+        let layers_only = match self.task {
+            Task::GradProbe => !self.include_embeddings,
+            _ => prunemem::method(self).is_some(),
+        };
+        self.engine == Engine::Prunemem && layers_only && !self.resident && self.eval_windows > 0
     }
 
     /// Whether a streamed prune of this workload evaluates inside the

@@ -29,7 +29,9 @@ use crate::model::ComputeDtype;
 use crate::prune::Method;
 
 mod eval;
+mod gradprobe;
 use eval::eval_phase;
+use gradprobe::gradprobe_phases;
 
 /// Resident bytes that are not heap: binary, libraries, thread stacks,
 /// allocator metadata, the pages of small-allocation arenas. 10 MiB is a
@@ -472,24 +474,6 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let rest = out.split_off(after_owl.unwrap_or(out.len()));
     let mut out = cache_up_to_high_water(out);
     out.extend(cache_up_to_high_water(rest));
-    out
-}
-
-/// GradProbe's passes (`super::reference::gradprobe_prunemem`), each with
-/// the process, the compute workspace and the tokenizer, then the engine's
-/// evaluation of the pruned model, as a sequential method's. (Its write
-/// step copies what it does not prune straight from the mapping and holds
-/// less: 138.3 MiB measured on SmolLM2.)
-fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
-    let sh = Shape::uncalibrated(a, w, 0, notes);
-    let mut out: Vec<Phase> = super::reference::gradprobe_prunemem(a, w, notes)
-        .into_iter()
-        .map(|p| sh.base(p).add("compute workspace", compute_workspace(w)))
-        .collect();
-    if w.eval_windows > 0 {
-        let stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
-        out.push(eval_phase(a, w, &sh, "eval", &stages, w.resident, 0));
-    }
     out
 }
 

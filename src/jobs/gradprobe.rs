@@ -15,13 +15,14 @@ use super::pruned::{Opened, Pruned, eval_results, layer_results};
 use super::text;
 use crate::events::{Level, stages};
 use crate::model::ComputeDtype;
-use crate::model::kept::{Kept, all_layers_bytes};
-use crate::model::perplexity::Perplexity;
+use crate::model::inline_eval::Evaluated;
+use crate::model::kept::{Kept, Place, PrunedLayers, all_layers_bytes};
+use crate::model::perplexity::{Perplexity, Weights};
 use crate::model::save::PrunedWriter;
 use crate::prune::engine::{LinearReport, PruneOutcome, sparsity_of};
 use crate::prune::gradprobe::iterate::{self, Schedule};
 use crate::prune::gradprobe::{
-    GradProbe, GradProbeConfig, Masks, StepOutcome, scratch_model, write_pruned,
+    GradProbe, GradProbeConfig, Masks, StepOutcome, count_pruned, scratch_model, write_pruned,
 };
 
 /// GradProbe's settings, recorded in the run's plan.
@@ -93,31 +94,15 @@ pub(super) fn prune_and_eval<B: Compute>(
     run.result("gradprobe_layers", layers);
     let started = std::time::Instant::now();
     let windows = eval_wins.as_deref().unwrap_or_default();
-    let (masks, perplexity) = probe_masks(job, ckpt, &mut probe, windows, run)?;
-    // Nothing saved, one step to evaluate, only decoder linears pruned:
-    // on a device the layers can wait in memory instead of on disk.
-    let keepable =
-        writer.is_none() && eval_wins.is_some() && perplexity.is_none() && !g.include_embeddings;
-    // In f32, GradProbe's evaluation dtype.
-    let mut kept = super::waiting::keep::<B>(job, opened, keepable, ComputeDtype::F32, run);
-    let written = match kept.as_mut() {
-        Some(k) => Written {
-            layers: probe.keep_pruned(&masks, k)?,
-            others: Vec::new(),
-            path: None,
-            _scratch: None,
-        },
-        None => write_step6(
-            opened,
-            &probe,
-            &masks,
-            writer,
-            eval_wins.is_some() && perplexity.is_none(),
-        )?,
-    };
+    let (masks, perplexity) = probe_masks(job, opened, &mut probe, windows, run)?;
+    let last = eval_wins.as_deref().filter(|_| perplexity.is_none());
+    let (written, waiting) = step6(job, opened, &probe, &masks, writer, last, run, device)?;
+    let super::waiting::Waiting { kept, inline, .. } = waiting;
+    // The evaluation's seconds inside step 6 are the evaluation's.
+    let inline_seconds = inline.as_ref().map_or(0.0, |e| e.seconds());
     let outcome = PruneOutcome {
         layers: written.layers,
-        seconds: started.elapsed().as_secs_f64(),
+        seconds: started.elapsed().as_secs_f64() - inline_seconds,
     };
     let mut components = BTreeMap::new();
     let positions = masks.values().map(|m| m.len() as u64 * 4).sum();
@@ -130,10 +115,11 @@ pub(super) fn prune_and_eval<B: Compute>(
     // back.
     drop(masks);
     drop(probe);
-    let pruned = match (&kept, &written.path) {
-        (Some(k), _) => Some(Step6::Kept(k)),
-        (None, Some(path)) => Some(Step6::Folder(path)),
-        (None, None) => None,
+    let pruned = match (kept.as_ref(), inline, &written.path) {
+        (Some(k), _, _) => Some(Step6::Kept(k)),
+        (None, Some(e), _) => Some(Step6::Evaluated(e.finish()?)),
+        (None, None, Some(path)) => Some(Step6::Folder(path)),
+        (None, None, None) => None,
     };
     let perplexity = match (&eval_wins, pruned, perplexity) {
         (Some(wins), Some(pruned), None) => Some(evaluate_step6(ckpt, pruned, wins, &p, device)?),
@@ -146,11 +132,51 @@ pub(super) fn prune_and_eval<B: Compute>(
     })
 }
 
+/// Step 6: without a save, one step evaluated and only decoder linears
+/// pruned, the layers go to the evaluation as they are zeroed, or wait in
+/// memory (`waiting::step6`); else the model is written, into the save
+/// folder or a scratch one (`eval`: the windows, where the last step is
+/// evaluated).
+#[allow(clippy::too_many_arguments)]
+fn step6<'a, B: Compute>(
+    job: &PruneJob,
+    opened: &'a Opened,
+    probe: &GradProbe<'_, B>,
+    masks: &Masks,
+    writer: Option<&mut PrunedWriter>,
+    eval: Option<&[Vec<u32>]>,
+    run: &mut Run,
+    device: &B::Device,
+) -> Result<(Written, super::waiting::Waiting<'a, B>), JobError> {
+    let refused = not_handed(job, writer.is_some());
+    let asked = job.keep_pruned.is_some_and(|p| p != Place::Disk);
+    if let (Some(why), Some(_), true) = (refused, &job.eval, asked) {
+        run.profiler.message(Level::Warn, why);
+    }
+    let handed = eval.filter(|_| refused.is_none());
+    let mut waiting = super::waiting::step6::<B>(job, opened, handed, run, device);
+    let to: Option<&mut dyn PrunedLayers<B>> = match (&mut waiting.kept, &mut waiting.inline) {
+        (Some(k), _) => Some(k),
+        (None, Some(e)) => Some(e),
+        (None, None) => None,
+    };
+    let written = match to {
+        Some(to) => Written {
+            layers: probe.keep_pruned(masks, to, opened.seqlen)?,
+            others: Vec::new(),
+            path: None,
+            _scratch: None,
+        },
+        None => write_step6(opened, probe, masks, writer, eval.is_some())?,
+    };
+    Ok((written, waiting))
+}
+
 /// One GradProbe step, or the engine's iteration: the masks, and the
 /// perplexity the iteration already measured.
 fn probe_masks<B: Compute>(
     job: &PruneJob,
-    ckpt: &crate::model::Checkpoint,
+    opened: &Opened,
     probe: &mut GradProbe<'_, B>,
     windows: &[Vec<u32>],
     run: &mut Run,
@@ -166,7 +192,11 @@ fn probe_masks<B: Compute>(
         sparsity_step: g.sparsity_step,
         max_ppl_increase: g.max_ppl_increase,
     };
-    let it = iterate::run(ckpt, probe, windows, schedule)?;
+    // Each step's model evaluated as its layers are zeroed, where it can
+    // be (not with the embeddings probed).
+    let eval = Some(windows).filter(|_| !g.include_embeddings);
+    let inline = super::waiting::iteration_inline::<B>(job, opened, eval, run);
+    let it = iterate::run(&opened.ckpt, probe, windows, schedule, inline)?;
     run.result("dense_perplexity", it.dense.perplexity);
     run.result("iterations", json!(it.history));
     Ok((it.masks, Some(it.perplexity)))
@@ -175,7 +205,24 @@ fn probe_masks<B: Compute>(
 /// What step 6 left to evaluate.
 enum Step6<'a, B: Compute> {
     Kept(&'a Kept<B>),
+    /// Every window already through the pruned layers: the head is left.
+    Evaluated(Evaluated<'a, B>),
     Folder(&'a std::path::Path),
+}
+
+/// Why the pruned model is not evaluated from its step-6 layers (and
+/// `--keep-pruned` not obeyed), if it is not. (The iteration's steps are
+/// evaluated on their own: `waiting::iteration_inline`.)
+fn not_handed(job: &PruneJob, saved: bool) -> Option<&'static str> {
+    if saved && !job.gradprobe.iterative {
+        Some("--keep-pruned: with --save the pruned model is evaluated from the save folder")
+    } else if job.gradprobe.include_embeddings {
+        Some(
+            "--keep-pruned: with --include-embeddings the pruned model is evaluated from a scratch checkpoint",
+        )
+    } else {
+        None
+    }
 }
 
 fn evaluate_step6<B: Compute>(
@@ -191,7 +238,10 @@ fn evaluate_step6<B: Compute>(
     crate::exec::release_free::<B>(device);
     p.stage(stages::GP_BEFORE_EVAL);
     let r = match pruned {
-        Step6::Kept(k) => iterate::evaluate_kept::<B>(ckpt, k, wins, p, device)?,
+        Step6::Kept(k) => iterate::evaluate_pruned::<B>(Weights::Kept(ckpt, k), wins, p, device)?,
+        Step6::Evaluated(e) => {
+            iterate::evaluate_pruned::<B>(Weights::Evaluated(e), wins, p, device)?
+        }
         Step6::Folder(path) => iterate::evaluate::<B>(path, wins, p, device)?,
     };
     p.stage(stages::GP_AFTER_EVAL);
@@ -212,7 +262,8 @@ fn resident_fits<B: Compute>(opened: &Opened, run: &Run) -> bool {
 }
 
 /// The model written with the masks applied: into the save folder, or a
-/// scratch folder when nothing is saved.
+/// scratch folder when nothing is saved and it is evaluated; or only
+/// counted.
 struct Written {
     layers: Vec<crate::prune::engine::LayerReport>,
     others: Vec<LinearReport>,
@@ -240,6 +291,17 @@ fn write_step6<B: Compute>(
                 layers,
                 others,
                 path,
+                _scratch: None,
+            }
+        }
+        // Neither saved nor evaluated (`--iterative` measured its steps):
+        // counted, not written.
+        None if !needs_eval => {
+            let (layers, others) = count_pruned(ckpt, probe.targets(), masks)?;
+            Written {
+                layers,
+                others,
+                path: None,
                 _scratch: None,
             }
         }

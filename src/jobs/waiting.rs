@@ -13,6 +13,7 @@ use crate::events::Level;
 use crate::exec::Compute;
 use crate::model::inline_eval::InlineEval;
 use crate::model::kept::{Kept, Place};
+use crate::model::perplexity::EvalOptions;
 use crate::model::save::PrunedWriter;
 use crate::model::{Checkpoint, ComputeDtype};
 use crate::profiler::Profiler;
@@ -45,7 +46,50 @@ pub(super) fn choose<'a, B: Compute>(
     }
     let c = &opened.ckpt.config;
     let eval_bytes = eval.map(|w| InlineEval::<B>::hidden_bytes(w, c.hidden_size, job.dtype));
-    let place = place::<B>(job, opened, eval.is_some(), eval_bytes, job.dtype, run);
+    let place = place::<B>(job, opened, eval_bytes, job.dtype, run);
+    let options = EvalOptions {
+        batch_size: job.batch_size(),
+        dtype: job.dtype,
+    };
+    let mut waiting = in_memory(place, eval, opened, &options, run, device);
+    let in_memory = waiting.kept.is_some() || waiting.inline.is_some();
+    if eval.is_some() && !saving && !in_memory {
+        waiting.scratch = Some(scratch_writer(&opened.ckpt, &run.profiler)?);
+    }
+    Ok(waiting)
+}
+
+/// Where GradProbe's step 6 hands its pruned layers when nothing is saved
+/// and its last step is evaluated (`eval`: the windows; `None`: nothing
+/// to hand over), in its evaluation's batches and dtype
+/// (`gradprobe::iterate::EVAL`): evaluated as they are zeroed, or kept on
+/// the device or in host memory, as for a streamed prune; with neither set
+/// (disk), the caller writes its scratch model.
+pub(super) fn step6<'a, B: Compute>(
+    job: &PruneJob,
+    opened: &'a Opened,
+    eval: Option<&[Vec<u32>]>,
+    run: &mut Run,
+    device: &B::Device,
+) -> Waiting<'a, B> {
+    let e = crate::prune::gradprobe::iterate::EVAL;
+    let hidden = opened.ckpt.config.hidden_size;
+    let eval_bytes = eval.map(|w| InlineEval::<B>::hidden_bytes(w, hidden, e.dtype));
+    let place = place::<B>(job, opened, eval_bytes, e.dtype, run);
+    in_memory(place, eval, opened, &e, run, device)
+}
+
+/// The store `place` names for the windows `eval`, in `options`'
+/// batches and dtype: the evaluation itself (inline), layers kept on the
+/// device or in host memory, or neither (disk).
+fn in_memory<'a, B: Compute>(
+    place: Option<Place>,
+    eval: Option<&[Vec<u32>]>,
+    opened: &'a Opened,
+    options: &EvalOptions,
+    run: &Run,
+    device: &B::Device,
+) -> Waiting<'a, B> {
     let mut waiting = Waiting {
         kept: None,
         inline: None,
@@ -54,47 +98,66 @@ pub(super) fn choose<'a, B: Compute>(
     match (place, eval) {
         (Some(Place::Inline), Some(windows)) => {
             let p = Some(run.profiler.clone());
-            let (ckpt, bs) = (&opened.ckpt, job.batch_size());
-            waiting.inline = Some(InlineEval::new(ckpt, windows, bs, job.dtype, device, p));
+            let (ckpt, bs, dtype) = (&opened.ckpt, options.batch_size, options.dtype);
+            waiting.inline = Some(InlineEval::new(ckpt, windows, bs, dtype, device, p));
         }
-        (Some(Place::Device | Place::Host), _) => waiting.kept = place.map(Kept::new),
+        (Some(place @ (Place::Device | Place::Host)), _) => waiting.kept = Some(Kept::new(place)),
         _ => {}
     }
-    let in_memory = waiting.kept.is_some() || waiting.inline.is_some();
-    if eval.is_some() && !saving && !in_memory {
-        waiting.scratch = Some(scratch_writer(&opened.ckpt, &run.profiler)?);
-    }
-    Ok(waiting)
-}
-
-/// The store for a device run's pruned layers in `dtype` while they wait
-/// for the evaluation, where it is memory (never inline: GradProbe's
-/// evaluation follows its last step), the place recorded
-/// (`pruned_layers_kept`) and said in the log. `None`: a CPU run (its own
-/// scratch model), nothing to evaluate, or disk.
-pub(super) fn keep<B: Compute>(
-    job: &PruneJob,
-    opened: &Opened,
-    evaluates: bool,
-    dtype: ComputeDtype,
-    run: &mut Run,
-) -> Option<Kept<B>> {
-    match place::<B>(job, opened, evaluates, None, dtype, run)? {
-        place @ (Place::Device | Place::Host) => Some(Kept::new(place)),
-        Place::Disk | Place::Inline => None,
-    }
+    waiting
 }
 
 /// [`keep_place`], recorded in the results and said in the log.
 fn place<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
-    evaluates: bool,
     eval_bytes: Option<u64>,
     dtype: ComputeDtype,
     run: &mut Run,
 ) -> Option<Place> {
-    let place = keep_place::<B>(job, opened, evaluates, eval_bytes, dtype, run)?;
+    let place = keep_place::<B>(job, opened, eval_bytes, dtype, run)?;
+    record(place, run);
+    Some(place)
+}
+
+/// Whether GradProbe's iteration evaluates each step's model as the
+/// step's layers are zeroed (`eval`: the windows, where it can) rather
+/// than from a scratch checkpoint: where a streamed prune's rule, in the
+/// evaluation's dtype, takes inline. A step's layers are never kept in
+/// memory: a device's places fall back to the scratch checkpoint, said
+/// when asked for.
+pub(super) fn iteration_inline<B: Compute>(
+    job: &PruneJob,
+    opened: &Opened,
+    eval: Option<&[Vec<u32>]>,
+    run: &mut Run,
+) -> bool {
+    let e = crate::prune::gradprobe::iterate::EVAL;
+    let hidden = opened.ckpt.config.hidden_size;
+    let Some(bytes) = eval.map(|w| InlineEval::<B>::hidden_bytes(w, hidden, e.dtype)) else {
+        return false;
+    };
+    let place = match keep_place::<B>(job, opened, Some(bytes), e.dtype, run) {
+        Some(Place::Inline) => Place::Inline,
+        Some(Place::Disk) | None => Place::Disk,
+        Some(other) => {
+            if job.keep_pruned == Some(other) {
+                let said = format!(
+                    "--keep-pruned {}: --iterative evaluates each step inline or from a scratch checkpoint",
+                    other.name()
+                );
+                run.profiler.message(Level::Warn, said);
+            }
+            Place::Disk
+        }
+    };
+    record(place, run);
+    place == Place::Inline
+}
+
+/// `place` recorded in the results (`pruned_layers_kept`) and said in the
+/// log.
+fn record(place: Place, run: &mut Run) {
     run.result("pruned_layers_kept", place.name());
     let said = match place {
         Place::Inline => "the evaluation runs each pruned layer as it is pruned; none waits".into(),
@@ -104,45 +167,28 @@ fn place<B: Compute>(
         ),
     };
     run.profiler.message(Level::Info, said);
-    Some(place)
 }
 
-/// Where a streamed prune keeps its pruned layers for the evaluation
-/// (`None`: nothing to keep — a resident model, no evaluation, or
-/// GradProbe on the CPU; a CPU run: [`cpu_place`]): `kept::Place::choose`
-/// from every layer's bytes in `dtype`, the evaluation's hidden states (`eval_bytes`; `None` where it cannot
-/// run inline), the run's predicted device peak, its memory
-/// (`--device-memory`, or a CUDA card's) and the host's; or where
-/// `--keep-pruned` says (`inline` where it cannot run inline: the choice
-/// without it, with a warning).
+/// Where a streamed prune's pruned layers wait for the evaluation whose
+/// hidden states take `eval_bytes` (`None`: nothing is evaluated from
+/// them — a resident model, no evaluation, a save or GradProbe's
+/// iteration): on a device `kept::Place::choose` from every layer's bytes
+/// in `dtype`, the hidden states, the run's predicted device peak, its
+/// memory (`--device-memory`, or a CUDA card's) and the host's, or where
+/// `--keep-pruned` says; on the CPU [`cpu_place`].
 fn keep_place<B: Compute>(
     job: &PruneJob,
     opened: &Opened,
-    evaluates: bool,
     eval_bytes: Option<u64>,
     dtype: ComputeDtype,
     run: &Run,
 ) -> Option<Place> {
-    if !evaluates {
-        return None;
-    }
-    let after_last_step = || {
-        run.profiler.message(
-            Level::Warn,
-            "--keep-pruned inline: this method evaluates after its last step, so its pruned layers wait",
-        )
-    };
+    let eval_bytes = eval_bytes?;
     if !B::is_device() {
-        // GradProbe on the CPU streams its own scratch model.
-        if eval_bytes.is_none() && job.keep_pruned == Some(Place::Inline) {
-            after_last_step();
-        }
-        return eval_bytes.map(|e| cpu_place(job, opened, e, dtype, run));
+        return Some(cpu_place(job, opened, eval_bytes, dtype, run));
     }
-    match job.keep_pruned {
-        Some(Place::Inline) if eval_bytes.is_none() => after_last_step(),
-        Some(place) => return Some(place),
-        None => {}
+    if let Some(place) = job.keep_pruned {
+        return Some(place);
     }
     let c = &opened.ckpt.config;
     let layers = crate::model::kept::all_layers_bytes(c, dtype);
@@ -150,7 +196,7 @@ fn keep_place<B: Compute>(
     let host = crate::memory::process::available_memory();
     Some(Place::choose(
         layers,
-        eval_bytes,
+        Some(eval_bytes),
         peak,
         run.exec.memory_cap(),
         host,

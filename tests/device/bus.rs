@@ -253,8 +253,8 @@ fn pinned_transfer_requests_are_counted_and_change_nothing_on_wgpu() {
 /// pass, and the head's logits. The code it replaced read every linear
 /// back three times a step and each batch's gradient of every linear
 /// twice, and counted neither the gradients nor its layers' uploads. Its
-/// pruned layers wait for the evaluation in memory, as a streamed prune's
-/// do, instead of in a scratch checkpoint. Its device pool is estimated
+/// pruned layers go to the evaluation as step 6 zeroes them, as a streamed
+/// prune's do, instead of to a scratch checkpoint or host memory. Its device pool is estimated
 /// (`estimate::prunemem_device::gradprobe`).
 #[test]
 fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
@@ -285,13 +285,6 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     let t = &json["transfers"];
     println!("gradprobe: transfers {t}");
     let phases = t.as_object().unwrap();
-    let sum = |key: &str| -> u64 {
-        phases
-            .iter()
-            .filter(|(phase, _)| *phase != "eval")
-            .map(|(_, p)| p[key].as_u64().unwrap_or(0))
-            .sum()
-    };
     let (layers, h) = (config.num_layers as u64, config.hidden_size as u64);
     let linears = config.layer_param_count() - 2 * h;
     let candidates = (linears as f64 * sparsity) as u64 + 7;
@@ -305,18 +298,31 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
     // one f32 loss per token a pass (a [tokens, vocab] block of logits twice
     // a batch, 2 097 152 bytes here, before).
     let losses = 2 * batches * seqlen * 4;
-    // Then each pruned layer goes to host memory once, in f32, to wait
-    // for the evaluation (below), with one zero count per linear.
-    let kept = layers * (config.layer_param_count() * 4 + 7 * 4);
-    let allowed = layers * (selection + 2 * candidates * 4) + losses + kept + 4096;
-    let back = sum("device_to_host_bytes");
+    // Then step 6 zeroes each layer where it is and hands it to the
+    // evaluation, which runs it at once (below): one zero count per linear
+    // comes back. Kept in host memory instead (`--keep-pruned host`), each
+    // pruned layer comes back once more, in f32.
+    let counts = layers * 7 * 4;
+    let kept = layers * config.layer_param_count() * 4;
+    let allowed =
+        |kept: u64| layers * (selection + 2 * candidates * 4) + losses + counts + kept + 4096;
+    // Bytes across the bus one way (`key`) outside the evaluation.
+    let outside_eval = |j: &serde_json::Value, key: &str| -> u64 {
+        let phases = j["transfers"].as_object().unwrap();
+        phases
+            .iter()
+            .filter(|(phase, _)| *phase != "eval")
+            .map(|(_, p)| p[key].as_u64().unwrap_or(0))
+            .sum()
+    };
+    let back_outside_eval = |j: &serde_json::Value| outside_eval(j, "device_to_host_bytes");
+    let back = back_outside_eval(&json);
     println!(
-        "gradprobe: {back} bytes back outside the evaluation, at most {allowed}: \
-         {} in the passes, {kept} keeping the pruned layers; the linears in f32: {} per layer",
-        back.saturating_sub(kept),
+        "gradprobe: {back} bytes back outside the evaluation, at most {}; the linears in f32: {} per layer",
+        allowed(0),
         linears * 4
     );
-    assert!(back <= allowed, "{back} > {allowed}: {t}");
+    assert!(back <= allowed(0), "{back} > {}: {t}", allowed(0));
     // Every layer load is counted, in its own phase: two passes, each
     // loading every layer forward and again backward, and step 6 once more,
     // in f32. The rest of the probe is in its pass's forward, head and
@@ -379,19 +385,32 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         json["perplexity"].as_f64().is_some_and(f64::is_finite),
         "{json}"
     );
-    // Nothing saved: the pruned layers waited in host memory (lavapipe's
-    // memory is not known, so not on the device), not in a scratch
-    // checkpoint, and the evaluation is the scratch checkpoint's to the bit.
-    // Where the device's memory is known and holds them, the layers stay
-    // there between the passes and are handed to the evaluation: read once
-    // instead of four times a step and once more to be kept (below), the
-    // same decisions and perplexity.
-    assert_eq!(json["pruned_layers_kept"], "host", "{json}");
+    // Nothing saved: the pruned layers went to the evaluation as step 6
+    // zeroed them, not to a scratch checkpoint nor to host memory, and the
+    // evaluation is the scratch checkpoint's and the kept layers' to the
+    // bit. Where the device's memory is known and holds them, the layers
+    // stay there between the passes and are handed to the evaluation: read
+    // once instead of four times a step and once more in step 6 (below),
+    // the same decisions and perplexity.
+    assert_eq!(json["pruned_layers_kept"], "inline", "{json}");
     assert_eq!(json["gradprobe_layers"], "streamed", "{json}");
     let disk = run(&["--keep-pruned", "disk"]);
     assert_eq!(disk["pruned_layers_kept"], "disk", "{disk}");
+    let host = run(&["--keep-pruned", "host"]);
+    assert_eq!(host["pruned_layers_kept"], "host", "{host}");
+    let host_back = back_outside_eval(&host);
+    println!(
+        "gradprobe: {host_back} bytes back outside the evaluation with the layers kept in host memory"
+    );
+    assert!(host_back >= back + kept, "{host_back} < {back} + {kept}");
+    assert!(
+        host_back <= allowed(kept),
+        "{host_back} > {}",
+        allowed(kept)
+    );
     let resident = run(&["--device-memory", "1GiB"]);
     assert_eq!(resident["gradprobe_layers"], "device", "{resident}");
+    assert_eq!(resident["pruned_layers_kept"], "inline", "{resident}");
     // Kept on the device, each layer is read once.
     assert_eq!(
         resident["transfers"]["load_layer"]["host_to_device_bytes"].as_u64(),
@@ -399,20 +418,13 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         "{}",
         resident["transfers"]
     );
-    for other in [&disk, &resident] {
+    for other in [&disk, &host, &resident] {
         for key in ["perplexity", "layer_sparsity", "sparsity"] {
             assert!(!json[key].is_null(), "{key}: {json}");
             assert_eq!(json[key], other[key], "{key}");
         }
     }
-    let up_outside_eval = |j: &serde_json::Value| -> u64 {
-        let phases = j["transfers"].as_object().unwrap();
-        phases
-            .iter()
-            .filter(|(phase, _)| *phase != "eval")
-            .map(|(_, p)| p["host_to_device_bytes"].as_u64().unwrap_or(0))
-            .sum()
-    };
+    let up_outside_eval = |j: &serde_json::Value| outside_eval(j, "host_to_device_bytes");
     // And the head's table (tied here) once a step instead of twice.
     let saved = 4 * layers * layer + table;
     assert_eq!(
@@ -422,6 +434,49 @@ fn gradprobe_on_a_device_reads_back_candidates_not_gradients() {
         resident["transfers"],
         json["transfers"]
     );
+    // `--iterative` evaluates each step's model the same way, the layers
+    // kept on the device shared with the evaluation and left for the next
+    // step: every step's figures are the scratch checkpoints'.
+    let iterate = [
+        "--iterative",
+        "--initial-sparsity",
+        "0.1",
+        "--sparsity-step",
+        "0.4",
+        "--max-ppl-increase",
+        "1e300",
+        "--device-memory",
+        "1GiB",
+    ];
+    // Each step's decisions and figures, from the run's log (its seconds
+    // differ).
+    let steps_of = |name: &str, extra: &[&str]| -> (serde_json::Value, Vec<serde_json::Value>) {
+        let logs = dir.path().join(name);
+        let json = run(&[&iterate[..], extra, &["--log-memory", s(&logs)]].concat());
+        let summary = events(&logs).into_iter().rev().find_map(|e| match e {
+            Event::RunFinished { summary } => Some(summary),
+            _ => None,
+        });
+        let mut steps = summary.expect("a summary").results["iterations"]
+            .as_array()
+            .expect("the iterations")
+            .clone();
+        for step in &mut steps {
+            step.as_object_mut().unwrap().remove("seconds");
+        }
+        (json, steps)
+    };
+    let (inline_json, inline_steps) = steps_of("logs-iterate", &[]);
+    let (disk_json, disk_steps) = steps_of("logs-iterate-disk", &["--keep-pruned", "disk"]);
+    println!("gradprobe --iterative: {inline_steps:?}");
+    assert_eq!(inline_json["pruned_layers_kept"], "inline", "{inline_json}");
+    assert_eq!(inline_json["gradprobe_layers"], "device", "{inline_json}");
+    assert_eq!(disk_json["pruned_layers_kept"], "disk", "{disk_json}");
+    assert!(inline_steps.len() >= 2, "{inline_steps:?}");
+    assert_eq!(inline_steps, disk_steps);
+    for key in ["perplexity", "layer_sparsity", "sparsity"] {
+        assert_eq!(inline_json[key], disk_json[key], "{key}");
+    }
     // Its device pool is estimated from its buffers, streamed and with its
     // layers kept on the device: each phase's bytes in use and the pool's
     // reserved peak within 5% of what the runs measured.

@@ -9,6 +9,7 @@ use serde::Serialize;
 use super::{GradProbe, Masks, scratch_model, select};
 use crate::events::Level;
 use crate::model::Checkpoint;
+use crate::model::inline_eval::InlineEval;
 use crate::model::perplexity::{self, EvalOptions, Perplexity};
 use crate::profiler::Profiler;
 use crate::prune::PruneError;
@@ -65,16 +66,16 @@ pub fn evaluate<B: Compute>(
     )?)
 }
 
-/// The pruned decoder layers `kept` (`super::keep_pruned`), with the
-/// embedding, final norm and head from `ckpt`, through `windows`.
-pub fn evaluate_kept<B: Compute>(
-    ckpt: &Checkpoint,
-    kept: &crate::model::kept::Kept<B>,
+/// The pruned model through `windows` from what step 6 left: its decoder
+/// layers kept (`perplexity::Weights::Kept`, the embedding, final norm and
+/// head from the checkpoint), or already run inside it
+/// (`Weights::Evaluated`: the final norm and the head are left).
+pub fn evaluate_pruned<B: Compute>(
+    weights: perplexity::Weights<'_, B>,
     windows: &[Vec<u32>],
     profiler: &Profiler,
     device: &B::Device,
 ) -> Result<Perplexity, PruneError> {
-    let weights = perplexity::Weights::Kept(ckpt, kept);
     Ok(perplexity::perplexity::<B>(
         weights,
         windows,
@@ -84,8 +85,36 @@ pub fn evaluate_kept<B: Compute>(
     )?)
 }
 
+/// The model with `masks` applied, through `windows`: each decoder layer
+/// zeroed and run through every batch at once (`model::inline_eval`), the
+/// probe's kept layers left kept. Returns the probed linears' sparsity
+/// and the perplexity: the scratch checkpoint's, to the bit.
+fn evaluate_lent<B: Compute>(
+    ckpt: &Checkpoint,
+    probe: &GradProbe<'_, B>,
+    masks: &Masks,
+    windows: &[Vec<u32>],
+) -> Result<(f64, Perplexity), PruneError> {
+    let (p, device) = (probe.profiler, probe.device());
+    let seqlen = windows.first().map_or(0, Vec::len);
+    let mut eval = InlineEval::<B>::new(
+        ckpt,
+        windows,
+        EVAL.batch_size,
+        EVAL.dtype,
+        device,
+        Some(p.clone()),
+    );
+    let layers = probe.lend_pruned(masks, &mut eval, seqlen)?;
+    let sparsity = crate::prune::engine::sparsity_of(layers.iter().flat_map(|l| &l.linears));
+    let weights = perplexity::Weights::Evaluated(eval.finish()?);
+    let ppl = evaluate_pruned::<B>(weights, windows, p, device)?;
+    Ok((sparsity, ppl))
+}
+
 /// One step at `target`: probes the model with `masks` applied, adds what
-/// it prunes to `masks`, and evaluates the result.
+/// it prunes to `masks`, and evaluates the result — `inline`
+/// ([`evaluate_lent`]) or from a scratch checkpoint.
 fn step<B: Compute>(
     ckpt: &Checkpoint,
     probe: &mut GradProbe<'_, B>,
@@ -93,6 +122,7 @@ fn step<B: Compute>(
     windows: &[Vec<u32>],
     target: f64,
     dense: &Perplexity,
+    inline: bool,
 ) -> Result<(StepRecord, Perplexity), PruneError> {
     let p = probe.profiler;
     probe.set_sparsity(target);
@@ -101,9 +131,14 @@ fn step<B: Compute>(
         let merged = select::union(masks.get(name).map_or(&[][..], |v| v), new);
         masks.insert(name.clone(), merged);
     }
-    let scratch = scratch_model(ckpt, probe.targets(), masks)?;
-    let sparsity = scratch.sparsity();
-    let ppl = evaluate::<B>(&scratch.path, windows, p, probe.device())?;
+    let (sparsity, ppl) = match inline {
+        true => evaluate_lent(ckpt, probe, masks, windows)?,
+        false => {
+            let scratch = scratch_model(ckpt, probe.targets(), masks)?;
+            let ppl = evaluate::<B>(&scratch.path, windows, p, probe.device())?;
+            (scratch.sparsity(), ppl)
+        }
+    };
     p.message(
         Level::Info,
         format!(
@@ -128,12 +163,15 @@ fn step<B: Compute>(
 
 /// Runs the schedule: stops when sparsity has not risen for two steps or
 /// perplexity exceeds the dense one by more than the budget; returns the
-/// best valid masks and their perplexity.
+/// best valid masks and their perplexity. `inline`: each step's model is
+/// evaluated as its layers are zeroed, else from a scratch checkpoint
+/// (the only way with the embeddings probed).
 pub fn run<B: Compute>(
     ckpt: &Checkpoint,
     probe: &mut GradProbe<'_, B>,
     windows: &[Vec<u32>],
     schedule: Schedule,
+    inline: bool,
 ) -> Result<Iteration, PruneError> {
     let p = probe.profiler;
     let dense = evaluate::<B>(&ckpt.dir, windows, p, probe.device())?;
@@ -147,7 +185,7 @@ pub fn run<B: Compute>(
     let mut history = Vec::new();
     let mut target = schedule.initial_sparsity;
     while target <= 1.0 {
-        let (record, ppl) = step(ckpt, probe, &mut masks, windows, target, &dense)?;
+        let (record, ppl) = step(ckpt, probe, &mut masks, windows, target, &dense, inline)?;
         let sparsity = record.sparsity;
         history.push(record);
         flat_steps = if sparsity - previous <= 0.0 {

@@ -1,14 +1,18 @@
 //! Step 6: the pruned model, written tensor by tensor from the read-only
 //! checkpoint with the pruned positions zeroed. Every other weight is the
-//! checkpoint's own bytes, so restoring is exact by construction. On a
-//! device, when nothing is saved, the pruned decoder layers are kept for
-//! the evaluation instead (`model::kept`): no scratch checkpoint.
+//! checkpoint's own bytes, so restoring is exact by construction. When
+//! nothing is saved, the pruned decoder layers go to the evaluation
+//! instead, each as it is zeroed (`model::inline_eval`) or kept for it
+//! (`model::kept`): no scratch checkpoint.
 
 use super::resident::Resident;
 use super::{Masks, Target, on_device, select};
 use crate::exec::Compute;
+use crate::memory::held::Held;
+use crate::memory::tag::Category;
 use crate::model::Checkpoint;
-use crate::model::kept::Kept;
+use crate::model::Rope;
+use crate::model::kept::PrunedLayers;
 use crate::model::llama::LAYER_LINEARS;
 use crate::model::save::PrunedWriter;
 use crate::prune::PruneError;
@@ -23,6 +27,25 @@ pub fn write_pruned(
     masks: &Masks,
     writer: &mut PrunedWriter,
 ) -> Result<(Vec<LayerReport>, Vec<LinearReport>), PruneError> {
+    pruned_reports(ckpt, targets, masks, Some(writer))
+}
+
+/// The reports [`write_pruned`] returns, with nothing written: for a
+/// model neither saved nor evaluated (`--iterative` measured its steps).
+pub fn count_pruned(
+    ckpt: &Checkpoint,
+    targets: &[Target],
+    masks: &Masks,
+) -> Result<(Vec<LayerReport>, Vec<LinearReport>), PruneError> {
+    pruned_reports(ckpt, targets, masks, None)
+}
+
+fn pruned_reports(
+    ckpt: &Checkpoint,
+    targets: &[Target],
+    masks: &Masks,
+    mut writer: Option<&mut PrunedWriter>,
+) -> Result<(Vec<LayerReport>, Vec<LinearReport>), PruneError> {
     let mut layers: Vec<LayerReport> = (0..ckpt.config.num_layers)
         .map(|index| LayerReport {
             index,
@@ -33,7 +56,11 @@ pub fn write_pruned(
         })
         .collect();
     let mut others = Vec::new();
-    let _phase = crate::timing::phase(crate::timing::Phase::Write);
+    let phase = match writer {
+        Some(_) => crate::timing::Phase::Write,
+        None => crate::timing::Phase::Prune,
+    };
+    let _phase = crate::timing::phase(phase);
     for t in targets {
         let start = std::time::Instant::now();
         let mut w = ckpt.read_f32(&t.name)?;
@@ -41,7 +68,9 @@ pub fn write_pruned(
             select::scale_at(&mut w, m, 0.0);
         }
         let zeros = w.iter().filter(|v| **v == 0.0).count() as u64;
-        writer.write_f32(ckpt, &t.name, &w)?;
+        if let Some(writer) = writer.as_deref_mut() {
+            writer.write_f32(ckpt, &t.name, &w)?;
+        }
         let report = LinearReport::counts(&t.name, zeros, w.len() as u64);
         match layer_index(&t.name) {
             Some(i) if i < layers.len() => {
@@ -51,8 +80,10 @@ pub fn write_pruned(
             _ => others.push(report),
         }
     }
-    for i in 0..ckpt.config.num_layers {
-        writer.copy_rest(ckpt, &format!("model.layers.{i}."))?;
+    if let Some(writer) = writer {
+        for i in 0..ckpt.config.num_layers {
+            writer.copy_rest(ckpt, &format!("model.layers.{i}."))?;
+        }
     }
     Ok((layers, others))
 }
@@ -109,21 +140,24 @@ fn layer_index(name: &str) -> Option<usize> {
         .ok()
 }
 
-/// Step 6 on a device without a save: each decoder layer in f32 (the
-/// evaluation's dtype), its pruned positions zeroed where it is, and kept
-/// in `kept` (on the device or in host memory) for the evaluation. The
-/// values are the scratch checkpoint's: the checkpoint's own, zeroed at the
-/// same positions. A layer the probe kept on the device is taken from
-/// `resident` and zeroed in place (no second copy, no upload); the others
-/// are read from the checkpoint. Returns the per-layer reports; every
+/// Step 6 without a save: each decoder layer in f32 (the evaluation's
+/// dtype), its pruned positions zeroed where it is, and handed to `to`:
+/// the evaluation, which runs it at once (`rope`: its rotary tables), or a
+/// store that keeps it for the evaluation (on the device or in host
+/// memory). The values are the scratch checkpoint's: the checkpoint's own,
+/// zeroed at the same positions. A layer the probe kept on the device is
+/// taken from `resident` and zeroed in place where the probe is done with
+/// it (`resident`'s flag: handed over; no second copy, no upload), or
+/// shared with it where another step follows; the others are read from the checkpoint. Returns the per-layer reports; every
 /// target must be a decoder linear (without `include_embeddings`).
 pub(super) fn keep_pruned<B: Compute>(
     ckpt: &Checkpoint,
     targets: &[Target],
     masks: &Masks,
-    kept: &mut Kept<B>,
+    to: &mut dyn PrunedLayers<B>,
+    rope: &Rope<B>,
     device: &B::Device,
-    resident: Option<&Resident<B>>,
+    resident: Option<(&Resident<B>, bool)>,
 ) -> Result<Vec<LayerReport>, PruneError> {
     if let Some(t) = targets.iter().find(|t| layer_index(&t.name).is_none()) {
         return Err(PruneError::Invalid(format!(
@@ -137,10 +171,30 @@ pub(super) fn keep_pruned<B: Compute>(
     let _phase = crate::timing::phase(crate::timing::Phase::Prune);
     for index in 0..c.num_layers {
         let start = std::time::Instant::now();
-        let mut layer = match resident.and_then(|r| r.take(index)) {
-            Some(layer) => layer,
-            None => super::pass::load_layer_f32::<B>(ckpt, index, device)?,
-        };
+        // The layer before's pages go back first, as the engine's loop
+        // gives them (`prune::engine`).
+        crate::memory::alloc::trim();
+        // A layer read here is counted as weights until it is handed over
+        // (one taken from `resident` is counted there).
+        let mut held = None;
+        let bytes = c.layer_param_count() * 4;
+        let load = || super::pass::load_layer_f32::<B>(ckpt, index, device);
+        let mut layer = match resident {
+            // The probe is done with its layers: handed over and zeroed
+            // where they are.
+            Some((r, true)) => r.take(index),
+            // Another step follows: the kept layer is shared, and zeroing
+            // it makes new tensors (the passes' scatters do the same).
+            Some((r, false)) => Some(r.get_or_load(index, bytes, load)?),
+            None => None,
+        }
+        .map_or_else(
+            || {
+                held = Some(Held::new(Category::Weights, bytes));
+                load()
+            },
+            Ok,
+        )?;
         let mut linears = Vec::new();
         for name in LAYER_LINEARS {
             let full = format!("model.layers.{index}.{name}.weight");
@@ -151,7 +205,9 @@ pub(super) fn keep_pruned<B: Compute>(
             let (zeros, params) = on_device::zero_at(&mut layer, name, positions);
             linears.push(LinearReport::counts(&full, zeros, params));
         }
-        kept.push(layer)?;
+        // Handed over, it is counted where it goes.
+        drop(held);
+        to.take(index, layer, rope)?;
         // Each linear's positions went up at a length of their own: their
         // pages go back before the next layer's.
         crate::exec::release_free::<B>(device);

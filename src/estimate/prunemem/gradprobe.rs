@@ -1,0 +1,71 @@
+//! GradProbe's CPU phases: its two passes (`estimate::reference`'s
+//! `gradprobe_prunemem`) with what every CPU phase holds, step 6 when the
+//! evaluation runs inside it (`jobs::gradprobe`), and the evaluation.
+
+use super::{Shape, compute_workspace, eval_phase, evaluates_inline, forward, load_transient};
+use crate::estimate::{Arch, Phase, Workload};
+use crate::events::stages;
+
+/// GradProbe's passes (`super::reference::gradprobe_prunemem`), each with
+/// the process, the compute workspace and the tokenizer, then the engine's
+/// evaluation of the pruned model, as a sequential method's. (Its write
+/// step copies what it does not prune straight from the mapping and holds
+/// less: 138.3 MiB measured on SmolLM2.)
+pub(super) fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
+    let sh = Shape::uncalibrated(a, w, 0, notes);
+    let mut out: Vec<Phase> = crate::estimate::reference::gradprobe_prunemem(a, w, notes)
+        .into_iter()
+        .map(|p| sh.base(p).add("compute workspace", compute_workspace(w)))
+        .collect();
+    if evaluates_inline(w) {
+        out.push(gradprobe_step6(a, w, &sh));
+    }
+    if w.eval_windows > 0 {
+        let stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
+        out.push(eval_phase(a, w, &sh, "eval", &stages, w.resident, 0));
+    }
+    out
+}
+
+/// GradProbe's step 6 with the evaluation inside it (`jobs::gradprobe`):
+/// each decoder layer read in f32, zeroed at the pruned positions (held
+/// from the probe) and run through every evaluation batch of
+/// `gradprobe::iterate::EVAL`'s size, the windows' hidden states held from
+/// the first layer on. The pruned positions are a bound: every candidate
+/// pruned (the probe restores a share no estimate can know; 51% of them on
+/// SmolLM2 at 30%, 2026-11-29).
+fn gradprobe_step6(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
+    let tokens =
+        (crate::prune::gradprobe::iterate::EVAL.batch_size as u64).min(w.eval_windows) * w.seqlen;
+    let eval_forward = forward(a, tokens) - tokens * a.hidden * 4;
+    let (t_name, t) = [
+        ("load transient", load_transient(a, w)),
+        ("evaluation forward", eval_forward),
+    ]
+    .into_iter()
+    .max_by_key(|(_, b)| *b)
+    .unwrap_or(("load transient", 0));
+    let probed = a.layers * a.layer_linear_params();
+    let pruned = (probed as f64 * w.sparsity) as u64;
+    sh.base(Phase::new(
+        "step 6",
+        &[stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED],
+    ))
+    .add("weights (one layer)", a.layer_params() * 4)
+    .add("pruned positions (u32)", pruned * 4)
+    .add(
+        "evaluation hidden states",
+        w.eval_windows * w.seqlen * a.hidden * 4,
+    )
+    .add("compute workspace", compute_workspace(w))
+    .add(t_name, t)
+    // The trim before each layer empties the allocator's cache, which then
+    // keeps a batch's freed buffers for the next (the probe's heap mark is
+    // far above): on SmolLM2 (0.1, threshold 2.0, 40 windows of 128,
+    // 2026-11-29) 20–30 MiB more resident than live through step 6, for
+    // an evaluation forward of 14.3 MiB.
+    .add(
+        "runtime: the evaluation forward's freed buffers, cached between batches",
+        eval_forward,
+    )
+}
