@@ -1,7 +1,8 @@
 //! The GradProbe part of the prune job: calibration windows cut the way the
 //! reference cuts them, one GradProbe step (or the engine's iteration),
-//! step 6 written from the checkpoint, evaluation streamed from what was
-//! written; stages named as GradProbe's profiling script names them.
+//! step 6 from the checkpoint — each layer handed to the evaluation as it
+//! is zeroed, or kept for it, or the model written — and the evaluation;
+//! stages named as GradProbe's profiling script names them.
 
 use crate::exec::Compute;
 use std::collections::BTreeMap;
@@ -109,10 +110,9 @@ pub(super) fn prune_and_eval<B: Compute>(
     components.insert("pruned positions (u32)".to_string(), positions);
     p.components(stages::GP_PRUNING_APPLIED, components);
     p.stage(stages::GP_PRUNING_APPLIED);
-    // The pruned model is written: its positions and the probe's state
-    // (56.8 MiB on SmolLM2 at 10%, held through the evaluation until
-    // 2026-11-26) are not needed by the evaluation, which reads the model
-    // back.
+    // Step 6 is done: its positions and the probe's state (56.8 MiB on
+    // SmolLM2 at 10%, held through the evaluation until 2026-11-26) are not
+    // needed by what is left of the evaluation.
     drop(masks);
     drop(probe);
     let pruned = match (kept.as_ref(), inline, &written.path) {
