@@ -293,6 +293,44 @@ fn gradprobe_across_two_ranks_decides_as_one_process() {
             assert!((p1 / p2 - 1.0).abs() < 1e-6, "{p1} vs {p2}");
         }
     }
+    // Unsaved, each rank evaluates its share of the windows as step 6
+    // zeroes its layers: the single process's perplexity.
+    let args = [
+        "prune",
+        "--model",
+        s(&model),
+        "--method",
+        "gradprobe",
+        "--sparsity",
+        "0.3",
+        "--seqlen",
+        "32",
+        "--batch-size",
+        "1",
+        "--num-batches",
+        "2",
+        "--gradient-threshold",
+        "2.0",
+        "--calib-text",
+        s(&text),
+        "--eval-text",
+        s(&text),
+        "--eval-windows",
+        "4",
+        "--ui",
+        "none",
+        "--json",
+    ];
+    let (code, single, stderr) = run_prunemem(&args);
+    assert_eq!(code, Some(0), "{single}\n{stderr}");
+    let out = mpirun(2, &args).output().unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}");
+    let kept = |out: &str| support::json_line(out)["pruned_layers_kept"].clone();
+    assert_eq!(kept(&single), "inline", "{single}");
+    assert_eq!(kept(&stdout), "inline", "{stdout}");
+    let (p1, p2) = (perplexity(&single), perplexity(&stdout));
+    assert!((p1 / p2 - 1.0).abs() < 1e-6, "unsaved: {p1} vs {p2}");
 }
 
 /// Rank 1 logged into `rank-1/`; `report` and `estimate --against` fold

@@ -3,7 +3,8 @@
 //! kept on the device or in host memory in the compute dtype (no trip
 //! through disk), else in the save folder, else in a scratch checkpoint —
 //! chosen from the run's predicted peak, `--device-memory` and the memory
-//! available, and said in the log.
+//! available, and said in the log. GradProbe's step 6 and its iteration's
+//! steps are handed the same way (`step6`, `iteration_inline`).
 
 use super::JobError;
 use super::config::PruneJob;
