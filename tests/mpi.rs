@@ -215,6 +215,41 @@ fn two_ranks_on_the_device_factor_sparsegpts_hessians_there() {
     assert_eq!(up(&stdout) - up(&single), hessians);
 }
 
+/// `prune --method gradprobe` on the fixture at 30%, `batches` batches of
+/// one window, `strategy`, 4 evaluation windows.
+fn gradprobe_args(model: &Path, text: &Path, batches: &str, strategy: &str) -> Vec<String> {
+    [
+        "prune",
+        "--model",
+        s(model),
+        "--method",
+        "gradprobe",
+        "--sparsity",
+        "0.3",
+        "--seqlen",
+        "32",
+        "--batch-size",
+        "1",
+        "--num-batches",
+        batches,
+        "--gradient-threshold",
+        "2.0",
+        "--strategy",
+        strategy,
+        "--calib-text",
+        s(text),
+        "--eval-text",
+        s(text),
+        "--eval-windows",
+        "4",
+        "--ui",
+        "none",
+        "--json",
+    ]
+    .map(str::to_string)
+    .to_vec()
+}
+
 /// GradProbe across ranks: each rank probes its share of the batches and
 /// every maximum (gradient magnitudes, activation norms) is reduced with a
 /// maximum, which no order or split can change: the model is the single
@@ -224,44 +259,11 @@ fn gradprobe_across_two_ranks_decides_as_one_process() {
     let (dir, model, text) = fixture();
     for batches in ["2", "4"] {
         for strategy in ["magnitude", "wanda"] {
-            let args = |save: &'static str| -> Vec<String> {
-                [
-                    "prune",
-                    "--model",
-                    s(&model),
-                    "--method",
-                    "gradprobe",
-                    "--sparsity",
-                    "0.3",
-                    "--seqlen",
-                    "32",
-                    "--batch-size",
-                    "1",
-                    "--num-batches",
-                    batches,
-                    "--gradient-threshold",
-                    "2.0",
-                    "--strategy",
-                    strategy,
-                    "--calib-text",
-                    s(&text),
-                    "--eval-text",
-                    s(&text),
-                    "--eval-windows",
-                    "4",
-                    "--ui",
-                    "none",
-                    "--json",
-                    "--save",
-                ]
-                .iter()
-                .map(|a| a.to_string())
-                .chain([dir
-                    .path()
-                    .join(format!("{save}-{batches}-{strategy}"))
-                    .display()
-                    .to_string()])
-                .collect()
+            let args = |save: &str| -> Vec<String> {
+                let mut args = gradprobe_args(&model, &text, batches, strategy);
+                let folder = dir.path().join(format!("{save}-{batches}-{strategy}"));
+                args.extend(["--save".to_string(), folder.display().to_string()]);
+                args
             };
             let one = args("gp-one");
             let one: Vec<&str> = one.iter().map(String::as_str).collect();
@@ -295,32 +297,8 @@ fn gradprobe_across_two_ranks_decides_as_one_process() {
     }
     // Unsaved, each rank evaluates its share of the windows as step 6
     // zeroes its layers: the single process's perplexity.
-    let args = [
-        "prune",
-        "--model",
-        s(&model),
-        "--method",
-        "gradprobe",
-        "--sparsity",
-        "0.3",
-        "--seqlen",
-        "32",
-        "--batch-size",
-        "1",
-        "--num-batches",
-        "2",
-        "--gradient-threshold",
-        "2.0",
-        "--calib-text",
-        s(&text),
-        "--eval-text",
-        s(&text),
-        "--eval-windows",
-        "4",
-        "--ui",
-        "none",
-        "--json",
-    ];
+    let args = gradprobe_args(&model, &text, "2", "magnitude");
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let (code, single, stderr) = run_prunemem(&args);
     assert_eq!(code, Some(0), "{single}\n{stderr}");
     let out = mpirun(2, &args).output().unwrap();
