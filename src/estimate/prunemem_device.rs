@@ -40,7 +40,7 @@
 
 mod eval;
 mod gradprobe;
-use eval::{Inline, eval_phase, inline_eval};
+use eval::{Inline, eval_phase, evaluation_forward, inline_eval};
 pub use gradprobe::phases as gradprobe_phases;
 
 use super::device_pool::{self, Beside};

@@ -36,7 +36,7 @@ pub(super) fn inline_eval(a: &Arch, w: &Workload, s: &Sizes, n: u64) -> Option<I
 /// A layer's forward of one evaluation batch of `batch` windows: each
 /// batch's hidden states are moved through the layers, held by nothing
 /// else, so the residual stream is added in place.
-fn evaluation_forward(s: &Sizes, batch: u64) -> u64 {
+pub(super) fn evaluation_forward(s: &Sizes, batch: u64) -> u64 {
     s.forward(batch * s.seqlen) - s.hidden_states(batch)
 }
 

@@ -32,10 +32,12 @@
 //! gradients as gradients, and the head's working set as logits.
 //!
 //! GradProbe computes in f32 whatever dtype the run names; its evaluation
-//! is the device evaluation's (`eval_phase`), in f32.
+//! is the device evaluation's (`eval_phase`), in f32. Evaluated as step 6
+//! zeroes each layer (`jobs::gradprobe`), step 6 is a phase of its own
+//! ([`step6`]) and the evaluation's phase is the head alone.
 
 use super::super::device_pool::CUDA_CONTEXT;
-use super::{Sizes, eval_phase, rope};
+use super::{Sizes, eval_phase, evaluation_forward, rope};
 use crate::estimate::{Arch, Device, Phase, Workload};
 use crate::events::stages;
 use crate::model::ComputeDtype;
@@ -206,7 +208,8 @@ impl Moment {
     }
 }
 
-/// GradProbe's phases on a GPU device: its two passes and the evaluation.
+/// GradProbe's phases on a GPU device: its two passes, step 6 where the
+/// evaluation runs inside it, and the evaluation.
 pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let mut w = w.clone();
     w.dtype = ComputeDtype::F32;
@@ -272,6 +275,9 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             reduced,
         ),
     ];
+    if super::super::prunemem::evaluates_inline(w) {
+        out.push(step6(a, w, kept + p.layer + table));
+    }
     if w.eval_windows > 0 {
         let mut e = w.clone();
         e.batch_size = crate::prune::gradprobe::iterate::EVAL.batch_size as u64;
@@ -280,4 +286,44 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         out.push(eval_phase(a, &e, &s, "eval", eval_stages, false));
     }
     out
+}
+
+/// Step 6 with the evaluation inside it (`jobs::gradprobe::step6`): each
+/// decoder layer read in f32 (or taken from those kept on the device),
+/// zeroed where it is and run through every evaluation batch of
+/// `iterate::EVAL`'s size, every window's hidden states held from the
+/// first layer on, and the step's rotary tables (the passes' are gone).
+/// `weights`: the layers on the device at the first layer (it and those
+/// kept, with the head's table kept beside them). The pool keeps the
+/// larger of a linear's zeroing and the forward's pages
+/// (`device_pool::zeroed_forward`), the positions bounded as every
+/// candidate pruned (the probe restores a share no estimate can know). On
+/// lavapipe (2026-11-29) the bytes in use matched the measured to the
+/// byte on the 256-wide fixture and on SmolLM2-135M, and the fixture's
+/// reserved peak (step 6's, with 96 windows) too.
+fn step6(a: &Arch, w: &Workload, weights: u64) -> Phase {
+    let mut e = w.clone();
+    e.batch_size = crate::prune::gradprobe::iterate::EVAL.batch_size as u64;
+    let s = Sizes::of(a, &e);
+    let batch = e.batch_size.min(w.eval_windows);
+    let states = s.hidden_states(w.eval_windows);
+    let forward = evaluation_forward(&s, batch);
+    let tables = rope(a, &e, batch, w.eval_windows);
+    let held = weights + states + tables;
+    // The positions as a bound: every candidate pruned.
+    let linears: Vec<(u64, u64)> = shapes(a)
+        .iter()
+        .zip(candidates(a, w))
+        .map(|((i, o), c)| (i * o, c / 4))
+        .collect();
+    let pages = super::super::device_pool::zeroed_forward(a, &e, batch, &linears);
+    Phase::new(
+        "step 6",
+        &[stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED],
+    )
+    .add("weights (layers on the device)", weights)
+    .add("evaluation hidden states", states)
+    .add("rotary tables", tables)
+    .add("activations (evaluation)", forward)
+    .reserving(held + pages)
 }

@@ -126,3 +126,53 @@ fn wgpu_estimates_prunemem_pruning_and_evaluation_only() {
     w.engine = crate::estimate::Engine::Reference;
     assert!(estimate(&a, &w).is_err());
 }
+
+/// GradProbe evaluated inside step 6 on a device: a phase of its own with
+/// one layer in f32 (every kept layer when the probe kept them), every
+/// window's hidden states in f32, and the pool's pages of the zeroing
+/// beside an evaluation batch's forward; none when evaluated afterwards.
+#[test]
+fn gradprobe_step6_holds_the_windows_and_one_layer_in_f32() {
+    let (a, mut w) = llama7b(Task::GradProbe);
+    (w.device, w.nsamples, w.seqlen, w.batch_size, w.eval_windows) = (Device::Cuda, 4, 512, 1, 40);
+    let phase = |w: &Workload| {
+        let e = estimate(&a, w).unwrap();
+        e.phases.iter().find(|p| p.name == "step 6").cloned()
+    };
+    assert!(phase(&w).is_none(), "evaluated after step 6");
+    w.eval_inline = true;
+    let p = phase(&w).expect("a step 6");
+    let states = 40 * 512 * a.hidden * 4;
+    let named = |name: &str| {
+        p.components
+            .iter()
+            .find(|c| c.name == name)
+            .map(|c| c.bytes)
+    };
+    assert_eq!(named("evaluation hidden states"), Some(states));
+    assert_eq!(
+        named("weights (layers on the device)"),
+        Some(a.layer_params() * 4)
+    );
+    // Beyond what it holds, the pool keeps the larger of a linear's
+    // zeroing (the largest's: its weight replaced, the zeros' mask, one
+    // byte each on CUDA, and count, its positions twice, bounded by its
+    // candidates) and the
+    // evaluation forward's pages, at least its activations.
+    let forward = named("activations (evaluation)").unwrap();
+    let pages = p.reserved.unwrap() - (p.total() - forward);
+    let positions = (a.largest_linear() as f64 * w.sparsity) as u64 * 8;
+    assert!(pages >= 9 * a.largest_linear() + positions, "{p:?}");
+    assert!(pages >= forward, "{p:?}");
+    w.probe_layers_on_device = true;
+    let kept = phase(&w).unwrap();
+    let weights = kept
+        .components
+        .iter()
+        .find(|c| c.name == "weights (layers on the device)")
+        .map(|c| c.bytes);
+    assert_eq!(
+        weights,
+        Some(a.layers * a.layer_params() * 4 + a.embedding_params() * 4)
+    );
+}

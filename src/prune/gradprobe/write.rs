@@ -204,12 +204,19 @@ pub(super) fn keep_pruned<B: Compute>(
             let positions = masks.get(&full).map_or(&[][..], Vec::as_slice);
             let (zeros, params) = on_device::zero_at(&mut layer, name, positions);
             linears.push(LinearReport::counts(&full, zeros, params));
+            // The weight it replaced, the zeros' mask and its count, and
+            // the positions (at a length of their own) go back before the
+            // next linear's and the evaluation's pages are made: the pool
+            // keeps one linear's zeroing at a time, not every size's
+            // beside the forward's (the 256-wide fixture with 96 windows:
+            // the run's reserved peak, step 6's, 10 820 896 → 9 677 056
+            // bytes on lavapipe, 2026-11-29).
+            crate::exec::release_free::<B>(device);
         }
         // Handed over, it is counted where it goes.
         drop(held);
         to.take(index, layer, rope)?;
-        // Each linear's positions went up at a length of their own: their
-        // pages go back before the next layer's.
+        // The forward's pages go back before the next layer's.
         crate::exec::release_free::<B>(device);
         layers.push(LayerReport {
             index,
