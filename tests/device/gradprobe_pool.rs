@@ -77,6 +77,22 @@ fn passes_by_category(phase: &serde_json::Value) {
     }
 }
 
+/// GradProbe on `fixture` (its folder, model and text) on lavapipe with
+/// `args`, evaluating the same text: its log [`within_the_estimate`].
+fn compared(
+    fixture: (tempfile::TempDir, std::path::PathBuf, std::path::PathBuf),
+    args: &str,
+) -> serde_json::Value {
+    let (dir, model, text) = fixture;
+    let logs = dir.path().join("logs");
+    let mut extra: Vec<&str> = args.split(' ').collect();
+    extra.extend(["--eval-text", s(&text), "--log-memory", s(&logs)]);
+    let argv = gradprobe_on_wgpu(&model, &text, &extra);
+    let (code, stdout, stderr) = run_prunemem(&argv);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    within_the_estimate(&logs)
+}
+
 /// With the embeddings probed, the head's blocks also form the head
 /// weight's gradient and gather it at the block's candidates. On a model
 /// whose head outweighs its layers (a 32 768-row tied table, 16 MiB in
@@ -93,17 +109,10 @@ fn gradprobe_probing_the_embeddings_is_estimated_at_its_head() {
         tied: true,
         ..Default::default()
     };
-    let (dir, model, text) = fixture_of(&spec, 6000);
-    let logs = dir.path().join("logs");
-    let mut extra: Vec<&str> =
-        "--sparsity 0.1 --num-batches 2 --include-embeddings --eval-windows 2"
-            .split(' ')
-            .collect();
-    extra.extend(["--eval-text", s(&text), "--log-memory", s(&logs)]);
-    let argv = gradprobe_on_wgpu(&model, &text, &extra);
-    let (code, stdout, stderr) = run_prunemem(&argv);
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let cmp = within_the_estimate(&logs);
+    let cmp = compared(
+        fixture_of(&spec, 6000),
+        "--sparsity 0.1 --num-batches 2 --include-embeddings --eval-windows 2",
+    );
     // The head's moment it is: the logits' work holds the block's weight
     // gradient, more than the table's own 16 MiB / 8.
     let original = &cmp["phases"][0];
@@ -129,16 +138,10 @@ fn gradprobe_probing_the_embeddings_is_estimated_at_its_head() {
 /// linear's zeroing goes back before the next, and before the forward.
 #[test]
 fn gradprobe_step6_evaluating_many_windows_is_its_peak_and_estimated() {
-    let (dir, model, text) = super::wide_fixture();
-    let logs = dir.path().join("logs");
-    let mut extra: Vec<&str> = "--sparsity 0.1 --num-batches 2 --eval-windows 96"
-        .split(' ')
-        .collect();
-    extra.extend(["--eval-text", s(&text), "--log-memory", s(&logs)]);
-    let argv = gradprobe_on_wgpu(&model, &text, &extra);
-    let (code, stdout, stderr) = run_prunemem(&argv);
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let cmp = within_the_estimate(&logs);
+    let cmp = compared(
+        super::wide_fixture(),
+        "--sparsity 0.1 --num-batches 2 --eval-windows 96",
+    );
     let step6 = cmp["phases"]
         .as_array()
         .unwrap()
