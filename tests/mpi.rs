@@ -407,12 +407,11 @@ fn a_killed_rank_stops_the_others_and_leaves_no_model() {
             start.elapsed() < Duration::from_secs(60),
             "rank 1 never started"
         );
-        if let Some(pid) = rank_pid(1, s(&save)) {
-            if std::fs::read_to_string(logs.join("events.jsonl"))
+        if let Some(pid) = rank_pid(1, s(&save))
+            && std::fs::read_to_string(logs.join("events.jsonl"))
                 .is_ok_and(|t| t.contains("layer_00_stats"))
-            {
-                break pid;
-            }
+        {
+            break pid;
         }
         std::thread::sleep(Duration::from_millis(100));
     };
