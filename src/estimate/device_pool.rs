@@ -110,35 +110,6 @@ impl Pages {
 /// windows, beside what the pass holds anyway (the layer, its inputs, the
 /// rotary tables, the statistics).
 pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
-    forward_pages(a, w, batch, beside).total()
-}
-
-/// GradProbe's step 6 (`prune::gradprobe::write::keep_pruned`): the pages
-/// the larger of two moments keeps, the pool emptied between them. Zeroing
-/// one linear of `(parameters, positions)` at a time
-/// (`on_device::zero_at`): the weight the zeroed one replaces (the layer
-/// still holds it), the zeros' mask (a 4-byte bool on wgpu, one byte on
-/// CUDA) and its integer copy, counted on the device; the positions as
-/// indices and the values written there. Then a layer's evaluation
-/// forward of `batch` windows. cubecl's memory log on lavapipe, the
-/// 256-wide fixture (96 windows of 32 in batches of 8, 2026-11-29): three
-/// pages of each linear's size and two of its positions' length.
-pub fn zeroed_forward(a: &Arch, w: &Workload, batch: u64, linears: &[(u64, u64)]) -> u64 {
-    let bool_bytes = match w.device {
-        Device::Cuda => 1,
-        _ => 4,
-    };
-    let zeroing = linears.iter().map(|&(params, positions)| {
-        Pages::default()
-            .add_moment(&[(params * 4, 2), (params * bool_bytes, 1)])
-            .add(positions * 4, 2)
-            .total()
-    });
-    let forward = forward(a, w, batch, Beside::Nothing);
-    zeroing.fold(forward, u64::max)
-}
-
-fn forward_pages(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> Pages {
     let (c, s) = (w.dtype.size(), w.seqlen);
     let t = batch * s;
     let (h, kv, i, heads) = (a.hidden, a.kv_dim(), a.intermediate, a.heads);
@@ -215,7 +186,32 @@ fn forward_pages(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> Pages {
     {
         pages = pages.add(h * h * 4, 1).add(i * i * 4, 1);
     }
-    pages
+    pages.total()
+}
+
+/// GradProbe's step 6 (`prune::gradprobe::write::keep_pruned`): the pages
+/// the larger of two moments keeps, the pool emptied between them. Zeroing
+/// one linear of `(parameters, positions)` at a time
+/// (`on_device::zero_at`): the weight the zeroed one replaces (the layer
+/// still holds it), the zeros' mask (a 4-byte bool on wgpu, one byte on
+/// CUDA) and its integer copy, counted on the device; the positions as
+/// indices and the values written there. Then a layer's evaluation
+/// forward of `batch` windows. cubecl's memory log on lavapipe, the
+/// 256-wide fixture (96 windows of 32 in batches of 8, 2026-11-29): three
+/// pages of each linear's size and two of its positions' length.
+pub fn zeroed_forward(a: &Arch, w: &Workload, batch: u64, linears: &[(u64, u64)]) -> u64 {
+    let bool_bytes = match w.device {
+        Device::Cuda => 1,
+        _ => 4,
+    };
+    let zeroing = linears.iter().map(|&(params, positions)| {
+        Pages::default()
+            .add_moment(&[(params * 4, 2), (params * bool_bytes, 1)])
+            .add(positions * 4, 2)
+            .total()
+    });
+    let forward = forward(a, w, batch, Beside::Nothing);
+    zeroing.fold(forward, u64::max)
 }
 
 /// The pages the evaluation's head keeps for a batch of `batch` windows:

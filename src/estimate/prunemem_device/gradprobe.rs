@@ -275,12 +275,13 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
             reduced,
         ),
     ];
+    // The evaluation's workload: GradProbe's batches (`iterate::EVAL`).
+    let mut e = w.clone();
+    e.batch_size = crate::prune::gradprobe::iterate::EVAL.batch_size as u64;
     if super::super::prunemem::evaluates_inline(w) {
-        out.push(step6(a, w, kept + p.layer + table));
+        out.push(step6(a, &e, kept + p.layer + table));
     }
     if w.eval_windows > 0 {
-        let mut e = w.clone();
-        e.batch_size = crate::prune::gradprobe::iterate::EVAL.batch_size as u64;
         let s = Sizes::of(a, &e);
         let eval_stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
         out.push(eval_phase(a, &e, &s, "eval", eval_stages, false));
@@ -288,7 +289,8 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     out
 }
 
-/// Step 6 with the evaluation inside it (`jobs::gradprobe::step6`): each
+/// Step 6 with the evaluation inside it (`jobs::gradprobe::step6`), `e`
+/// the evaluation's workload: each
 /// decoder layer read in f32 (or taken from those kept on the device),
 /// zeroed where it is and run through every evaluation batch of
 /// `iterate::EVAL`'s size, every window's hidden states held from the
@@ -301,22 +303,19 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
 /// lavapipe (2026-11-29) the bytes in use matched the measured to the
 /// byte on the 256-wide fixture and on SmolLM2-135M, and the fixture's
 /// reserved peak (step 6's, with 96 windows) too.
-fn step6(a: &Arch, w: &Workload, weights: u64) -> Phase {
-    let mut e = w.clone();
-    e.batch_size = crate::prune::gradprobe::iterate::EVAL.batch_size as u64;
-    let s = Sizes::of(a, &e);
-    let batch = e.batch_size.min(w.eval_windows);
-    let states = s.hidden_states(w.eval_windows);
+fn step6(a: &Arch, e: &Workload, weights: u64) -> Phase {
+    let s = Sizes::of(a, e);
+    let batch = e.batch_size.min(e.eval_windows);
+    let states = s.hidden_states(e.eval_windows);
     let forward = evaluation_forward(&s, batch);
-    let tables = rope(a, &e, batch, w.eval_windows);
+    let tables = rope(a, e, batch, e.eval_windows);
     let held = weights + states + tables;
     // The positions as a bound: every candidate pruned.
     let linears: Vec<(u64, u64)> = shapes(a)
         .iter()
-        .zip(candidates(a, w))
-        .map(|((i, o), c)| (i * o, c / 4))
+        .map(|(i, o)| (i * o, candidate_count(e.sparsity, (i * o) as usize) as u64))
         .collect();
-    let pages = super::super::device_pool::zeroed_forward(a, &e, batch, &linears);
+    let pages = super::super::device_pool::zeroed_forward(a, e, batch, &linears);
     Phase::new(
         "step 6",
         &[stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED],

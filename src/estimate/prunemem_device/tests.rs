@@ -143,36 +143,31 @@ fn gradprobe_step6_holds_the_windows_and_one_layer_in_f32() {
     w.eval_inline = true;
     let p = phase(&w).expect("a step 6");
     let states = 40 * 512 * a.hidden * 4;
-    let named = |name: &str| {
+    let named = |p: &crate::estimate::Phase, name: &str| {
         p.components
             .iter()
             .find(|c| c.name == name)
             .map(|c| c.bytes)
     };
-    assert_eq!(named("evaluation hidden states"), Some(states));
+    assert_eq!(named(&p, "evaluation hidden states"), Some(states));
     assert_eq!(
-        named("weights (layers on the device)"),
+        named(&p, "weights (layers on the device)"),
         Some(a.layer_params() * 4)
     );
     // Beyond what it holds, the pool keeps the larger of a linear's
     // zeroing (the largest's: its weight replaced, the zeros' mask, one
     // byte each on CUDA, and count, its positions twice, bounded by its
-    // candidates) and the
-    // evaluation forward's pages, at least its activations.
-    let forward = named("activations (evaluation)").unwrap();
+    // candidates) and the evaluation forward's pages, at least its
+    // activations.
+    let forward = named(&p, "activations (evaluation)").unwrap();
     let pages = p.reserved.unwrap() - (p.total() - forward);
     let positions = (a.largest_linear() as f64 * w.sparsity) as u64 * 8;
     assert!(pages >= 9 * a.largest_linear() + positions, "{p:?}");
     assert!(pages >= forward, "{p:?}");
     w.probe_layers_on_device = true;
     let kept = phase(&w).unwrap();
-    let weights = kept
-        .components
-        .iter()
-        .find(|c| c.name == "weights (layers on the device)")
-        .map(|c| c.bytes);
     assert_eq!(
-        weights,
+        named(&kept, "weights (layers on the device)"),
         Some(a.layers * a.layer_params() * 4 + a.embedding_params() * 4)
     );
 }
