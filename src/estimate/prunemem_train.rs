@@ -26,10 +26,6 @@ use crate::events::stages;
 /// stacks, allocator arenas) plus the heap before the model: 21.7-27.5 MB
 /// at the grid's peaks (mean 24.9 MB).
 const RUNTIME: u64 = (24 << 20) + DEVICE_BACKENDS_LINKED;
-/// The products' packing blocks inside [`RUNTIME`] as fitted: 2 MiB on that
-/// machine's 1 MiB L2 (`model::matmul::workspace_bytes`). A step counts
-/// the run's own machine's instead (4 MiB on a 2 MiB-L2 one).
-const FITTED_MATMUL_WORKSPACE: u64 = 2 << 20;
 /// What linking Burn's device backends adds to a training run's resident
 /// set. `wgpu` adds more than to a prune's (autodiff's code pages too):
 /// measured on the grid's debug runs, 2026-11-24, the peaks rose by
@@ -57,12 +53,14 @@ const PER_HIDDEN: f64 = 10.0;
 const PER_INTERMEDIATE: f64 = 5.0;
 const PER_SCORE: f64 = 3.0;
 /// f32 elements the head's graph saves per token beside the logits and
-/// their log-softmax: per vocabulary entry and per hidden unit (the final
-/// norm's). Fitted 2026-11-24 on two points after the logits became a leaf
-/// of their own (`train::step`): the grid's h256 / vocab 4096 run (4.19 MB
-/// of head activations) and the SmolLM2 2-layer cut (h576 / vocab 49 152,
-/// 4.13 MiB).
-const HEAD_PER_VOCAB: f64 = 0.096;
+/// their log-softmax, per hidden unit (the final norm's input and what it
+/// saves). Refitted 2026-12-01 on the grid's full-graph runs once the
+/// rotary tables and the products' packing blocks were counted apart
+/// (both had been absorbed here, as 0.096 per vocabulary entry + 6.45 per
+/// hidden unit): what remains at the later steps' peak is 3.0 per hidden
+/// unit at 512 tokens on both shapes (h256: 1.5 MiB; h384: 2.6 MiB) and
+/// 1.0-1.5 at 1 024 tokens, so the larger is taken.
+const HEAD_PER_HIDDEN_FULL: f64 = 3.0;
 /// The same when the head's graph is rebuilt in a checkpointed backward:
 /// nothing per vocabulary entry; per hidden unit and per token. Fitted on
 /// two points, 2026-11-24 (release and debug agree): the grid's h256 /
@@ -70,7 +68,6 @@ const HEAD_PER_VOCAB: f64 = 0.096;
 /// vocab-49 152 run (5.5 MB, h576).
 const HEAD_PER_HIDDEN_CHECKPOINTED: f64 = 2.0;
 const HEAD_PER_TOKEN_CHECKPOINTED: f64 = 1536.0;
-const HEAD_PER_HIDDEN: f64 = 6.45;
 /// Gradient memory the head's backward holds beyond the table's gradient
 /// while it adds the product a block at a time (`train::grads`: blocks of
 /// 8 MiB): per block byte, and a constant (the product's packing buffers
@@ -116,7 +113,7 @@ fn head_graph(a: &Arch, tokens: u64, checkpointed: bool) -> u64 {
     let per_token = if checkpointed {
         HEAD_PER_HIDDEN_CHECKPOINTED * a.hidden as f64 + HEAD_PER_TOKEN_CHECKPOINTED
     } else {
-        HEAD_PER_VOCAB * a.vocab as f64 + HEAD_PER_HIDDEN * a.hidden as f64
+        HEAD_PER_HIDDEN_FULL * a.hidden as f64
     };
     bytes(per_token, tokens)
 }
@@ -144,19 +141,38 @@ fn largest_trained(a: &Arch, w: &Workload) -> u64 {
 }
 
 /// What a step holds at every moment: the runtime (with the checkpointed
-/// forward's workspace) and the parameters.
+/// forward's workspace), the parameters, the rotary tables the autodiff
+/// forward expands to each batch's heads (`model::Rope`: cos and sin for
+/// the queries' and the keys' heads, kept for the run), and the products'
+/// packing blocks (`model::matmul::thread_block_bytes`: one per rayon
+/// thread and one for the training thread itself, which multiplies too —
+/// made in the first forward, so its tag is the activations'; a grid run
+/// holds 3 × 2 MiB on a 2-core, 2 MiB-L2 machine from its first step to
+/// its end, 2026-12-01).
 fn held_by_every_moment(a: &Arch, w: &Workload, name: &str, stages: [&str; 2]) -> Phase {
     let workspace = if w.checkpointing {
         CHECKPOINTED_WORKSPACE
     } else {
         0
     };
+    let tokens = w.batch_size * w.seqlen;
     Phase::new(name, &stages)
-        .add(
-            "runtime (binary, threads, allocator)",
-            RUNTIME - FITTED_MATMUL_WORKSPACE + w.matmul_workspace + workspace,
-        )
+        .add("runtime (binary, threads, allocator)", RUNTIME + workspace)
         .add("weights", a.params * 4)
+        .add(
+            "rotary tables, expanded to the batch's heads (activations)",
+            rotary_tables(a, tokens),
+        )
+        .add(
+            "the products' packing blocks, one a multiplying thread (activations)",
+            w.matmul_workspace + crate::model::matmul::thread_block_bytes(),
+        )
+}
+
+/// The expanded rotary tables for `tokens` tokens: cos and sin at the
+/// queries' and the keys' widths, in f32.
+fn rotary_tables(a: &Arch, tokens: u64) -> u64 {
+    2 * (a.q_dim() + a.kv_dim()) * tokens * 4
 }
 
 /// The optimizer's update. Later steps: every gradient, the moments and
@@ -211,22 +227,26 @@ fn backward(a: &Arch, w: &Workload, name: &str, stages: [&str; 2], optimizer: u6
     let head = head_point(a, w, held, logits);
     if !w.checkpointing {
         let layers = a.layers.saturating_sub(w.first_trainable_layer);
-        let base = base.add(
-            "activations saved by the forward",
-            layers * layer_graph(a, tokens, w.seqlen) + head_graph(a, tokens, false),
-        );
+        // A frozen layer saves no graph, but its segment keeps its input
+        // (`train::step::Segment`): one hidden state a frozen layer below
+        // the first trained one (the grid's two frozen layers: 1 MiB).
+        let frozen = w.first_trainable_layer.min(a.layers) * tokens * a.hidden * 4;
+        let base = base
+            .add(
+                "activations saved by the forward",
+                layers * layer_graph(a, tokens, w.seqlen) + head_graph(a, tokens, false),
+            )
+            .add("the frozen layers' inputs (activations)", frozen);
         return head.into_iter().fold(base, |p, (name, b)| p.add(name, b));
     }
-    // Checkpointed: every layer's input, and the autodiff backend's rotary
-    // tables (the plain CPU forward rotates with `model::cpu_ops` and caches
-    // none); then the larger of the head's (first) and a recomputed
-    // layer's: every gradient but the layer's own, made by this backward,
-    // and the embedding's, added at the end.
+    // Checkpointed: every layer's input (the rotary tables, counted at
+    // every moment, are the recomputing autodiff forward's: the plain CPU
+    // forward rotates with `model::cpu_ops` and caches none); then the
+    // larger of the head's (first) and a recomputed layer's: every
+    // gradient but the layer's own, made by this backward, and the
+    // embedding's, added at the end.
     let inputs = (a.layers + 1) * tokens * a.hidden * 4;
-    let rotary = 2 * (a.q_dim() + a.kv_dim()) * tokens * 4;
-    let base = base
-        .add("checkpointed layer inputs (activations)", inputs)
-        .add("rotary tables (activations)", rotary);
+    let base = base.add("checkpointed layer inputs (activations)", inputs);
     let at_head = head.iter().map(|(_, b)| b).sum::<u64>() + head_graph(a, tokens, true);
     let graph = layer_graph(a, tokens, w.seqlen);
     let made = grads.saturating_sub(a.layer_params() * 4);
