@@ -192,13 +192,15 @@ pub fn forward(a: &Arch, w: &Workload, batch: u64, beside: Beside) -> u64 {
 /// GradProbe's step 6 (`prune::gradprobe::write::keep_pruned`): the pages
 /// the larger of two moments keeps, the pool emptied between them. Zeroing
 /// one linear of `(parameters, positions)` at a time
-/// (`on_device::zero_at`): the weight the zeroed one replaces (the layer
-/// still holds it), the zeros' mask (a 4-byte bool on wgpu, one byte on
+/// (`on_device::zero_at`, in the weight's own buffer: the layer is its
+/// only holder): the zeros' mask (a 4-byte bool on wgpu, one byte on
 /// CUDA) and its integer copy, counted on the device; the positions as
 /// indices and the values written there. Then a layer's evaluation
 /// forward of `batch` windows. cubecl's memory log on lavapipe, the
-/// 256-wide fixture (96 windows of 32 in batches of 8, 2026-11-29): three
-/// pages of each linear's size and two of its positions' length.
+/// 256-wide fixture (96 windows of 32 in batches of 8): three pages of
+/// each linear's size and two of its positions' length while the scatter
+/// copied the weight (2026-11-29), two since it writes in place
+/// (2026-12-01).
 pub fn zeroed_forward(a: &Arch, w: &Workload, batch: u64, linears: &[(u64, u64)]) -> u64 {
     let bool_bytes = match w.device {
         Device::Cuda => 1,
@@ -206,7 +208,7 @@ pub fn zeroed_forward(a: &Arch, w: &Workload, batch: u64, linears: &[(u64, u64)]
     };
     let zeroing = linears.iter().map(|&(params, positions)| {
         Pages::default()
-            .add_moment(&[(params * 4, 2), (params * bool_bytes, 1)])
+            .add_moment(&[(params * 4, 1), (params * bool_bytes, 1)])
             .add(positions * 4, 2)
             .total()
     });

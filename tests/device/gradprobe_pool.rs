@@ -159,3 +159,26 @@ fn gradprobe_step6_evaluating_many_windows_is_its_peak_and_estimated() {
         "reserved {reserved} for {in_use} in use"
     );
 }
+
+/// With one window to evaluate, step 6's widest moment is a linear's
+/// zeroing, which `on_device::zero_at` does in the weight's own buffer
+/// (the streamed layer is its only holder): step 6 holds one layer, the
+/// window's hidden states and its forward, at the estimate's bytes. While
+/// the scatter copied the weight beside the layer's own, this run measured
+/// step 6 at 3 835 904 bytes against the estimate's 3 328 000 (−13.2%: an
+/// MLP linear's 720 896-byte copy, untagged), 2026-12-01.
+#[test]
+fn gradprobe_step6_zeroes_each_linear_where_it_is() {
+    let cmp = compared(
+        super::wide_fixture(),
+        "--sparsity 0.1 --num-batches 2 --eval-windows 1",
+    );
+    let step6 = cmp["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "step 6")
+        .unwrap_or_else(|| panic!("no step 6: {cmp}"));
+    let (measured, predicted) = (step6["measured"].as_u64(), step6["predicted"].as_u64());
+    assert_eq!(measured, predicted, "{cmp}");
+}

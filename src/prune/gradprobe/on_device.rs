@@ -189,6 +189,17 @@ impl<B: Compute> Maxima<B> {
     }
 }
 
+/// `lin`'s weight, taken out of its `Param` (a one-element placeholder
+/// left there), so that where nothing else holds it — a layer streamed in,
+/// or handed over by the probe — cubecl's scatter writes into its buffer
+/// instead of a copy (`scatter_nd` copies a shared tensor: a resident
+/// layer another step still reads keeps its values).
+fn take_weight<B: Compute>(lin: &mut burn::nn::Linear<B>) -> Tensor<B, 2> {
+    let device = lin.weight.device();
+    let placeholder = Param::from_tensor(Tensor::<B, 2>::empty([1, 1], &device));
+    std::mem::replace(&mut lin.weight, placeholder).into_value()
+}
+
 /// Zeroes `positions` (PyTorch `[out, in]`) of `layer`'s linear `name`
 /// where it is; returns its zeros after (one count read back) and its size.
 pub(super) fn zero_at<B: Compute>(
@@ -199,7 +210,7 @@ pub(super) fn zero_at<B: Compute>(
     let Some(lin) = layer.linear_mut(name) else {
         return (0, 0);
     };
-    let w = lin.weight.val();
+    let w = take_weight(lin);
     let [inp, out] = w.dims();
     let w_device = w.device();
     let mut flat = w.reshape([inp * out]);
@@ -213,6 +224,9 @@ pub(super) fn zero_at<B: Compute>(
     let count = crate::exec::reduce::sum_all(w.clone().equal_elem(0.0).int()).into_data();
     crate::exec::transfer::read_back(count.bytes.len() as u64);
     let zeros = count.iter::<i64>().next().unwrap_or(0).max(0) as u64;
+    // The zeroing's pages are still reserved (the caller gives them back
+    // before the next linear): a reading here is step 6's widest moment.
+    crate::exec::watch::after_op();
     lin.weight = Param::from_tensor(w);
     (zeros, (inp * out) as u64)
 }
