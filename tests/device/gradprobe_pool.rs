@@ -129,6 +129,16 @@ fn gradprobe_probing_the_embeddings_is_estimated_at_its_head() {
     );
 }
 
+/// The comparison's `step 6` phase.
+fn step6_of(cmp: &serde_json::Value) -> &serde_json::Value {
+    cmp["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "step 6")
+        .unwrap_or_else(|| panic!("no step 6: {cmp}"))
+}
+
 /// With many windows to evaluate, step 6 is the run's device peak: every
 /// window's hidden states held from the first layer to the head, one layer
 /// in f32 and an evaluation batch's forward. Its bytes in use and the
@@ -142,12 +152,7 @@ fn gradprobe_step6_evaluating_many_windows_is_its_peak_and_estimated() {
         super::wide_fixture(),
         "--sparsity 0.1 --num-batches 2 --eval-windows 96",
     );
-    let step6 = cmp["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["phase"] == "step 6")
-        .unwrap_or_else(|| panic!("no step 6: {cmp}"));
+    let step6 = step6_of(&cmp);
     assert_eq!(step6["measured"], cmp["peak"]["measured"], "{cmp}");
     let (in_use, reserved) = (
         cmp["peak"]["measured"].as_u64().unwrap(),
@@ -173,12 +178,7 @@ fn gradprobe_step6_zeroes_each_linear_where_it_is() {
         super::wide_fixture(),
         "--sparsity 0.1 --num-batches 2 --eval-windows 1",
     );
-    let step6 = cmp["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["phase"] == "step 6")
-        .unwrap_or_else(|| panic!("no step 6: {cmp}"));
+    let step6 = step6_of(&cmp);
     let (measured, predicted) = (step6["measured"].as_u64(), step6["predicted"].as_u64());
     assert_eq!(measured, predicted, "{cmp}");
 }
