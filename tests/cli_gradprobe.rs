@@ -263,7 +263,8 @@ fn iterative_steps_are_evaluated_as_their_layers_are_zeroed() {
         "--eval-windows",
         "2",
     ];
-    let (inline, inline_events, _) = run_in_tmp(dir.path(), "auto", &model, &text, &iterate);
+    let (inline, inline_events, inline_log) =
+        run_in_tmp(dir.path(), "auto", &model, &text, &iterate);
     let disk_args = [&iterate[..], &["--keep-pruned", "disk"]].concat();
     let (disk, disk_events, _) = run_in_tmp(dir.path(), "disk", &model, &text, &disk_args);
     assert_eq!(inline["pruned_layers_kept"], "inline", "{inline}");
@@ -292,6 +293,27 @@ fn iterative_steps_are_evaluated_as_their_layers_are_zeroed() {
         "{inline}"
     );
     assert!(disk["seconds_by_phase"].get("write").is_some(), "{disk}");
+    // `estimate --against` compares the phases on the last step, and says
+    // so: the stages repeat once a step.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"))
+        .args(["estimate", "--against", &inline_log, "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let cmp: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let said = format!("an --iterative run of {} steps", a.len());
+    let notes = cmp["notes"].as_array().unwrap();
+    assert!(
+        notes.iter().any(|n| n.as_str().unwrap().starts_with(&said)),
+        "{cmp}"
+    );
+    let step6 = cmp["phases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|p| p["phase"] == "step 6")
+        .unwrap_or_else(|| panic!("{cmp}"));
+    assert!(step6["measured"].as_u64().is_some(), "{cmp}");
 }
 
 #[test]

@@ -465,7 +465,7 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
     if as_json {
         println!(
             "{}",
-            json!({"phases": cmp.phases, "peak": cmp.peak, "reserved": cmp.reserved, "ranks": ranks})
+            json!({"phases": cmp.phases, "peak": cmp.peak, "reserved": cmp.reserved, "ranks": ranks, "notes": cmp.estimate.notes})
         );
         return Ok(0);
     }
@@ -497,6 +497,9 @@ fn run_against(dir: &Path, as_json: bool) -> CliResult<i32> {
         );
     }
     print_categories(&cmp.phases, on_device);
+    for note in &cmp.estimate.notes {
+        println!("note: {note}");
+    }
     if on_device {
         println!("\nPredicted device pool by component at each phase's peak");
         for p in &cmp.estimate.phases {

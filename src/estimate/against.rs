@@ -284,6 +284,20 @@ pub fn rank_checks(cmp: &Comparison, ranks: &[crate::events::ranks::RankRun]) ->
 }
 
 /// Estimates a finished run and compares.
+/// GradProbe's `--iterative` steps as the run's results record them: how
+/// many, and the last one's target sparsity; `None` for a run that did not
+/// iterate.
+fn iterations(run: &RunFold) -> Option<(usize, f64)> {
+    let steps = run
+        .summary
+        .as_ref()?
+        .results
+        .get("iterations")?
+        .as_array()?;
+    let target = steps.last()?.get("target")?.as_f64()?;
+    Some((steps.len(), target))
+}
+
 pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
     let run = RunFold::of(events);
     let plan = run
@@ -304,7 +318,24 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
         workload.probe_layers_on_device =
             s.results.get("gradprobe_layers").and_then(|v| v.as_str()) == Some("device");
     }
-    let est = estimate(&arch, &workload)?;
+    let steps = iterations(&run);
+    if let Some((_, target)) = steps {
+        workload.sparsity = target;
+    }
+    let mut est = estimate(&arch, &workload)?;
+    // An iterating run repeats its stages once a step: its phases are its
+    // last step's, the largest target's.
+    let run = match steps {
+        Some((n, target)) => {
+            est.notes.push(format!(
+                "an --iterative run of {n} steps: its phases are compared on its last step \
+                 (target sparsity {target:.3}); the earlier steps' masks it still holds are \
+                 not estimated"
+            ));
+            run.last_of_each_stage()
+        }
+        None => run,
+    };
     // A device run is compared on the device: cubecl's pool, and its
     // composition by category (`memory::held`).
     let on_device = workload.device.is_gpu();

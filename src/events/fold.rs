@@ -348,6 +348,22 @@ impl RunFold {
         self.plan.as_ref().is_some_and(|p| p.device != "cpu")
     }
 
+    /// The run with only the last row of each stage label: a run that
+    /// repeats its stages (GradProbe's `--iterative` steps) seen through
+    /// its last repetition. Each row keeps its own window (the readings
+    /// since the row before it in the log), so a window between two kept
+    /// rows is the last repetition's.
+    pub fn last_of_each_stage(&self) -> RunFold {
+        let mut run = self.clone();
+        let labels: Vec<&str> = self.stages.iter().map(|s| s.label()).collect();
+        let mut keep = labels
+            .iter()
+            .enumerate()
+            .map(|(i, l)| !labels[i + 1..].contains(l));
+        run.stages.retain(|_| keep.next().unwrap_or(true));
+        run
+    }
+
     /// Index of the stage labelled `label`.
     pub fn stage_index(&self, label: &str) -> Option<usize> {
         self.stages.iter().position(|s| s.label() == label)

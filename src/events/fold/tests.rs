@@ -61,6 +61,27 @@ fn window_peaks_count_samples_and_a_rising_kernel_mark() {
 }
 
 #[test]
+fn a_repeated_run_is_read_through_its_last_repetition() {
+    // Two steps of the same stages (GradProbe's --iterative): the first
+    // reaches 30 between a and b, the second 20.
+    let f = RunFold::of(&[
+        stage("start", 0.0, 5, 5),
+        stage("a", 1.0, 10, 10),
+        sample(1.5, 30, 30),
+        stage("b", 2.0, 12, 30),
+        stage("a", 3.0, 11, 30),
+        sample(3.5, 20, 30),
+        stage("b", 4.0, 12, 30),
+        stage("end", 5.0, 6, 30),
+    ]);
+    assert_eq!(f.peak_between("a", "b"), Some(30 * M));
+    let last = f.last_of_each_stage();
+    let labels: Vec<_> = last.stages.iter().map(|s| s.label()).collect();
+    assert_eq!(labels, ["start", "a", "b", "end"]);
+    assert_eq!(last.peak_between("a", "b"), Some(20 * M));
+}
+
+#[test]
 fn heap_window_takes_scope_peaks() {
     let mut f = RunFold::new();
     f.apply(&stage("a", 0.0, 10, 10));
