@@ -125,6 +125,10 @@ fn step<B: Compute>(
     inline: bool,
 ) -> Result<(StepRecord, Perplexity), PruneError> {
     let p = probe.profiler;
+    // The step before's (or the dense evaluation's) freed pages go back
+    // first, as the engines give theirs back at every layer: a step's
+    // probe starts from the live heap, not from the last one's high-water.
+    crate::memory::alloc::trim();
     probe.set_sparsity(target);
     let step = probe.step(masks)?;
     for (name, new) in &step.pruned {
