@@ -185,14 +185,8 @@ fn one_step_without_a_save_is_evaluated_as_step_6_zeroes_its_layers() {
     // run held there too. (This model is too small for the totals to
     // mean much: the process is most of them; SmolLM2's are in
     // docs/estimator.md.)
-    let (code, out, err) = run(&["estimate", "--against", &inline_log, "--json"]);
-    assert_eq!(code, Some(0), "{err}");
-    let cmp: serde_json::Value = serde_json::from_str(&out).unwrap();
-    let phases = cmp["phases"].as_array().unwrap();
-    let step6 = phases
-        .iter()
-        .find(|p| p["phase"] == "step 6")
-        .expect("a step-6 phase");
+    let cmp = support::against_json(&inline_log);
+    let step6 = support::phase_of(&cmp, "step 6");
     println!("step 6: {step6}");
     let config =
         prunemem::model::LlamaConfig::from_file(&std::path::Path::new(&model).join("config.json"))
@@ -295,24 +289,14 @@ fn iterative_steps_are_evaluated_as_their_layers_are_zeroed() {
     assert!(disk["seconds_by_phase"].get("write").is_some(), "{disk}");
     // `estimate --against` compares the phases on the last step, and says
     // so: the stages repeat once a step.
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_prunemem"))
-        .args(["estimate", "--against", &inline_log, "--json"])
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    let cmp: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let cmp = support::against_json(&inline_log);
     let said = format!("an --iterative run of {} steps", a.len());
     let notes = cmp["notes"].as_array().unwrap();
     assert!(
         notes.iter().any(|n| n.as_str().unwrap().starts_with(&said)),
         "{cmp}"
     );
-    let step6 = cmp["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["phase"] == "step 6")
-        .unwrap_or_else(|| panic!("{cmp}"));
+    let step6 = support::phase_of(&cmp, "step 6");
     assert!(step6["measured"].as_u64().is_some(), "{cmp}");
 }
 

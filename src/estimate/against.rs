@@ -283,7 +283,6 @@ pub fn rank_checks(cmp: &Comparison, ranks: &[crate::events::ranks::RankRun]) ->
         .collect()
 }
 
-/// Estimates a finished run and compares.
 /// GradProbe's `--iterative` steps as the run's results record them: how
 /// many, and the last one's target sparsity; `None` for a run that did not
 /// iterate.
@@ -298,6 +297,7 @@ fn iterations(run: &RunFold) -> Option<(usize, f64)> {
     Some((steps.len(), target))
 }
 
+/// Estimates a finished run and compares.
 pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
     let run = RunFold::of(events);
     let plan = run

@@ -354,14 +354,16 @@ impl RunFold {
     /// since the row before it in the log), so a window between two kept
     /// rows is the last repetition's.
     pub fn last_of_each_stage(&self) -> RunFold {
-        let mut run = self.clone();
-        let labels: Vec<&str> = self.stages.iter().map(|s| s.label()).collect();
-        let mut keep = labels
-            .iter()
-            .enumerate()
-            .map(|(i, l)| !labels[i + 1..].contains(l));
-        run.stages.retain(|_| keep.next().unwrap_or(true));
-        run
+        let mut seen = std::collections::HashSet::new();
+        let mut stages: Vec<StageRow> = (self.stages.iter().rev())
+            .filter(|s| seen.insert(s.label()))
+            .cloned()
+            .collect();
+        stages.reverse();
+        RunFold {
+            stages,
+            ..self.clone()
+        }
     }
 
     /// Index of the stage labelled `label`.

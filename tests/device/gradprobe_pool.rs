@@ -8,14 +8,12 @@ use std::path::Path;
 use prunemem::events::Event;
 
 use super::{fixture_of, gradprobe_on_wgpu, s};
-use crate::support::run_prunemem;
+use crate::support::{against_json, phase_of, run_prunemem};
 
 /// `estimate --against logs`: each phase, the peak and the reserved peak
 /// within 5%; in the passes, each category too.
 pub fn within_the_estimate(logs: &Path) -> serde_json::Value {
-    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", s(logs), "--json"]);
-    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
-    let cmp: serde_json::Value = serde_json::from_str(&stdout).unwrap();
+    let cmp = against_json(s(logs));
     let mut checked = Vec::new();
     for p in cmp["phases"]
         .as_array()
@@ -40,7 +38,7 @@ pub fn within_the_estimate(logs: &Path) -> serde_json::Value {
     let mut phases = vec!["original pass", "modified pass"];
     phases.extend(inline.then_some("step 6"));
     phases.extend(["eval", "peak", "reserved peak"]);
-    assert_eq!(checked, phases, "{stdout}");
+    assert_eq!(checked, phases, "{cmp}");
     cmp
 }
 
@@ -129,16 +127,6 @@ fn gradprobe_probing_the_embeddings_is_estimated_at_its_head() {
     );
 }
 
-/// The comparison's `step 6` phase.
-fn step6_of(cmp: &serde_json::Value) -> &serde_json::Value {
-    cmp["phases"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|p| p["phase"] == "step 6")
-        .unwrap_or_else(|| panic!("no step 6: {cmp}"))
-}
-
 /// With many windows to evaluate, step 6 is the run's device peak: every
 /// window's hidden states held from the first layer to the head, one layer
 /// in f32 and an evaluation batch's forward. Its bytes in use and the
@@ -152,7 +140,7 @@ fn gradprobe_step6_evaluating_many_windows_is_its_peak_and_estimated() {
         super::wide_fixture(),
         "--sparsity 0.1 --num-batches 2 --eval-windows 96",
     );
-    let step6 = step6_of(&cmp);
+    let step6 = phase_of(&cmp, "step 6");
     assert_eq!(step6["measured"], cmp["peak"]["measured"], "{cmp}");
     let (in_use, reserved) = (
         cmp["peak"]["measured"].as_u64().unwrap(),
@@ -178,7 +166,7 @@ fn gradprobe_step6_zeroes_each_linear_where_it_is() {
         super::wide_fixture(),
         "--sparsity 0.1 --num-batches 2 --eval-windows 1",
     );
-    let step6 = step6_of(&cmp);
+    let step6 = phase_of(&cmp, "step 6");
     let (measured, predicted) = (step6["measured"].as_u64(), step6["predicted"].as_u64());
     assert_eq!(measured, predicted, "{cmp}");
 }

@@ -181,6 +181,23 @@ pub fn sample_text(words: usize) -> String {
     out
 }
 
+/// `prunemem estimate --against LOGS --json`, parsed; the run must succeed.
+pub fn against_json(logs: &str) -> serde_json::Value {
+    let (code, stdout, stderr) = run_prunemem(&["estimate", "--against", logs, "--json"]);
+    assert_eq!(code, Some(0), "{stdout}\n{stderr}");
+    serde_json::from_str(&stdout).expect("estimate --against --json prints JSON")
+}
+
+/// The phase named `name` of an `estimate --against --json` comparison.
+pub fn phase_of<'a>(cmp: &'a serde_json::Value, name: &str) -> &'a serde_json::Value {
+    cmp["phases"]
+        .as_array()
+        .expect("a comparison's phases")
+        .iter()
+        .find(|p| p["phase"] == name)
+        .unwrap_or_else(|| panic!("no {name} phase: {cmp}"))
+}
+
 /// Runs the `prunemem` binary: (exit code, stdout, stderr).
 pub fn run_prunemem(args: &[&str]) -> (Option<i32>, String, String) {
     run_prunemem_with(args, &[])
