@@ -54,6 +54,9 @@ pub struct EstimateArgs {
     /// Pruning with DSnoT's mask refinement (prunemem's engine)
     #[arg(long)]
     dsnot: bool,
+    /// DSnoT: linears left with their first mask: mlp, self_attn or none
+    #[arg(long, default_value = "mlp", requires = "dsnot")]
+    dsnot_skip: crate::prune::dsnot::DsnotSkip,
     /// Pruning: the size of a --save-format compressed save too (sparse-24-bitmask for 2:4, sparse-bitmask otherwise)
     #[arg(long, default_value = "dense")]
     save_format: crate::jobs::config::SaveFormat,
@@ -190,6 +193,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     w.checkpointing = args.checkpointing;
     w.owl = args.owl;
     w.dsnot = args.dsnot;
+    w.dsnot_skip = args.dsnot_skip;
     w.resident = args.resident;
     w.eval_windows = args.eval_windows;
     w.sparsity = args.sparsity;

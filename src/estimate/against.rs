@@ -115,6 +115,13 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.first_trainable_layer = num("first_trainable_layer", 0);
     w.owl = get("owl_lambda").is_some();
     w.dsnot = get("dsnot_max_cycles").is_some();
+    w.nm = get("sparsity_type")
+        .and_then(|v| v.as_str())
+        .is_some_and(|p| p.contains(':'));
+    w.dsnot_skip = get("dsnot_skip")
+        .and_then(|v| v.as_str())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(crate::prune::dsnot::DsnotSkip::Mlp);
     // Logs from before the flash kernel name none: Burn's attention ran.
     w.fused_attention = get("attention")
         .and_then(|v| v.as_str())

@@ -232,6 +232,8 @@ pub struct Workload {
     pub owl: bool,
     /// Pruning: DSnoT's refinement (`--dsnot`).
     pub dsnot: bool,
+    /// DSnoT: the linears left with their first mask (`--dsnot-skip`).
+    pub dsnot_skip: crate::prune::dsnot::DsnotSkip,
     /// On a device: calibration activations on the host (`--offload-activations`).
     pub offload_activations: bool,
     /// Pruning on a device: the pruned layers wait on the device for the
@@ -300,6 +302,7 @@ impl Workload {
             first_trainable_layer: 0,
             owl: false,
             dsnot: false,
+            dsnot_skip: crate::prune::dsnot::DsnotSkip::Mlp,
             offload_activations: false,
             kept_on_device: false,
             eval_inline: false,

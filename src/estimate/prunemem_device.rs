@@ -426,7 +426,8 @@ fn prune_phase(
             "SparseGPT: factorisation or sweep (statistics)",
             sparsegpt_moment(a, w).0.saturating_sub(stats),
         ),
-        _ => ("pruned weight (upload)", a.largest_linear() * s.c),
+        (Method::SparseGpt, true) => ("pruned weight (upload)", a.largest_linear() * s.c),
+        _ => ("DSnoT: swap loop (orders and masks)", dsnot_loop(a, w).0),
     };
     let eval_forward = inline
         .as_ref()
@@ -452,6 +453,11 @@ fn prune_phase(
             let (in_use, reserved) = sparsegpt_moment(a, w);
             reserved - in_use
         }
+        (Method::SparseGpt, true) => 0,
+        (_, true) => {
+            let (in_use, reserved) = dsnot_loop(a, w);
+            reserved - in_use
+        }
         _ => 0,
     };
     let held = weights.1 + acts + rope + stats + eval_states;
@@ -475,6 +481,42 @@ fn prune_phase(
         .add("evaluation hidden states", eval_states)
         .add(t_name, t)
         .reserving(reserved)
+}
+
+/// DSnoT's loop on the device (`prune::dsnot_device`) at its widest: in
+/// use and reserved. Per weight of the largest refined linear, it holds
+/// its products `W·x̄`, the regrowing order's keys and the mask (i32), and
+/// unstructured, Wanda's keys (i32), the first mask and each sign's
+/// candidates (bools), or N:M, the metric's keys and each input's group
+/// (i32) and the first mask. Per output, the cursors' positions and
+/// counts: about 60 integers unstructured (six cursors), 24 N:M (two).
+/// Freed beside them, the pool keeps a successor search's masked keys and
+/// two flags, and a cycle's per-output temporaries. A linear the loop
+/// skips is a plain selection: its f32 metric. (On wgpu a bool is 4
+/// bytes, on CUDA 1. Measured on wgpu, `tests/device/bus.rs`: in use
+/// 28.95 and 24.38 bytes a weight of a 256 × 704 linear.)
+fn dsnot_loop(a: &Arch, w: &Workload) -> (u64, u64) {
+    use crate::prune::dsnot::DsnotSkip;
+    let flag = match w.device {
+        Device::Cuda => 1,
+        _ => 4,
+    };
+    let (per_weight, per_output) = match w.nm {
+        true => (5 * 4 + flag, 24 * 4),
+        false => (4 * 4 + 3 * flag, 60 * 4),
+    };
+    let h = a.hidden;
+    // Each group's largest linear and its outputs (q_proj; gate_proj).
+    let attention = (h * a.q_dim(), a.q_dim());
+    let mlp = (h * a.intermediate, a.intermediate);
+    let (refined, skipped) = match w.dsnot_skip {
+        DsnotSkip::Mlp => (attention, mlp.0),
+        DsnotSkip::SelfAttn => (mlp, attention.0),
+        DsnotSkip::None => (attention.max(mlp), 0),
+    };
+    let in_use = (refined.0 * per_weight + refined.1 * per_output).max(skipped * 4);
+    let freed = refined.0 * (4 + 2 * flag) + refined.1 * per_output;
+    (in_use, (in_use + freed).max(in_use))
 }
 
 /// What the pool reserves in the prune phase: at the statistics pass, what

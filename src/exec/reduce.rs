@@ -29,6 +29,22 @@ pub fn max_dim<B: Backend, const D: usize>(t: Tensor<B, D>, dim: usize) -> Tenso
     by_pieces(t, dim, |p| p.max_dim(dim), |a, b| a.max_pair(b))
 }
 
+/// `t.min_dim(dim)` of integers, for an axis of any length.
+pub fn min_dim_int<B: Backend, const D: usize>(
+    t: Tensor<B, D, Int>,
+    dim: usize,
+) -> Tensor<B, D, Int> {
+    by_pieces(t, dim, |p| p.min_dim(dim), |a, b| a.min_pair(b))
+}
+
+/// `t.max_dim(dim)` of integers, for an axis of any length.
+pub fn max_dim_int<B: Backend, const D: usize>(
+    t: Tensor<B, D, Int>,
+    dim: usize,
+) -> Tensor<B, D, Int> {
+    by_pieces(t, dim, |p| p.max_dim(dim), |a, b| a.max_pair(b))
+}
+
 /// Every element's sum, as `[1; D]`.
 pub fn sum_all<B, const D: usize, K>(t: Tensor<B, D, K>) -> Tensor<B, D, K>
 where

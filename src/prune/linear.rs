@@ -8,6 +8,7 @@ use burn::prelude::*;
 
 use super::config::{LinearReport, PruneConfig};
 use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
+use super::dsnot_device;
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
 use super::on_device;
 use super::reallocation::reallocated_nm_mask;
@@ -58,12 +59,21 @@ pub(super) fn prune_linears<B: Compute>(
             .and_then(|n| layer.linear(n))
             .map_or(0, |l| l.weight.dims()[0]);
         if B::is_device() && on_device::handles(config, inputs) {
+            let moments = match config.dsnot {
+                Some(_) => stats
+                    .as_mut()
+                    .and_then(|s| s.finish_moments(input, nsamples)),
+                None => None,
+            };
             let norms = stats.as_mut().and_then(|s| s.finish_norms(input, nsamples));
+            let stat = DeviceStat {
+                norms: norms.as_ref(),
+                moments: moments.as_ref(),
+            };
             for name in input.linears() {
                 let full = format!("model.layers.{}.{name}.weight", t.index);
                 let w = writer.as_deref_mut();
-                let report =
-                    prune_on_device(layer, name, &full, norms.as_ref(), config, w, t.ckpt)?;
+                let report = prune_on_device(layer, name, &full, &stat, config, w, t.ckpt)?;
                 linears.push(report);
                 // Each linear's selection has its own shapes: what it freed
                 // goes back before the next one allocates (`exec::cube`).
@@ -260,14 +270,22 @@ fn prune_linear<B: Compute>(
     })
 }
 
-/// One linear pruned where its weight is (`on_device`): metric, selection
-/// and mask as device ops; one count read back, and with `--save` the
-/// pruned weight in the compute dtype for the writer.
+/// An input's statistics where the device path reads them: `scaler_row`
+/// and, for DSnoT, the inputs' mean and variance.
+struct DeviceStat<'a, B: Compute> {
+    norms: Option<&'a Tensor<B, 1>>,
+    moments: Option<&'a (Tensor<B, 1>, Tensor<B, 1>)>,
+}
+
+/// One linear pruned where its weight is (`on_device`, DSnoT's loop in
+/// `dsnot_device`): metric, selection and mask as device ops; a few counts
+/// read back, and with `--save` the pruned weight in the compute dtype for
+/// the writer.
 fn prune_on_device<B: Compute>(
     layer: &mut DecoderLayer<B>,
     name: &str,
     full_name: &str,
-    norms: Option<&Tensor<B, 1>>,
+    stat: &DeviceStat<'_, B>,
     config: &PruneConfig,
     writer: Option<&mut PrunedWriter>,
     ckpt: &Checkpoint,
@@ -275,22 +293,35 @@ fn prune_on_device<B: Compute>(
     let Some(lin) = layer.linear_mut(name) else {
         return Err(PruneError::Invalid(format!("{full_name}: no such linear")));
     };
-    let needs_norms = matches!(config.method, LayerMethod::Wanda | LayerMethod::Ria);
-    if needs_norms && norms.is_none() {
+    let needs_norms =
+        matches!(config.method, LayerMethod::Wanda | LayerMethod::Ria) || config.dsnot.is_some();
+    let missing =
+        (needs_norms && stat.norms.is_none()) || (config.dsnot.is_some() && stat.moments.is_none());
+    if missing {
         return Err(PruneError::Invalid(format!(
             "{full_name}: no statistics were collected"
         )));
     }
     let w = lin.weight.val();
     let [inp, out] = w.dims();
-    let (pruned, zeros) = {
+    let (pruned, zeros, refined) = {
         let _tag = tag::tag(Category::Masks);
         let _span = timing::work(Work::Selection);
-        let metric = on_device::metric(&w, norms, config.method, config.ria_a);
-        // The f32 metric beside the weight it was computed from.
-        crate::exec::watch::after_op();
-        let mask = on_device::mask(metric, config);
-        on_device::apply(w, mask)
+        let (mask, refined) = match (&config.dsnot, stat.moments) {
+            (Some(opts), Some((mean, var))) => {
+                let skip = opts.skips(name);
+                let (mask, report) = dsnot_on_device(&w, stat.norms, mean, var, config, opts, skip);
+                (mask, (!skip).then_some(report))
+            }
+            _ => {
+                let metric = on_device::metric(&w, stat.norms, config.method, config.ria_a);
+                // The f32 metric beside the weight it was computed from.
+                crate::exec::watch::after_op();
+                (on_device::mask(metric, config), None)
+            }
+        };
+        let (pruned, zeros) = on_device::apply(w, mask);
+        (pruned, zeros, refined)
     };
     // The pruned weight beside the one it replaces.
     crate::exec::watch::after_op();
@@ -298,7 +329,45 @@ fn prune_on_device<B: Compute>(
         write_from_device(writer, ckpt, full_name, &pruned)?;
     }
     lin.weight = Param::from_tensor(pruned);
-    Ok(LinearReport::counts(full_name, zeros, (out * inp) as u64))
+    Ok(LinearReport {
+        dsnot: refined,
+        ..LinearReport::counts(full_name, zeros, (out * inp) as u64)
+    })
+}
+
+/// DSnoT's mask where the weight is: Wanda's metric (the prune order)
+/// and the method's (the first mask), then `dsnot_device`'s loop.
+#[allow(clippy::too_many_arguments)]
+fn dsnot_on_device<B: Compute>(
+    w: &Tensor<B, 2>,
+    norms: Option<&Tensor<B, 1>>,
+    mean: &Tensor<B, 1>,
+    var: &Tensor<B, 1>,
+    config: &PruneConfig,
+    opts: &DsnotOptions,
+    skip: bool,
+) -> (Tensor<B, 2, burn::tensor::Bool>, DsnotReport) {
+    let initial = on_device::metric(w, norms, config.method, config.ria_a);
+    // Wanda's metric orders the prune candidates; a skipped linear (first
+    // mask only) and Wanda's own first mask need no second one.
+    let wanda = match (config.method, skip, config.pattern) {
+        (LayerMethod::Wanda, _, _) | (_, true, _) | (_, _, Pattern::NM { .. }) => None,
+        _ => Some(on_device::metric(
+            w,
+            norms,
+            LayerMethod::Wanda,
+            config.ria_a,
+        )),
+    };
+    let inputs = dsnot_device::DeviceInputs {
+        w: crate::model::dtype::to_f32(w.clone()),
+        initial,
+        wanda,
+        mean: mean.clone(),
+        var: var.clone(),
+    };
+    let _refine = timing::work(Work::Refine);
+    dsnot_device::refine(inputs, config.pattern, config.sparsity, opts, skip)
 }
 
 /// SparseGPT's sweep where the weight is (`sparsegpt_device`), with its

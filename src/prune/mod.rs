@@ -5,6 +5,7 @@
 pub mod activations;
 pub mod config;
 pub mod dsnot;
+pub mod dsnot_device;
 pub mod engine;
 pub mod factor_device;
 pub mod gradprobe;

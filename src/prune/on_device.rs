@@ -30,9 +30,11 @@
 //! output) is a column here, so "per row" reductions run over dim 0 and N:M
 //! groups are `m` consecutive inputs of one output.
 //!
-//! Not here (they stay on the host path in `linear`): Wanda's α-variant,
-//! DSnoT, RIA's channel reallocation, SparseGPT's sweep, N:M with an input
-//! width that `m` does not divide.
+//! DSnoT's first mask is the per-output or N:M selection here, its swap
+//! loop `dsnot_device`'s. Not here (they stay on the host path in
+//! `linear`): Wanda's α-variant, DSnoT from SparseGPT's saliency, RIA's
+//! channel reallocation, N:M with an input width that `m` does not divide;
+//! SparseGPT's sweep is `sparsegpt_device`'s.
 
 use burn::prelude::*;
 use burn::tensor::Bool;
@@ -43,7 +45,8 @@ use crate::exec::{Compute, reduce};
 
 /// Whether the device path computes `config`'s masks.
 pub fn handles(config: &PruneConfig, inputs: usize) -> bool {
-    if config.dsnot.is_some() {
+    if config.dsnot.is_some() && config.method == LayerMethod::SparseGpt {
+        // DSnoT's SparseGPT saliency reads `diag(Hinv)`: the host path.
         return false;
     }
     let pattern_ok = match config.pattern {
@@ -229,7 +232,10 @@ fn matrix_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, 
 
 /// Exactly `int(rows · ratio)` entries of each column, the smallest, ties
 /// taken in row order (the host path's stable sort).
-fn per_output_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, Bool> {
+pub(super) fn per_output_mask<B: Compute>(
+    keys: Tensor<B, 2, Int>,
+    ratio: f64,
+) -> Tensor<B, 2, Bool> {
     let [rows, _] = keys.dims();
     let k = ((rows as f64) * ratio) as usize;
     if k == 0 {
@@ -409,7 +415,11 @@ fn first_ties<B: Compute>(
 /// N:M: in every group of `m` consecutive rows of a column, the `n`
 /// smallest (ties to the lower row). Each entry's rank in its group is the
 /// number of group members strictly smaller plus the equal ones before it.
-fn nm_mask<B: Compute>(keys: Tensor<B, 2, Int>, n: usize, m: usize) -> Tensor<B, 2, Bool> {
+pub(super) fn nm_mask<B: Compute>(
+    keys: Tensor<B, 2, Int>,
+    n: usize,
+    m: usize,
+) -> Tensor<B, 2, Bool> {
     // One launch where the backend has the kernel (the same ranks).
     let keys = match B::smallest_per_group(keys, n, m) {
         Ok(mask) => {

@@ -274,6 +274,26 @@ impl<B: Compute> LayerStats<B> {
         scaled_on_device(a.norms?, 1.0 / n)
     }
 
+    /// DSnoT's moments of `input` over `nsamples` windows (the mean and
+    /// the per-window variance, f32 `[in]`), left on the device for its
+    /// loop there (`prune::dsnot_device`); the norms stay for
+    /// [`Self::finish_norms`]. In a distributed run the sums meet on the
+    /// host first, then go back up.
+    pub fn finish_moments(
+        &mut self,
+        input: LinearInput,
+        nsamples: usize,
+    ) -> Option<(Tensor<B, 1>, Tensor<B, 1>)> {
+        let n = nsamples.max(1) as f64;
+        let a = self.acc.get_mut(&input)?;
+        let (sum, var) = (a.sum.take(), a.var.take());
+        self.held.set(self.bytes());
+        Some((
+            scaled_on_device(sum?, 1.0 / n)?,
+            scaled_on_device(var?, 1.0 / n)?,
+        ))
+    }
+
     /// The Hessian of `input` over `nsamples` windows (SparseGPT's `2/n ·
     /// Σ Xᵀ X`, f32), left on the device, for its factorisation there. In a
     /// distributed run the sums meet on the host first (the reduction),

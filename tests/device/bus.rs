@@ -580,3 +580,69 @@ fn owl_on_a_device_reads_back_sums_not_weights() {
     let owl = cmp["phases"].as_array().unwrap();
     assert!(owl.iter().any(|p| p["phase"] == "owl pass"), "{cmp}");
 }
+
+/// DSnoT on a device (`prune::dsnot_device`): the swap loop runs where the
+/// weights are, so a layer reads back counts and flags, as Wanda's does,
+/// where every linear came back in f32 and went up pruned; every linear
+/// is refined at the target sparsity, as on the CPU backend; and the
+/// estimate of the pool (in use and reserved) holds within 5%.
+#[test]
+fn dsnot_on_a_device_swaps_where_the_weights_are() {
+    let (dir, model, text) = wide_fixture();
+    let config = prunemem::model::LlamaConfig::from_file(&model.join("config.json")).unwrap();
+    let logs = |pattern: &str| {
+        dir.path()
+            .join(format!("logs-{}", pattern.replace(':', "-")))
+    };
+    let run = |device: &str, pattern: &str| -> serde_json::Value {
+        let logs = logs(pattern);
+        let mut extra = vec![
+            "--dsnot",
+            "--dsnot-skip",
+            "none",
+            "--sparsity-type",
+            pattern,
+            "--json",
+        ];
+        if device == "wgpu" {
+            extra.extend(["--log-memory", s(&logs)]);
+        }
+        let mut argv = wanda_on_wgpu(&model, &text, &extra);
+        let at = argv.iter().position(|a| *a == "wgpu").unwrap();
+        argv[at] = device;
+        let (code, stdout, stderr) = run_prunemem(&argv);
+        assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
+        support::json_line(&stdout)
+    };
+    let layers = config.num_layers as u64;
+    for pattern in ["unstructured", "2:4"] {
+        let (cpu, gpu) = (run("cpu", pattern), run("wgpu", pattern));
+        let t = &gpu["transfers"];
+        println!(
+            "DSnoT {pattern}: cpu {} / wgpu {}; transfers {t}",
+            cpu["dsnot"], gpu["dsnot"]
+        );
+        assert_eq!(gpu["layer_sparsity"], cpu["layer_sparsity"], "{pattern}");
+        assert_eq!(gpu["dsnot"]["refined_linears"], 7 * layers, "{pattern}");
+        let changed = |j: &serde_json::Value| j["dsnot"]["changed_weights"].as_f64().unwrap();
+        let (a, b) = (changed(&cpu), changed(&gpu));
+        assert!(b > 0.0 && (a - b).abs() <= 0.01 * a, "{pattern}: {a} / {b}");
+        let per_layer = t["prune"]["device_to_host_bytes"].as_u64().unwrap_or(0) / layers;
+        assert!(
+            per_layer <= 64 << 10,
+            "{pattern}: {per_layer} bytes back per layer: {t}"
+        );
+        // Nothing weight-sized goes up either: the windows' hidden states only.
+        let up = t["prune"]["host_to_device_bytes"].as_u64().unwrap_or(0);
+        assert!(
+            up < (config.hidden_size * config.hidden_size) as u64,
+            "{pattern}: {t}"
+        );
+        let cmp = support::against_json(s(&logs(pattern)));
+        for p in [&cmp["peak"], &cmp["reserved"]] {
+            println!("DSnoT {pattern}: {p}");
+            let error = p["error_percent"].as_f64().expect("measured");
+            assert!(error.abs() <= 5.0, "DSnoT {pattern}: {p}");
+        }
+    }
+}

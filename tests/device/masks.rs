@@ -18,6 +18,8 @@ struct PruneTiny {
     pattern: Pattern,
     /// `--offload-activations`.
     offload: bool,
+    /// `--dsnot --dsnot-skip none` (the authors' other defaults).
+    dsnot: bool,
 }
 
 impl OnDevice for PruneTiny {
@@ -40,7 +42,10 @@ impl OnDevice for PruneTiny {
             ria_a: 0.5,
             per_outneuron: false,
             layer_sparsity: None,
-            dsnot: None,
+            dsnot: self.dsnot.then(|| prunemem::prune::dsnot::DsnotOptions {
+                skip: prunemem::prune::dsnot::DsnotSkip::None,
+                ..Default::default()
+            }),
             reallocation: None,
             offload_activations: self.offload,
         };
@@ -110,17 +115,20 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
             method,
             pattern,
             offload: false,
+            dsnot: false,
         });
         let on_gpu = gpu.run(PruneTiny {
             method,
             pattern,
             offload: false,
+            dsnot: false,
         });
         // Activations kept in host memory between layers: the same bits.
         let offloaded = gpu.run(PruneTiny {
             method,
             pattern,
             offload: true,
+            dsnot: false,
         });
         assert_eq!(
             offloaded.weights, on_gpu.weights,
@@ -162,6 +170,48 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
         assert!(
             worst <= tol,
             "{method} {pattern}: kept weights differ by {worst}"
+        );
+    }
+}
+
+/// DSnoT's swap loop on the device (`prune::dsnot_device`) against the
+/// host's (the CPU backend runs `prune::dsnot`): the same masks but for
+/// the statistics' rounding (the pass sums in another order on each
+/// backend), the same perplexity, every linear refined.
+#[test]
+fn device_dsnot_matches_the_cpu_backend() {
+    let (cpu, gpu) = (Exec::cpu(), wgpu());
+    for (method, pattern) in [
+        (Method::Wanda, Pattern::Unstructured),
+        (Method::Magnitude, Pattern::NM { n: 2, m: 4 }),
+        (Method::Ria, Pattern::Unstructured),
+    ] {
+        let tiny = || PruneTiny {
+            method,
+            pattern,
+            offload: false,
+            dsnot: true,
+        };
+        let (on_cpu, on_gpu) = (cpu.run(tiny()), gpu.run(tiny()));
+        let plain = gpu.run(PruneTiny {
+            dsnot: false,
+            ..tiny()
+        });
+        let (agree, differ) = agreement(&on_cpu.weights, &on_gpu.weights);
+        let (_, swapped) = agreement(&plain.weights, &on_gpu.weights);
+        let dppl = (on_gpu.perplexity / on_cpu.perplexity - 1.0).abs();
+        println!(
+            "DSnoT {method} {pattern}: {differ} positions differ from the CPU's ({agree:.6}), {swapped} from the plain mask, perplexity cpu {:.6} wgpu {:.6}",
+            on_cpu.perplexity, on_gpu.perplexity
+        );
+        assert!(
+            swapped > 0,
+            "{method} {pattern}: the device loop swapped nothing"
+        );
+        assert!(agree >= 0.999, "{method} {pattern}: {agree}");
+        assert!(
+            dppl < 1e-3,
+            "{method} {pattern}: perplexity differs by {dppl}"
         );
     }
 }
