@@ -484,39 +484,44 @@ fn prune_phase(
 }
 
 /// DSnoT's loop on the device (`prune::dsnot_device`) at its widest: in
-/// use and reserved. Per weight of the largest refined linear, it holds
-/// its products `W·x̄`, the regrowing order's keys and the mask (i32), and
-/// unstructured, Wanda's keys (i32), the first mask and each sign's
-/// candidates (bools), or N:M, the metric's keys and each input's group
-/// (i32) and the first mask. Per output, the cursors' positions and
-/// counts: about 60 integers unstructured (six cursors), 24 N:M (two).
-/// Freed beside them, the pool keeps a successor search's masked keys and
-/// two flags, and a cycle's per-output temporaries. A linear the loop
-/// skips is a plain selection: its f32 metric. (On wgpu a bool is 4
-/// bytes, on CUDA 1. Measured on wgpu, `tests/device/bus.rs`: in use
-/// 28.95 and 24.38 bytes a weight of a 256 × 704 linear.)
+/// use and reserved. The widest moment is a cursor's window being picked
+/// (the prefix sum over its flags); the cycles then read `max_cycles`
+/// rows a column. Per weight of the largest refined linear, what is
+/// alive then:
+/// - unstructured: the products `W·x̄`, Wanda's keys, the flags as
+///   integers and their sums (i32), and the first mask, each sign's
+///   candidates and the picked flags (bools): 16 bytes and 4 bools;
+/// - N:M: the products, the regrowing keys, the first metric, the flags
+///   as integers and their sums (4 bytes each), the first mask and the
+///   picked flags: 20 bytes and 2 bools.
+///
+/// Measured on wgpu (bools of 4 bytes; on CUDA 1, not measured), in use,
+/// on a 256 × 704 and a 384 × 1024 and 384 × 384 linear: 33.8 and 35.4
+/// bytes unstructured, 28.6 and 29.1 N:M, so 2 and 1 bytes more than the
+/// named buffers; those are counted, not explained. Reserved, 8 to 9
+/// bytes more (freed pages the pool keeps). A linear the loop skips is a
+/// plain selection: its f32 metric.
 fn dsnot_loop(a: &Arch, w: &Workload) -> (u64, u64) {
     use crate::prune::dsnot::DsnotSkip;
     let flag = match w.device {
         Device::Cuda => 1,
         _ => 4,
     };
-    let (per_weight, per_output) = match w.nm {
-        true => (5 * 4 + flag, 24 * 4),
-        false => (4 * 4 + 3 * flag, 60 * 4),
+    let per_weight = match w.nm {
+        true => 20 + 2 * flag + 1,
+        false => 16 + 4 * flag + 2,
     };
     let h = a.hidden;
-    // Each group's largest linear and its outputs (q_proj; gate_proj).
-    let attention = (h * a.q_dim(), a.q_dim());
-    let mlp = (h * a.intermediate, a.intermediate);
+    let attention = h * a.q_dim();
+    let mlp = h * a.intermediate;
     let (refined, skipped) = match w.dsnot_skip {
-        DsnotSkip::Mlp => (attention, mlp.0),
-        DsnotSkip::SelfAttn => (mlp, attention.0),
+        DsnotSkip::Mlp => (attention, mlp),
+        DsnotSkip::SelfAttn => (mlp, attention),
         DsnotSkip::None => (attention.max(mlp), 0),
     };
-    let in_use = (refined.0 * per_weight + refined.1 * per_output).max(skipped * 4);
-    let freed = refined.0 * (4 + 2 * flag) + refined.1 * per_output;
-    (in_use, (in_use + freed).max(in_use))
+    let in_use = (refined * per_weight).max(skipped * 4);
+    let reserved = (refined * (per_weight + 5 + flag)).max(in_use);
+    (in_use, reserved)
 }
 
 /// What the pool reserves in the prune phase: at the statistics pass, what

@@ -237,7 +237,15 @@ pub(super) fn per_output_mask<B: Compute>(
     ratio: f64,
 ) -> Tensor<B, 2, Bool> {
     let [rows, _] = keys.dims();
-    let k = ((rows as f64) * ratio) as usize;
+    smallest_per_output(keys, ((rows as f64) * ratio) as usize)
+}
+
+/// Exactly `k` entries of each column, the smallest, ties in row order.
+pub(super) fn smallest_per_output<B: Compute>(
+    keys: Tensor<B, 2, Int>,
+    k: usize,
+) -> Tensor<B, 2, Bool> {
+    let [rows, _] = keys.dims();
     if k == 0 {
         return keys.lower_elem(i32::MIN as i64);
     }

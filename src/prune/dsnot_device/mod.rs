@@ -8,8 +8,11 @@
 //! the host, so no order is built here: a cursor's next position is the
 //! lexicographic successor of its last `(key, row)` pair among its
 //! candidates — one min (or max) over the keys and one over the rows, per
-//! column. That is the stable sort's order, one step at a time, and a
-//! cursor never looks further than the cycles it makes. Every column (a
+//! column (`cursor`). That is the stable sort's order, one step at a
+//! time, and a cursor never looks further than the cycles it makes: so
+//! first each cursor's reachable entries are moved into a list of
+//! `max_cycles` rows, and the cycles read those lists and gather single
+//! entries from the matrix; the mask changes by scatters. Every column (a
 //! PyTorch row) steps at once; a column that stops keeps its mask. Per
 //! linear, what comes back is a handful of integers: whether any column's
 //! own-sign candidates could run out, a flag every 8 cycles (does any
@@ -28,10 +31,17 @@
 use burn::prelude::*;
 use burn::tensor::Bool;
 
+mod cursor;
+mod unstructured;
+
+use burn::tensor::IndexingUpdateOp;
+
 use super::Pattern;
 use super::dsnot::{DsnotOptions, DsnotReport};
 use super::on_device;
 use crate::exec::{Compute, reduce};
+use cursor::{At, List, by_magnitude, signed_keys, window};
+use unstructured::unstructured;
 
 /// One linear's inputs to DSnoT, Burn's layout (`[in, out]`), f32.
 pub struct DeviceInputs<B: Backend> {
@@ -81,7 +91,7 @@ pub fn refine<B: Compute>(
                 None => keys.clone(),
             };
             let first = on_device::per_output_mask(keys, sparsity);
-            let rg = Regrow::new(w, &mean, &var, &first, opts.pow_of_var);
+            let rg = Regrow::new(w, &mean, &var, &first, opts.pow_of_var, opts.max_cycles);
             unstructured(rg, wanda, first, opts)
         }
         Pattern::NM { n, m } => {
@@ -90,93 +100,10 @@ pub fn refine<B: Compute>(
             if skip || m == 0 || !rows.is_multiple_of(m) {
                 return (first, DsnotReport::default());
             }
-            let rg = Regrow::new(w, &mean, &var, &first, opts.pow_of_var);
+            let rg = Regrow::new(w, &mean, &var, &first, opts.pow_of_var, opts.max_cycles);
             nm(rg, initial, first, m, opts)
         }
     }
-}
-
-/// Per column, a position in an order of `(key, row)` pairs.
-#[derive(Clone)]
-struct At<B: Backend> {
-    key: Tensor<B, 2, Int>,
-    row: Tensor<B, 2, Int>,
-}
-
-impl<B: Backend> At<B> {
-    /// Before the first pair (ascending, `up`) or after the last.
-    fn start(cols: usize, rows: usize, up: bool, device: &B::Device) -> Self {
-        let (key, row) = match up {
-            true => (i32::MIN as i64, -1),
-            false => (i32::MAX as i64, rows as i64),
-        };
-        Self {
-            key: Tensor::full([1, cols], key, device),
-            row: Tensor::full([1, cols], row, device),
-        }
-    }
-
-    /// `next` in the columns `take` sets, `self` in the others.
-    fn advance(self, take: &Tensor<B, 2, Bool>, next: At<B>) -> Self {
-        Self {
-            key: self.key.mask_where(take.clone(), next.key),
-            row: self.row.mask_where(take.clone(), next.row),
-        }
-    }
-}
-
-/// Per column, the pair after `at` in ascending (`up`) or descending
-/// `(key, row)` order among the entries `among` allows: the stable sort's
-/// next position. Where there is none the pair is a sentinel (the callers
-/// count their takes instead of testing it).
-fn next<B: Backend>(
-    keys: &Tensor<B, 2, Int>,
-    rows: &Tensor<B, 2, Int>,
-    among: Option<&Tensor<B, 2, Bool>>,
-    at: &At<B>,
-    up: bool,
-) -> At<B> {
-    let shape = keys.dims();
-    let (pk, pr) = (at.key.clone().expand(shape), at.row.clone().expand(shape));
-    let same = keys.clone().equal(pk.clone());
-    let beyond = match up {
-        true => keys
-            .clone()
-            .greater(pk)
-            .bool_or(same.bool_and(rows.clone().greater(pr))),
-        false => keys
-            .clone()
-            .lower(pk)
-            .bool_or(same.bool_and(rows.clone().lower(pr))),
-    };
-    let beyond = match among {
-        Some(a) => beyond.bool_and(a.clone()),
-        None => beyond,
-    };
-    let outside = beyond.clone().bool_not();
-    let key = match up {
-        true => reduce::min_dim_int(keys.clone().mask_fill(outside, i32::MAX as i64), 0),
-        false => reduce::max_dim_int(keys.clone().mask_fill(outside, i32::MIN as i64), 0),
-    };
-    let not_there = beyond
-        .bool_and(keys.clone().equal(key.clone().expand(shape)))
-        .bool_not();
-    let row = match up {
-        true => reduce::min_dim_int(rows.clone().mask_fill(not_there, i32::MAX as i64), 0),
-        false => reduce::max_dim_int(rows.clone().mask_fill(not_there, -1), 0),
-    };
-    At { key, row }
-}
-
-/// Sortable integer keys of signed floats (`-0` as `0`, NaN last as the
-/// host's `argsort` puts it).
-fn signed_keys<B: Compute>(x: Tensor<B, 2>) -> Tensor<B, 2, Int> {
-    let nan = x.clone().is_nan();
-    let x = x.clone().mask_fill(x.equal_elem(0.0), 0.0);
-    let negative = x.clone().lower_elem(0.0);
-    let bits = B::float_bits(x.abs());
-    let keys = bits.clone().mask_where(negative, bits.neg().sub_scalar(1));
-    keys.mask_fill(nan, i32::MAX as i64)
 }
 
 /// How many of `flags` are set per column (`[1, cols]`).
@@ -198,21 +125,22 @@ fn read_ints<B: Compute>(t: Tensor<B, 2, Int>) -> Vec<i64> {
     data.iter::<i64>().collect()
 }
 
-/// What both loops share: the products `W·x̄`, the rows' errors, the
-/// regrowing order's keys and its two cursors.
+/// What both loops share: the products `W·x̄`, the rows' errors, and the
+/// regrowing order's two cursors and the lists they walk.
 struct Regrow<B: Backend> {
     index: Tensor<B, 2, Int>,
     d: Tensor<B, 2>,
     err: Tensor<B, 2>,
-    keys: Tensor<B, 2, Int>,
+    lists: [List<B>; 2],
     front: At<B>,
     back: At<B>,
     taken: [Tensor<B, 2, Int>; 2],
     rows: usize,
 }
 
-/// This cycle's regrow candidate per column: the pair, whether the cursor
-/// the error's sign picks still has one, and both cursors' next pairs.
+/// This cycle's regrow candidate per column: the input, whether the
+/// cursor the error's sign picks still has one, and both cursors' next
+/// pairs.
 struct RegrowStep<B: Backend> {
     row: Tensor<B, 2, Int>,
     has: Tensor<B, 2, Bool>,
@@ -222,12 +150,15 @@ struct RegrowStep<B: Backend> {
 }
 
 impl<B: Compute> Regrow<B> {
+    /// The regrowing scores' keys; each end's list is the `cycles` entries
+    /// it can reach where the inputs are more than that.
     fn new(
         w: Tensor<B, 2>,
         mean: &Tensor<B, 1>,
         var: &Tensor<B, 1>,
         first: &Tensor<B, 2, Bool>,
         pow: f64,
+        cycles: usize,
     ) -> Self {
         let [rows, cols] = w.dims();
         let device = w.device();
@@ -241,12 +172,52 @@ impl<B: Compute> Regrow<B> {
         } else {
             pruned / var.clone().powf_scalar(pow as f32).reshape([rows, 1])
         };
+        let keys = signed_keys::<B>(score);
+        let index = row_index::<B>(rows, cols, &device);
+        // The front walks the most negative scores first, the back the
+        // most positive: windows where every column has `cycles` of each
+        // and no NaN (which the back would meet first).
+        let nan = keys.clone().equal_elem(i32::MAX as i64);
+        let counts = Tensor::cat(
+            vec![
+                count(keys.clone().lower_elem(0)),
+                count(
+                    keys.clone()
+                        .greater_elem(0)
+                        .bool_and(nan.clone().bool_not()),
+                ),
+                count(nan).neg(),
+            ],
+            0,
+        );
+        let least = read_ints::<B>(reduce::min_dim_int(counts, 1));
+        let windows = rows > cycles
+            && matches!(least[..], [n, p, nan] if n.min(p) >= cycles as i64 && nan == 0);
+        let lists = match windows {
+            true => [true, false].map(|negative| {
+                window(
+                    by_magnitude(&keys, negative),
+                    !negative,
+                    &keys,
+                    &index,
+                    cycles,
+                )
+            }),
+            false => {
+                let all = List {
+                    keys,
+                    rows: index.clone(),
+                    among: None,
+                };
+                [all.clone(), all]
+            }
+        };
         let zero = || Tensor::<B, 2, Int>::zeros([1, cols], &device);
         Self {
-            index: row_index::<B>(rows, cols, &device),
+            index,
             d,
             err,
-            keys: signed_keys::<B>(score),
+            lists,
             front: At::start(cols, rows, true, &device),
             back: At::start(cols, rows, false, &device),
             taken: [zero(), zero()],
@@ -258,8 +229,8 @@ impl<B: Compute> Regrow<B> {
     /// the others from the front.
     fn step(&self) -> RegrowStep<B> {
         let from_back = self.err.clone().greater_elem(0.0);
-        let front = next(&self.keys, &self.index, None, &self.front, true);
-        let back = next(&self.keys, &self.index, None, &self.back, false);
+        let front = self.lists[0].next(&self.front, true);
+        let back = self.lists[1].next(&self.back, false);
         let row = front
             .row
             .clone()
@@ -295,114 +266,19 @@ impl<B: Compute> Regrow<B> {
             self.d.clone().gather(0, row.clone()),
         )
     }
-
-    /// `prune` pruned and `regrow` kept in the columns `take` sets.
-    fn swap(
-        &self,
-        mask: Tensor<B, 2, Int>,
-        prune: &Tensor<B, 2, Int>,
-        regrow: &Tensor<B, 2, Int>,
-        take: &Tensor<B, 2, Bool>,
-    ) -> Tensor<B, 2, Int> {
-        let shape = mask.dims();
-        let take = take.clone().expand(shape);
-        let p = self.index.clone().equal(prune.clone().expand(shape));
-        let r = self.index.clone().equal(regrow.clone().expand(shape));
-        mask.mask_fill(p.bool_and(take.clone()), 1)
-            .mask_fill(r.bool_and(take), 0)
-    }
 }
 
-/// One end of the unstructured prune order (`return_reorder_indice`):
-/// the kept weights of its own sign by ascending Wanda metric, then the
-/// smallest kept weight once for each kept weight with no contribution
-/// (the authors' zeros), then the other sign's by descending metric.
-struct PruneEnd<B: Backend> {
-    own: Tensor<B, 2, Bool>,
-    other: Tensor<B, 2, Bool>,
-    own_at: At<B>,
-    other_at: At<B>,
-    taken: Tensor<B, 2, Int>,
-    own_n: Tensor<B, 2, Int>,
-    zeros_end: Tensor<B, 2, Int>,
-    end: Tensor<B, 2, Int>,
-}
-
-/// This cycle's candidate of one end.
-struct PruneStep<B: Backend> {
-    row: Tensor<B, 2, Int>,
-    has: Tensor<B, 2, Bool>,
-    in_own: Tensor<B, 2, Bool>,
-    own: At<B>,
-    other: Option<(Tensor<B, 2, Bool>, At<B>)>,
-}
-
-impl<B: Backend> PruneEnd<B> {
-    fn new(own: Tensor<B, 2, Bool>, other: Tensor<B, 2, Bool>, zeros: &Tensor<B, 2, Int>) -> Self {
-        let [rows, cols] = own.dims();
-        let device = own.device();
-        let own_n = count(own.clone());
-        let zeros_end = own_n.clone() + zeros.clone();
-        let end = zeros_end.clone() + count(other.clone());
-        Self {
-            own,
-            other,
-            own_at: At::start(cols, rows, true, &device),
-            other_at: At::start(cols, rows, false, &device),
-            taken: Tensor::zeros([1, cols], &device),
-            own_n,
-            zeros_end,
-            end,
-        }
-    }
-
-    /// `general`: some column may run out of its own sign within the
-    /// cycles (else only the own order is searched).
-    fn step(
-        &self,
-        keys: &Tensor<B, 2, Int>,
-        index: &Tensor<B, 2, Int>,
-        kept0: &Tensor<B, 2, Int>,
-        general: bool,
-    ) -> PruneStep<B> {
-        let own = next(keys, index, Some(&self.own), &self.own_at, true);
-        let in_own = self.taken.clone().lower(self.own_n.clone());
-        if !general {
-            return PruneStep {
-                row: own.row.clone(),
-                has: in_own.clone(),
-                in_own,
-                own,
-                other: None,
-            };
-        }
-        let other = next(keys, index, Some(&self.other), &self.other_at, false);
-        let in_zeros = self.taken.clone().lower(self.zeros_end.clone());
-        let has = self.taken.clone().lower(self.end.clone());
-        let row = other
-            .row
-            .clone()
-            .mask_where(in_zeros.clone(), kept0.clone())
-            .mask_where(in_own.clone(), own.row.clone());
-        let in_other = in_zeros.bool_not().bool_and(has.clone());
-        PruneStep {
-            row: row.clamp(0, keys.dims()[0] as i64 - 1),
-            has,
-            in_own,
-            own,
-            other: Some((in_other, other)),
-        }
-    }
-
-    fn advance(&mut self, s: PruneStep<B>, take: &Tensor<B, 2, Bool>) {
-        let own = take.clone().bool_and(s.in_own);
-        self.own_at = self.own_at.clone().advance(&own, s.own);
-        if let Some((in_other, other)) = s.other {
-            let other_take = take.clone().bool_and(in_other);
-            self.other_at = self.other_at.clone().advance(&other_take, other);
-        }
-        self.taken = self.taken.clone() + take.clone().int();
-    }
+/// `prune` pruned and `regrow` kept in the columns `take` sets: one entry
+/// a column each way (`mask` is 0/1).
+fn swap<B: Backend>(
+    mask: Tensor<B, 2, Int>,
+    prune: &Tensor<B, 2, Int>,
+    regrow: &Tensor<B, 2, Int>,
+    take: &Tensor<B, 2, Bool>,
+) -> Tensor<B, 2, Int> {
+    let one = take.clone().int();
+    mask.scatter(0, prune.clone(), one.clone(), IndexingUpdateOp::Add)
+        .scatter(0, regrow.clone(), one.neg(), IndexingUpdateOp::Add)
 }
 
 /// Every 8 cycles, whether any column still swaps (one flag back).
@@ -433,79 +309,9 @@ fn finish<B: Compute>(
     (mask, report)
 }
 
-/// Unstructured DSnoT: each swap regrows the regrowing order's next
-/// pruned weight and prunes the prune order's next kept one.
-fn unstructured<B: Compute>(
-    mut rg: Regrow<B>,
-    wanda: Tensor<B, 2, Int>,
-    first: Tensor<B, 2, Bool>,
-    opts: &DsnotOptions,
-) -> (Tensor<B, 2, Bool>, DsnotReport) {
-    let [rows, cols] = wanda.dims();
-    let device = wanda.device();
-    let kept = first.clone().bool_not();
-    let neg = kept.clone().bool_and(rg.d.clone().lower_elem(0.0));
-    let pos = kept.clone().bool_and(rg.d.clone().greater_elem(0.0));
-    let zeros = count(kept.clone().bool_and(rg.d.clone().equal_elem(0.0)));
-    let start = At::start(cols, rows, true, &device);
-    let kept0 = next(&wanda, &rg.index, Some(&kept), &start, true).row;
-    drop(kept);
-    let mut ends = [
-        PruneEnd::new(neg.clone(), pos.clone(), &zeros),
-        PruneEnd::new(pos, neg, &zeros),
-    ];
-    // Whether some column's own sign has fewer kept weights than cycles.
-    let fewest = ends[0].own_n.clone().min_pair(ends[1].own_n.clone());
-    let fewest = read_ints::<B>(reduce::min_dim_int(fewest, 1));
-    let general = fewest
-        .first()
-        .is_none_or(|f| (*f as usize) < opts.max_cycles);
-    let threshold = opts.update_threshold as f32;
-    let mut mask = first.clone().int();
-    let mut active = Tensor::<B, 2, Int>::ones([1, cols], &device).equal_elem(1);
-    let mut swaps = Tensor::<B, 2, Int>::zeros([1, cols], &device);
-    for cycle in 0..opts.max_cycles {
-        if !still_swapping::<B>(cycle, &active) {
-            break;
-        }
-        let r = rg.step();
-        // Negative errors prune from the back (positive contributions).
-        let p_back = rg.err.clone().lower_elem(0.0);
-        let [f, b] = [0, 1].map(|e| ends[e].step(&wanda, &rg.index, &kept0, general));
-        let p_row = f.row.clone().mask_where(p_back.clone(), b.row.clone());
-        let p_has = f.has.clone().mask_where(p_back.clone(), b.has.clone());
-        let (m_r, d_r) = rg.at(&mask, &r.row);
-        let (m_p, d_p) = rg.at(&mask, &p_row);
-        if cycle == 0 {
-            // The loop at its widest: every order's keys and one step's flags.
-            crate::exec::watch::after_op();
-        }
-        let stop = r
-            .has
-            .clone()
-            .bool_not()
-            .bool_or(p_has.bool_not())
-            .bool_or(rg.err.clone().abs().lower_equal_elem(threshold))
-            .bool_or(m_r.equal_elem(0))
-            .bool_or(m_p.equal_elem(1));
-        let take = active.bool_and(stop.bool_not());
-        mask = rg.swap(mask, &p_row, &r.row, &take);
-        let moved = (rg.err.clone() + d_p) - d_r;
-        rg.err = rg.err.clone().mask_where(take.clone(), moved);
-        rg.advance(r, &take);
-        let front = take.clone().bool_and(p_back.clone().bool_not());
-        let back = take.clone().bool_and(p_back);
-        ends[0].advance(f, &front);
-        ends[1].advance(b, &back);
-        swaps = swaps + take.clone().int();
-        active = take;
-    }
-    finish(first, mask, swaps)
-}
-
 /// N:M DSnoT: each swap regrows the regrowing order's next pruned weight
-/// and prunes the least important kept weight of its group, while the
-/// row's error keeps its first sign.
+/// and prunes the least important kept weight of its group (gathered:
+/// `m` entries a column), while the row's error keeps its first sign.
 fn nm<B: Compute>(
     mut rg: Regrow<B>,
     initial: Tensor<B, 2>,
@@ -513,14 +319,15 @@ fn nm<B: Compute>(
     m: usize,
     opts: &DsnotOptions,
 ) -> (Tensor<B, 2, Bool>, DsnotReport) {
-    let [rows, cols] = initial.dims();
-    let shape = [rows, cols];
+    let [_, cols] = initial.dims();
     let device = initial.device();
     let sign0 = rg.err.clone().sign();
     let pruned_metric = initial.mask_fill(first.clone(), f32::INFINITY);
     let max_value = B::float_bits(reduce::max_dim(pruned_metric.clone(), 0).add_scalar(1.0));
     let mut metric = B::float_bits(pruned_metric);
-    let group = rg.index.clone().div_scalar(m as i64);
+    let offsets = Tensor::<B, 1, Int>::arange(0..m as i64, &device)
+        .reshape([m, 1])
+        .expand([m, cols]);
     let threshold = opts.update_threshold as f32;
     let mut mask = first.clone().int();
     let mut active = Tensor::<B, 2, Int>::ones([1, cols], &device).equal_elem(1);
@@ -531,15 +338,12 @@ fn nm<B: Compute>(
         }
         let r = rg.step();
         // The first smallest of the regrown weight's group.
-        let in_group = group
-            .clone()
-            .equal(r.row.clone().div_scalar(m as i64).expand(shape));
-        let keys = metric
-            .clone()
-            .mask_fill(in_group.bool_not(), i32::MAX as i64);
-        let least = reduce::min_dim_int(keys.clone(), 0).expand(shape);
+        let start = r.row.clone().div_scalar(m as i64).mul_scalar(m as i64);
+        let group = start.expand([m, cols]) + offsets.clone();
+        let keys = metric.clone().gather(0, group.clone());
+        let least = reduce::min_dim_int(keys.clone(), 0).expand([m, cols]);
         let elsewhere = keys.equal(least).bool_not();
-        let p_row = reduce::min_dim_int(rg.index.clone().mask_fill(elsewhere, i32::MAX as i64), 0);
+        let p_row = reduce::min_dim_int(group.mask_fill(elsewhere, i32::MAX as i64), 0);
         let (m_r, d_r) = rg.at(&mask, &r.row);
         let (m_p, d_p) = rg.at(&mask, &p_row);
         if cycle == 0 {
@@ -555,13 +359,11 @@ fn nm<B: Compute>(
             .bool_or(m_r.equal_elem(0))
             .bool_or(m_p.equal_elem(1));
         let take = active.bool_and(stop.bool_not());
-        let pruned_now = rg
-            .index
-            .clone()
-            .equal(p_row.clone().expand(shape))
-            .bool_and(take.clone().expand(shape));
-        metric = metric.mask_where(pruned_now, max_value.clone().expand(shape));
-        mask = rg.swap(mask, &p_row, &r.row, &take);
+        // The pruned weight's metric becomes the row's maximum plus one.
+        let raise = (max_value.clone() - metric.clone().gather(0, p_row.clone()))
+            .mask_fill(take.clone().bool_not(), 0);
+        metric = metric.scatter(0, p_row.clone(), raise, IndexingUpdateOp::Add);
+        mask = swap(mask, &p_row, &r.row, &take);
         rg.err = rg.err.clone().mask_where(take.clone(), after);
         rg.advance(r, &take);
         swaps = swaps + take.clone().int();
@@ -599,13 +401,17 @@ mod tests {
         inp: usize,
     }
 
-    /// Values on a grid of quarters (sums exact in any order, ties in
-    /// every order), or not.
-    fn case(out: usize, inp: usize, seed: u64, quarters: bool) -> Case {
+    /// Values on a grid of `step` (sums exact in any order, ties in every
+    /// order, and at whole steps at every window's edge), or not (`0`).
+    fn case(out: usize, inp: usize, seed: u64, step: f32) -> Case {
         let mut rng = Normal::new(seed);
         let mut q = |scale: f32| {
             let v = rng.sample() * scale;
-            if quarters { (v * 4.0).round() / 4.0 } else { v }
+            if step > 0.0 {
+                (v / step).round() * step
+            } else {
+                v
+            }
         };
         let w: Vec<f32> = (0..out * inp).map(|_| q(1.0)).collect();
         let mean: Vec<f32> = (0..inp).map(|_| q(2.0)).collect();
@@ -658,21 +464,24 @@ mod tests {
             update_threshold: 0.0,
             ..DsnotOptions::default()
         };
-        let pow2 = DsnotOptions {
+        let no_var = DsnotOptions {
             pow_of_var: 0.0,
             max_cycles: 20,
             ..DsnotOptions::default()
         };
-        // 8 inputs: the cursors run out (the general path); 96: they do not.
-        for (out, inp) in [(6, 8), (12, 96), (5, 64)] {
-            for quarters in [false, true] {
-                let c = case(out, inp, 11 + inp as u64, quarters);
+        // 8 inputs: every list is the whole column and the cursors run out
+        // (the zeros, the other sign); 96 and 64: the regrowing lists are
+        // windows, the prune lists whole (a sign has fewer kept weights
+        // than 50 cycles, not than 20); 400: every list a window.
+        for (out, inp) in [(6, 8), (12, 96), (5, 64), (3, 400)] {
+            for step in [0.0, 0.25, 1.0] {
+                let c = case(out, inp, 11 + inp as u64, step);
                 for pattern in [Pattern::Unstructured, Pattern::NM { n: 2, m: 4 }] {
-                    for opts in [DsnotOptions::default(), zero_threshold, pow2] {
+                    for opts in [DsnotOptions::default(), zero_threshold, no_var] {
                         let (hm, hr) = host(&c, pattern, &opts);
                         let (dm, dr) = device(&c, pattern, &opts);
                         let differ = hm.iter().zip(&dm).filter(|(a, b)| a != b).count();
-                        let what = format!("{out}×{inp} {pattern:?} quarters {quarters} {opts:?}");
+                        let what = format!("{out}×{inp} {pattern:?} step {step} {opts:?}");
                         assert_eq!(differ, 0, "{what}");
                         assert_eq!((hr.cycles, hr.changed), (dr.cycles, dr.changed), "{what}");
                     }
@@ -683,7 +492,7 @@ mod tests {
 
     #[test]
     fn the_loop_swaps_and_keeps_the_counts() {
-        let c = case(16, 128, 3, false);
+        let c = case(16, 128, 3, 0.0);
         let (mask, report) = device(&c, Pattern::Unstructured, &DsnotOptions::default());
         assert!(report.changed > 0 && report.cycles > 0, "{report:?}");
         for row in mask.chunks(c.inp) {
