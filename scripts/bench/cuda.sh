@@ -35,7 +35,9 @@
 # compiled by the run before and loaded from the cache; prunemem-device and
 # prunemem-host are that with --keep-pruned device or host (the default
 # evaluates each pruned layer inside the prune, --keep-pruned inline); prunemem-owl adds --owl (no reference:
-# compare its seconds with the method's alone); prunemem-24 and reference-24 prune 2:4;
+# compare its seconds with the method's alone); prunemem-dsnot adds --dsnot
+# (prunemem-dsnot-all with --dsnot-skip none; no reference in the kit: its
+# dsnot_refine seconds are the figure); prunemem-24 and reference-24 prune 2:4;
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
 # tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
 # head's product with HEAD_MATMUL, default double_tma_mma,
@@ -269,6 +271,9 @@ for shape in $SHAPES; do
       prunemem-host) step "$shape-$method-host" prunemem_run "$model" "$method" "$shape-$method-host" --keep-pruned host ;;
       # OWL's layer sparsities: its outlier pass on the device first.
       prunemem-owl) step "$shape-$method-owl" prunemem_run "$model" "$method" "$shape-$method-owl" --owl ;;
+      # DSnoT's swap loop on the device (its windows); -dsnot-all refines all seven linears.
+      prunemem-dsnot) step "$shape-$method-dsnot" prunemem_run "$model" "$method" "$shape-$method-dsnot" --dsnot ;;
+      prunemem-dsnot-all) step "$shape-$method-dsnot-all" prunemem_run "$model" "$method" "$shape-$method-dsnot-all" --dsnot --dsnot-skip none ;;
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
       # N:M (2:4): prunemem's group kernel beside the authors' mask.
       prunemem-24) step "$shape-$method-24" prunemem_run "$model" "$method" "$shape-$method-24" --sparsity-type 2:4 ;;

@@ -515,12 +515,7 @@ fn owl_on_a_device_reads_back_sums_not_weights() {
         if device == "wgpu" {
             extra.extend(["--log-memory", s(&logs)]);
         }
-        let mut argv = wanda_on_wgpu(&model, &text, &extra);
-        let at = argv.iter().position(|a| *a == "wgpu").unwrap();
-        argv[at] = device;
-        let (code, stdout, stderr) = run_prunemem(&argv);
-        assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
-        support::json_line(&stdout)
+        prune_json_on(device, &model, &text, &extra)
     };
     let (cpu, gpu) = (run("cpu"), run("wgpu"));
     let floats = |j: &serde_json::Value, key: &str| -> Vec<f64> {
@@ -607,12 +602,7 @@ fn dsnot_on_a_device_swaps_where_the_weights_are() {
         if device == "wgpu" {
             extra.extend(["--log-memory", s(&logs)]);
         }
-        let mut argv = wanda_on_wgpu(&model, &text, &extra);
-        let at = argv.iter().position(|a| *a == "wgpu").unwrap();
-        argv[at] = device;
-        let (code, stdout, stderr) = run_prunemem(&argv);
-        assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
-        support::json_line(&stdout)
+        prune_json_on(device, &model, &text, &extra)
     };
     let layers = config.num_layers as u64;
     for pattern in ["unstructured", "2:4"] {

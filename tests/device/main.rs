@@ -130,6 +130,17 @@ fn wanda_on_wgpu<'a>(model: &'a Path, text: &'a Path, extra: &[&'a str]) -> Vec<
     argv
 }
 
+/// [`wanda_on_wgpu`]'s prune with `extra` on `device` (`cpu` or `wgpu`),
+/// which must succeed: its `--json` line.
+fn prune_json_on(device: &str, model: &Path, text: &Path, extra: &[&str]) -> serde_json::Value {
+    let mut argv = wanda_on_wgpu(model, text, extra);
+    let at = argv.iter().position(|a| *a == "wgpu").unwrap();
+    argv[at] = device;
+    let (code, stdout, stderr) = run_prunemem(&argv);
+    assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
+    support::json_line(&stdout)
+}
+
 fn events(dir: &Path) -> Vec<Event> {
     let text = std::fs::read_to_string(dir.join("events.jsonl")).unwrap();
     text.lines()

@@ -281,14 +281,55 @@ fn swap<B: Backend>(
         .scatter(0, regrow.clone(), one.neg(), IndexingUpdateOp::Add)
 }
 
-/// Every 8 cycles, whether any column still swaps (one flag back).
-fn still_swapping<B: Compute>(cycle: usize, active: &Tensor<B, 2, Bool>) -> bool {
-    if cycle == 0 || !cycle.is_multiple_of(8) {
-        return true;
+/// The loop's mask (0/1) and, per column, whether it still swaps and how
+/// many swaps it made.
+struct Swaps<B: Backend> {
+    mask: Tensor<B, 2, Int>,
+    active: Tensor<B, 2, Bool>,
+    count: Tensor<B, 2, Int>,
+}
+
+impl<B: Compute> Swaps<B> {
+    fn new(first: &Tensor<B, 2, Bool>) -> Self {
+        let [_, cols] = first.dims();
+        let device = first.device();
+        Self {
+            mask: first.clone().int(),
+            active: Tensor::<B, 2, Int>::ones([1, cols], &device).equal_elem(1),
+            count: Tensor::zeros([1, cols], &device),
+        }
     }
-    let data = active.clone().any().into_data();
-    crate::exec::transfer::read_back(data.bytes.len() as u64);
-    data.iter::<bool>().next().unwrap_or(false)
+
+    /// Whether cycle `cycle` runs: every 8 cycles one flag comes back
+    /// (does any column still swap).
+    fn go_on(&self, cycle: usize) -> bool {
+        if cycle == 0 || !cycle.is_multiple_of(8) {
+            return true;
+        }
+        let data = self.active.clone().any().into_data();
+        crate::exec::transfer::read_back(data.bytes.len() as u64);
+        data.iter::<bool>().next().unwrap_or(false)
+    }
+
+    /// The columns still swapping that do not `stop` swap `prune` for
+    /// `regrow`; returns them.
+    fn swap(
+        &mut self,
+        stop: Tensor<B, 2, Bool>,
+        prune: &Tensor<B, 2, Int>,
+        regrow: &Tensor<B, 2, Int>,
+    ) -> Tensor<B, 2, Bool> {
+        let take = self.active.clone().bool_and(stop.bool_not());
+        self.mask = swap(self.mask.clone(), prune, regrow, &take);
+        self.count = self.count.clone() + take.clone().int();
+        self.active = take.clone();
+        take
+    }
+
+    /// The refined mask and the report ([`finish`]).
+    fn finish(self, first: Tensor<B, 2, Bool>) -> (Tensor<B, 2, Bool>, DsnotReport) {
+        finish(first, self.mask, self.count)
+    }
 }
 
 /// The refined mask and the report: the most swaps a column made, and
@@ -329,11 +370,9 @@ fn nm<B: Compute>(
         .reshape([m, 1])
         .expand([m, cols]);
     let threshold = opts.update_threshold as f32;
-    let mut mask = first.clone().int();
-    let mut active = Tensor::<B, 2, Int>::ones([1, cols], &device).equal_elem(1);
-    let mut swaps = Tensor::<B, 2, Int>::zeros([1, cols], &device);
+    let mut sw = Swaps::new(&first);
     for cycle in 0..opts.max_cycles {
-        if !still_swapping::<B>(cycle, &active) {
+        if !sw.go_on(cycle) {
             break;
         }
         let r = rg.step();
@@ -344,8 +383,8 @@ fn nm<B: Compute>(
         let least = reduce::min_dim_int(keys.clone(), 0).expand([m, cols]);
         let elsewhere = keys.equal(least).bool_not();
         let p_row = reduce::min_dim_int(group.mask_fill(elsewhere, i32::MAX as i64), 0);
-        let (m_r, d_r) = rg.at(&mask, &r.row);
-        let (m_p, d_p) = rg.at(&mask, &p_row);
+        let (m_r, d_r) = rg.at(&sw.mask, &r.row);
+        let (m_p, d_p) = rg.at(&sw.mask, &p_row);
         if cycle == 0 {
             crate::exec::watch::after_op();
         }
@@ -358,18 +397,15 @@ fn nm<B: Compute>(
             .bool_or(rg.err.clone().abs().lower_equal_elem(threshold))
             .bool_or(m_r.equal_elem(0))
             .bool_or(m_p.equal_elem(1));
-        let take = active.bool_and(stop.bool_not());
+        let take = sw.swap(stop, &p_row, &r.row);
         // The pruned weight's metric becomes the row's maximum plus one.
         let raise = (max_value.clone() - metric.clone().gather(0, p_row.clone()))
             .mask_fill(take.clone().bool_not(), 0);
-        metric = metric.scatter(0, p_row.clone(), raise, IndexingUpdateOp::Add);
-        mask = swap(mask, &p_row, &r.row, &take);
+        metric = metric.scatter(0, p_row, raise, IndexingUpdateOp::Add);
         rg.err = rg.err.clone().mask_where(take.clone(), after);
         rg.advance(r, &take);
-        swaps = swaps + take.clone().int();
-        active = take;
     }
-    finish(first, mask, swaps)
+    sw.finish(first)
 }
 
 #[cfg(test)]

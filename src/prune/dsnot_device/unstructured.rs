@@ -7,7 +7,7 @@ use burn::prelude::*;
 use burn::tensor::Bool;
 
 use super::cursor::{At, List, window};
-use super::{Regrow, count, finish, read_ints, still_swapping, swap};
+use super::{Regrow, Swaps, count, read_ints};
 use crate::exec::{Compute, reduce};
 use crate::prune::dsnot::{DsnotOptions, DsnotReport};
 
@@ -172,11 +172,9 @@ pub(super) fn unstructured<B: Compute>(
         }
     };
     let threshold = opts.update_threshold as f32;
-    let mut mask = first.clone().int();
-    let mut active = Tensor::<B, 2, Int>::ones([1, cols], &device).equal_elem(1);
-    let mut swaps = Tensor::<B, 2, Int>::zeros([1, cols], &device);
+    let mut sw = Swaps::new(&first);
     for cycle in 0..opts.max_cycles {
-        if !still_swapping::<B>(cycle, &active) {
+        if !sw.go_on(cycle) {
             break;
         }
         let r = rg.step();
@@ -185,8 +183,8 @@ pub(super) fn unstructured<B: Compute>(
         let [f, b] = [0, 1].map(|e| ends[e].step(&kept0, rows));
         let p_row = f.row.clone().mask_where(p_back.clone(), b.row.clone());
         let p_has = f.has.clone().mask_where(p_back.clone(), b.has.clone());
-        let (m_r, d_r) = rg.at(&mask, &r.row);
-        let (m_p, d_p) = rg.at(&mask, &p_row);
+        let (m_r, d_r) = rg.at(&sw.mask, &r.row);
+        let (m_p, d_p) = rg.at(&sw.mask, &p_row);
         if cycle == 0 {
             // The loop at its widest: its lists and one step's flags.
             crate::exec::watch::after_op();
@@ -199,8 +197,7 @@ pub(super) fn unstructured<B: Compute>(
             .bool_or(rg.err.clone().abs().lower_equal_elem(threshold))
             .bool_or(m_r.equal_elem(0))
             .bool_or(m_p.equal_elem(1));
-        let take = active.bool_and(stop.bool_not());
-        mask = swap(mask, &p_row, &r.row, &take);
+        let take = sw.swap(stop, &p_row, &r.row);
         let moved = (rg.err.clone() + d_p) - d_r;
         rg.err = rg.err.clone().mask_where(take.clone(), moved);
         rg.advance(r, &take);
@@ -208,8 +205,6 @@ pub(super) fn unstructured<B: Compute>(
         let back = take.clone().bool_and(p_back);
         ends[0].advance(f, &front);
         ends[1].advance(b, &back);
-        swaps = swaps + take.clone().int();
-        active = take;
     }
-    finish(first, mask, swaps)
+    sw.finish(first)
 }
