@@ -337,7 +337,6 @@ fn prune_on_device<B: Compute>(
 
 /// DSnoT's mask where the weight is: Wanda's metric (the prune order)
 /// and the method's (the first mask), then `dsnot_device`'s loop.
-#[allow(clippy::too_many_arguments)]
 fn dsnot_on_device<B: Compute>(
     w: &Tensor<B, 2>,
     norms: Option<&Tensor<B, 1>>,

@@ -30,11 +30,10 @@
 //! output) is a column here, so "per row" reductions run over dim 0 and N:M
 //! groups are `m` consecutive inputs of one output.
 //!
-//! DSnoT's first mask is the per-output or N:M selection here, its swap
-//! loop `dsnot_device`'s. Not here (they stay on the host path in
-//! `linear`): Wanda's α-variant, DSnoT from SparseGPT's saliency, RIA's
-//! channel reallocation, N:M with an input width that `m` does not divide;
-//! SparseGPT's sweep is `sparsegpt_device`'s.
+//! DSnoT's first mask is selected here, its loop is `dsnot_device`'s, and
+//! SparseGPT's sweep `sparsegpt_device`'s. On the host path (`linear`):
+//! Wanda's α-variant, DSnoT from SparseGPT's saliency, RIA's channel
+//! reallocation, N:M with an input width that `m` does not divide.
 
 use burn::prelude::*;
 use burn::tensor::Bool;
@@ -117,8 +116,9 @@ pub fn mask<B: Compute>(metric: Tensor<B, 2>, config: &PruneConfig) -> Tensor<B,
                 LayerMethod::Ria => config.per_outneuron,
                 _ => false,
             };
+            let k = ((keys.dims()[0] as f64) * config.sparsity) as usize;
             match per_output {
-                true => per_output_mask(keys, config.sparsity),
+                true => smallest_per_output(keys, k),
                 false => matrix_mask(keys, config.sparsity),
             }
         }
@@ -149,15 +149,20 @@ pub fn apply<B: Compute>(w: Tensor<B, 2>, mask: Tensor<B, 2, Bool>) -> (Tensor<B
     (pruned, read_count(zeros))
 }
 
-/// One integer read back from the device, counted as traffic.
-pub(super) fn read_count<B: Compute>(t: Tensor<B, 1, Int>) -> u64 {
+/// Integers read back from the device, counted as traffic.
+pub(super) fn read_ints<B: Compute, const D: usize>(t: Tensor<B, D, Int>) -> Vec<i64> {
     let data = t.into_data();
     crate::exec::transfer::read_back(data.bytes.len() as u64);
-    data.iter::<i64>().next().unwrap_or(0).max(0) as u64
+    data.iter::<i64>().collect()
+}
+
+/// One integer read back from the device, counted as traffic.
+pub(super) fn read_count<B: Compute>(t: Tensor<B, 1, Int>) -> u64 {
+    read_ints(t).first().map_or(0, |c| (*c).max(0) as u64)
 }
 
 /// One flag read back from the device, counted as traffic.
-fn read_flag<B: Compute>(t: Tensor<B, 1, Bool>) -> bool {
+pub(super) fn read_flag<B: Compute>(t: Tensor<B, 1, Bool>) -> bool {
     let data = t.into_data();
     crate::exec::transfer::read_back(data.bytes.len() as u64);
     data.iter::<bool>().next().unwrap_or(false)
@@ -230,17 +235,8 @@ fn matrix_mask<B: Compute>(keys: Tensor<B, 2, Int>, ratio: f64) -> Tensor<B, 2, 
     keys.lower_equal(t.expand([rows, cols]))
 }
 
-/// Exactly `int(rows · ratio)` entries of each column, the smallest, ties
-/// taken in row order (the host path's stable sort).
-pub(super) fn per_output_mask<B: Compute>(
-    keys: Tensor<B, 2, Int>,
-    ratio: f64,
-) -> Tensor<B, 2, Bool> {
-    let [rows, _] = keys.dims();
-    smallest_per_output(keys, ((rows as f64) * ratio) as usize)
-}
-
-/// Exactly `k` entries of each column, the smallest, ties in row order.
+/// Exactly `k` entries of each column, the smallest, ties taken in row
+/// order (the host path's stable sort).
 pub(super) fn smallest_per_output<B: Compute>(
     keys: Tensor<B, 2, Int>,
     k: usize,
@@ -325,16 +321,13 @@ pub(crate) fn smallest_exactly<B: Compute>(
     let below = keys.clone().lower(t.clone());
     let ties = keys.equal(t);
     // Both counts back in one read: how many are below, how many tie.
-    let counts = Tensor::cat(
+    let counts = read_ints(Tensor::cat(
         vec![
             count(below.clone().int(), Over::Matrix),
             count(ties.clone().int(), Over::Matrix),
         ],
         1,
-    )
-    .into_data();
-    crate::exec::transfer::read_back(counts.bytes.len() as u64);
-    let counts: Vec<i64> = counts.iter::<i64>().collect();
+    ));
     let (below_n, tied_n) = match counts[..] {
         [b, t] => (b.max(0) as usize, t.max(0) as usize),
         _ => (0, 0),

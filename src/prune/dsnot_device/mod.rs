@@ -82,7 +82,7 @@ pub fn refine<B: Compute>(
             let k = ((rows as f64) * sparsity) as usize;
             if skip || k == 0 || k >= rows {
                 return (
-                    on_device::per_output_mask(keys, sparsity),
+                    on_device::smallest_per_output(keys, k),
                     DsnotReport::default(),
                 );
             }
@@ -90,7 +90,7 @@ pub fn refine<B: Compute>(
                 Some(wanda) => B::float_bits(wanda),
                 None => keys.clone(),
             };
-            let first = on_device::per_output_mask(keys, sparsity);
+            let first = on_device::smallest_per_output(keys, k);
             let rg = Regrow::new(w, &mean, &var, &first, opts.pow_of_var, opts.max_cycles);
             unstructured(rg, wanda, first, opts)
         }
@@ -116,13 +116,6 @@ fn row_index<B: Backend>(rows: usize, cols: usize, device: &B::Device) -> Tensor
     Tensor::<B, 1, Int>::arange(0..rows as i64, device)
         .reshape([rows, 1])
         .expand([rows, cols])
-}
-
-/// Integers read back from the device (counted as traffic).
-fn read_ints<B: Compute>(t: Tensor<B, 2, Int>) -> Vec<i64> {
-    let data = t.into_data();
-    crate::exec::transfer::read_back(data.bytes.len() as u64);
-    data.iter::<i64>().collect()
 }
 
 /// What both loops share: the products `W·x̄`, the rows' errors, and the
@@ -190,7 +183,7 @@ impl<B: Compute> Regrow<B> {
             ],
             0,
         );
-        let least = read_ints::<B>(reduce::min_dim_int(counts, 1));
+        let least = on_device::read_ints::<B, 2>(reduce::min_dim_int(counts, 1));
         let windows = rows > cycles
             && matches!(least[..], [n, p, nan] if n.min(p) >= cycles as i64 && nan == 0);
         let lists = match windows {
@@ -268,51 +261,73 @@ impl<B: Compute> Regrow<B> {
     }
 }
 
-/// `prune` pruned and `regrow` kept in the columns `take` sets: one entry
-/// a column each way (`mask` is 0/1).
-fn swap<B: Backend>(
-    mask: Tensor<B, 2, Int>,
-    prune: &Tensor<B, 2, Int>,
-    regrow: &Tensor<B, 2, Int>,
-    take: &Tensor<B, 2, Bool>,
-) -> Tensor<B, 2, Int> {
-    let one = take.clone().int();
-    mask.scatter(0, prune.clone(), one.clone(), IndexingUpdateOp::Add)
-        .scatter(0, regrow.clone(), one.neg(), IndexingUpdateOp::Add)
-}
-
-/// The loop's mask (0/1) and, per column, whether it still swaps and how
-/// many swaps it made.
+/// The loop's mask (0/1), its cycles, and per column whether it still
+/// swaps and how many swaps it made.
 struct Swaps<B: Backend> {
     mask: Tensor<B, 2, Int>,
     active: Tensor<B, 2, Bool>,
     count: Tensor<B, 2, Int>,
+    cycle: usize,
+    cycles: usize,
 }
 
 impl<B: Compute> Swaps<B> {
-    fn new(first: &Tensor<B, 2, Bool>) -> Self {
+    fn new(first: &Tensor<B, 2, Bool>, cycles: usize) -> Self {
         let [_, cols] = first.dims();
         let device = first.device();
         Self {
             mask: first.clone().int(),
             active: Tensor::<B, 2, Int>::ones([1, cols], &device).equal_elem(1),
             count: Tensor::zeros([1, cols], &device),
+            cycle: 0,
+            cycles,
         }
     }
 
-    /// Whether cycle `cycle` runs: every 8 cycles one flag comes back
-    /// (does any column still swap).
-    fn go_on(&self, cycle: usize) -> bool {
-        if cycle == 0 || !cycle.is_multiple_of(8) {
-            return true;
+    /// The next cycle, if one is left and some column may still swap:
+    /// every 8 cycles one flag comes back to tell.
+    fn next_cycle(&mut self) -> Option<usize> {
+        let cycle = self.cycle;
+        if cycle >= self.cycles {
+            return None;
         }
-        let data = self.active.clone().any().into_data();
-        crate::exec::transfer::read_back(data.bytes.len() as u64);
-        data.iter::<bool>().next().unwrap_or(false)
+        if cycle > 0 && cycle.is_multiple_of(8) && !on_device::read_flag(self.active.clone().any())
+        {
+            return None;
+        }
+        self.cycle += 1;
+        Some(cycle)
     }
 
-    /// The columns still swapping that do not `stop` swap `prune` for
-    /// `regrow`; returns them.
+    /// The stops both loops share, for regrowing `r`'s candidate and
+    /// pruning `prune`: no regrow candidate left, the error within the
+    /// threshold, the regrow candidate kept or the prune candidate pruned
+    /// already. With both candidates' products `W·x̄`.
+    fn stops(
+        &self,
+        rg: &Regrow<B>,
+        r: &RegrowStep<B>,
+        prune: &Tensor<B, 2, Int>,
+        threshold: f32,
+    ) -> (Tensor<B, 2, Bool>, Tensor<B, 2>, Tensor<B, 2>) {
+        let (m_r, d_r) = rg.at(&self.mask, &r.row);
+        let (m_p, d_p) = rg.at(&self.mask, prune);
+        if self.cycle == 1 {
+            // The loop at its widest: its lists and one step's flags.
+            crate::exec::watch::after_op();
+        }
+        let stop = r
+            .has
+            .clone()
+            .bool_not()
+            .bool_or(rg.err.clone().abs().lower_equal_elem(threshold))
+            .bool_or(m_r.equal_elem(0))
+            .bool_or(m_p.equal_elem(1));
+        (stop, d_p, d_r)
+    }
+
+    /// The columns still swapping that do not `stop` prune `prune` and
+    /// keep `regrow` (one entry a column each way); returns them.
     fn swap(
         &mut self,
         stop: Tensor<B, 2, Bool>,
@@ -320,34 +335,28 @@ impl<B: Compute> Swaps<B> {
         regrow: &Tensor<B, 2, Int>,
     ) -> Tensor<B, 2, Bool> {
         let take = self.active.clone().bool_and(stop.bool_not());
-        self.mask = swap(self.mask.clone(), prune, regrow, &take);
-        self.count = self.count.clone() + take.clone().int();
+        let one = take.clone().int();
+        self.mask = (self.mask.clone())
+            .scatter(0, prune.clone(), one.clone(), IndexingUpdateOp::Add)
+            .scatter(0, regrow.clone(), one.clone().neg(), IndexingUpdateOp::Add);
+        self.count = self.count.clone() + one;
         self.active = take.clone();
         take
     }
 
-    /// The refined mask and the report ([`finish`]).
+    /// The refined mask and the report: the most swaps a column made, and
+    /// the weights whose state differs from the first mask (one read).
     fn finish(self, first: Tensor<B, 2, Bool>) -> (Tensor<B, 2, Bool>, DsnotReport) {
-        finish(first, self.mask, self.count)
+        let mask = self.mask.equal_elem(1);
+        let changed = reduce::sum_all(first.not_equal(mask.clone()).int());
+        let cycles = reduce::max_dim_int(self.count, 1);
+        let counts = on_device::read_ints::<B, 2>(Tensor::cat(vec![cycles, changed], 1));
+        let report = DsnotReport {
+            cycles: counts.first().copied().unwrap_or(0).max(0) as usize,
+            changed: counts.get(1).copied().unwrap_or(0).max(0) as u64,
+        };
+        (mask, report)
     }
-}
-
-/// The refined mask and the report: the most swaps a column made, and
-/// the weights whose state differs from the first mask (one read).
-fn finish<B: Compute>(
-    first: Tensor<B, 2, Bool>,
-    mask: Tensor<B, 2, Int>,
-    swaps: Tensor<B, 2, Int>,
-) -> (Tensor<B, 2, Bool>, DsnotReport) {
-    let mask = mask.equal_elem(1);
-    let changed = reduce::sum_all(first.not_equal(mask.clone()).int());
-    let cycles = reduce::max_dim_int(swaps, 1);
-    let counts = read_ints::<B>(Tensor::cat(vec![cycles, changed], 1));
-    let report = DsnotReport {
-        cycles: counts.first().copied().unwrap_or(0).max(0) as usize,
-        changed: counts.get(1).copied().unwrap_or(0).max(0) as u64,
-    };
-    (mask, report)
 }
 
 /// N:M DSnoT: each swap regrows the regrowing order's next pruned weight
@@ -370,11 +379,8 @@ fn nm<B: Compute>(
         .reshape([m, 1])
         .expand([m, cols]);
     let threshold = opts.update_threshold as f32;
-    let mut sw = Swaps::new(&first);
-    for cycle in 0..opts.max_cycles {
-        if !sw.go_on(cycle) {
-            break;
-        }
+    let mut sw = Swaps::new(&first, opts.max_cycles);
+    while sw.next_cycle().is_some() {
         let r = rg.step();
         // The first smallest of the regrown weight's group.
         let start = r.row.clone().div_scalar(m as i64).mul_scalar(m as i64);
@@ -383,20 +389,9 @@ fn nm<B: Compute>(
         let least = reduce::min_dim_int(keys.clone(), 0).expand([m, cols]);
         let elsewhere = keys.equal(least).bool_not();
         let p_row = reduce::min_dim_int(group.mask_fill(elsewhere, i32::MAX as i64), 0);
-        let (m_r, d_r) = rg.at(&sw.mask, &r.row);
-        let (m_p, d_p) = rg.at(&sw.mask, &p_row);
-        if cycle == 0 {
-            crate::exec::watch::after_op();
-        }
+        let (stop, d_p, d_r) = sw.stops(&rg, &r, &p_row, threshold);
         let after = (rg.err.clone() + d_p) - d_r;
-        let stop = r
-            .has
-            .clone()
-            .bool_not()
-            .bool_or(after.clone().sign().not_equal(sign0.clone()))
-            .bool_or(rg.err.clone().abs().lower_equal_elem(threshold))
-            .bool_or(m_r.equal_elem(0))
-            .bool_or(m_p.equal_elem(1));
+        let stop = stop.bool_or(after.clone().sign().not_equal(sign0.clone()));
         let take = sw.swap(stop, &p_row, &r.row);
         // The pruned weight's metric becomes the row's maximum plus one.
         let raise = (max_value.clone() - metric.clone().gather(0, p_row.clone()))

@@ -7,9 +7,10 @@ use burn::prelude::*;
 use burn::tensor::Bool;
 
 use super::cursor::{At, List, window};
-use super::{Regrow, Swaps, count, read_ints};
+use super::{Regrow, Swaps, count};
 use crate::exec::{Compute, reduce};
 use crate::prune::dsnot::{DsnotOptions, DsnotReport};
+use crate::prune::on_device::read_ints;
 
 /// One end of the unstructured prune order (`return_reorder_indice`):
 /// the kept weights of its own sign by ascending Wanda metric, then the
@@ -141,7 +142,7 @@ pub(super) fn unstructured<B: Compute>(
         let zeros = count(kept.bool_and(rg.d.clone().equal_elem(0.0)));
         // Whether some column's own sign has fewer kept weights than cycles.
         let fewest = count(neg.clone()).min_pair(count(pos.clone()));
-        let fewest = read_ints::<B>(reduce::min_dim_int(fewest, 1));
+        let fewest = read_ints::<B, 2>(reduce::min_dim_int(fewest, 1));
         let short = fewest
             .first()
             .is_none_or(|f| (*f as usize) < opts.max_cycles);
@@ -172,32 +173,16 @@ pub(super) fn unstructured<B: Compute>(
         }
     };
     let threshold = opts.update_threshold as f32;
-    let mut sw = Swaps::new(&first);
-    for cycle in 0..opts.max_cycles {
-        if !sw.go_on(cycle) {
-            break;
-        }
+    let mut sw = Swaps::new(&first, opts.max_cycles);
+    while sw.next_cycle().is_some() {
         let r = rg.step();
         // Negative errors prune from the back (positive contributions).
         let p_back = rg.err.clone().lower_elem(0.0);
         let [f, b] = [0, 1].map(|e| ends[e].step(&kept0, rows));
         let p_row = f.row.clone().mask_where(p_back.clone(), b.row.clone());
         let p_has = f.has.clone().mask_where(p_back.clone(), b.has.clone());
-        let (m_r, d_r) = rg.at(&sw.mask, &r.row);
-        let (m_p, d_p) = rg.at(&sw.mask, &p_row);
-        if cycle == 0 {
-            // The loop at its widest: its lists and one step's flags.
-            crate::exec::watch::after_op();
-        }
-        let stop = r
-            .has
-            .clone()
-            .bool_not()
-            .bool_or(p_has.bool_not())
-            .bool_or(rg.err.clone().abs().lower_equal_elem(threshold))
-            .bool_or(m_r.equal_elem(0))
-            .bool_or(m_p.equal_elem(1));
-        let take = sw.swap(stop, &p_row, &r.row);
+        let (stop, d_p, d_r) = sw.stops(&rg, &r, &p_row, threshold);
+        let take = sw.swap(stop.bool_or(p_has.bool_not()), &p_row, &r.row);
         let moved = (rg.err.clone() + d_p) - d_r;
         rg.err = rg.err.clone().mask_where(take.clone(), moved);
         rg.advance(r, &take);
