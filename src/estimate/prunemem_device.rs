@@ -498,9 +498,11 @@ fn prune_phase(
 /// Measured on wgpu (bools of 4 bytes; on CUDA 1, not measured), in use,
 /// on a 256 × 704 and a 384 × 1024 and 384 × 384 linear: 33.8 and 35.4
 /// bytes unstructured, 28.6 and 29.1 N:M, so 2 and 1 bytes more than the
-/// named buffers; those are counted, not explained. Reserved, 8 to 9
-/// bytes more (freed pages the pool keeps). A linear the loop skips is a
-/// plain selection: its f32 metric.
+/// named buffers; those are counted, not explained. Reserved, 9 bytes
+/// more unstructured and 7 N:M (freed pages the pool keeps; refitted on
+/// the same linears when the cycles became one launch, 2026-12-02: N:M
+/// had kept 2 more with the cycles as Burn's ops). A linear the loop
+/// skips is a plain selection: its f32 metric.
 fn dsnot_loop(a: &Arch, w: &Workload) -> (u64, u64) {
     use crate::prune::dsnot::DsnotSkip;
     let flag = match w.device {
@@ -519,8 +521,14 @@ fn dsnot_loop(a: &Arch, w: &Workload) -> (u64, u64) {
         DsnotSkip::SelfAttn => (mlp, attention),
         DsnotSkip::None => (attention.max(mlp), 0),
     };
+    // Freed pages the pool keeps beside them (the cycles, one launch on
+    // wgpu and CUDA, allocate only the mask and N:M's metric copy).
+    let kept = match w.nm {
+        true => 3 + flag,
+        false => 5 + flag,
+    };
     let in_use = (refined * per_weight).max(skipped * 4);
-    let reserved = (refined * (per_weight + 5 + flag)).max(in_use);
+    let reserved = (refined * (per_weight + kept)).max(in_use);
     (in_use, reserved)
 }
 

@@ -129,6 +129,17 @@ pub trait Compute: Backend {
         Err(keys)
     }
 
+    /// DSnoT's swap loop, every cycle of every output, in one kernel
+    /// launch (`exec::kernels`; the request is `exec::swap_loop`'s).
+    /// `Err(job)` where the backend has no such kernel or cannot take the
+    /// tensors (the caller steps the loop with Burn's ops,
+    /// `prune::dsnot_device`).
+    fn dsnot_swaps(
+        job: super::swap_loop::SwapLoop<Self>,
+    ) -> Result<super::swap_loop::Swapped<Self>, super::swap_loop::SwapLoop<Self>> {
+        Err(job)
+    }
+
     /// The smallest of `keys` (any shape, the bit patterns of non-negative
     /// f32) with at least `k` keys at or below it (`1 <= k <= numel`), as a
     /// `[1, 1]` tensor: a per-matrix threshold in one to nine kernel

@@ -19,7 +19,8 @@
 //! **Compiled kernels** are kept between runs ([`kernel_cache`]): cubecl
 //! compiles each kernel the first time a process launches it (NVRTC on
 //! CUDA), which took 12 s of the first layer of a 1B-shape prune on an
-//! H100; later runs load them from the cache.
+//! H100; later runs of the same build load them from the cache (one folder
+//! a build: cubecl does not notice a kernel's body change).
 //!
 //! **Kernel launches.** cubecl's profiling level `Minimal` logs each
 //! launch's name without synchronising; forwarded to the `log` crate at
@@ -69,20 +70,54 @@ pub(super) fn configure() {
     });
 }
 
-/// Where compiled kernels are kept between runs: `PRUNEMEM_KERNEL_CACHE`
-/// (`off` or `0`: nowhere), else `$XDG_CACHE_HOME/prunemem/kernels`, else
-/// `~/.cache/prunemem/kernels`.
+/// Where compiled kernels are kept between runs: under
+/// `PRUNEMEM_KERNEL_CACHE` (`off` or `0`: nowhere), else
+/// `$XDG_CACHE_HOME/prunemem/kernels`, else `~/.cache/prunemem/kernels`,
+/// in a folder named for this build ([`build_fingerprint`]).
 pub fn kernel_cache() -> Option<std::path::PathBuf> {
-    match std::env::var_os("PRUNEMEM_KERNEL_CACHE") {
+    let root = match std::env::var_os("PRUNEMEM_KERNEL_CACHE") {
         Some(v) if v == "off" || v == "0" || v.is_empty() => return None,
-        Some(v) => return Some(v.into()),
-        None => {}
+        Some(v) => std::path::PathBuf::from(v),
+        None => std::env::var_os("XDG_CACHE_HOME")
+            .filter(|v| !v.is_empty())
+            .map(std::path::PathBuf::from)
+            .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?
+            .join("prunemem")
+            .join("kernels"),
+    };
+    Some(root.join(build_fingerprint()))
+}
+
+/// The sources a compiled kernel depends on: prunemem's kernels and every
+/// dependency's version (Burn's and cubek's kernels, cubecl's compilers).
+const KERNEL_SOURCES: [(&str, &[u8]); 11] = [
+    ("dsnot.rs", include_bytes!("kernels/dsnot.rs")),
+    ("dsnot_launch.rs", include_bytes!("kernels/dsnot_launch.rs")),
+    ("group.rs", include_bytes!("kernels/group.rs")),
+    ("mod.rs", include_bytes!("kernels/mod.rs")),
+    ("nll.rs", include_bytes!("kernels/nll.rs")),
+    ("obs_sweep.rs", include_bytes!("kernels/obs_sweep.rs")),
+    ("rms_norm.rs", include_bytes!("kernels/rms_norm.rs")),
+    ("select.rs", include_bytes!("kernels/select.rs")),
+    ("squares.rs", include_bytes!("kernels/squares.rs")),
+    ("swiglu.rs", include_bytes!("kernels/swiglu.rs")),
+    ("Cargo.lock", include_bytes!("../../Cargo.lock")),
+];
+
+/// This build's kernels, as a folder name: prunemem's version and an
+/// FNV-1a hash of [`KERNEL_SOURCES`]. cubecl keys a compiled kernel by
+/// its name and compile-time arguments, not by its body (under cubecl's
+/// own version), so a cache shared across builds served a kernel compiled
+/// from older code: a changed kernel passed its test against the stale
+/// one on lavapipe. Each build now reads only what it compiled itself.
+pub fn build_fingerprint() -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for (name, bytes) in KERNEL_SOURCES {
+        for b in name.as_bytes().iter().chain(bytes) {
+            h = (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3);
+        }
     }
-    let base = std::env::var_os("XDG_CACHE_HOME")
-        .filter(|v| !v.is_empty())
-        .map(std::path::PathBuf::from)
-        .or_else(|| std::env::var_os("HOME").map(|h| std::path::Path::new(&h).join(".cache")))?;
-    Some(base.join("prunemem").join("kernels"))
+    format!("{}-{h:016x}", env!("CARGO_PKG_VERSION"))
 }
 
 /// Counts cubecl's `Executing KERNEL` lines; everything else is dropped
@@ -139,7 +174,31 @@ fn starts_with(args: &std::fmt::Arguments<'_>, prefix: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::starts_with;
+    use super::{KERNEL_SOURCES, build_fingerprint, starts_with};
+
+    /// Every kernel file counts towards the cache's folder, so a new one
+    /// cannot be served stale.
+    #[test]
+    fn every_kernel_source_names_the_cache_folder() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("src/exec/kernels");
+        let mut on_disk: Vec<String> = std::fs::read_dir(dir)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .filter(|n| n.ends_with(".rs"))
+            .collect();
+        on_disk.sort();
+        let listed: Vec<&str> = KERNEL_SOURCES
+            .iter()
+            .map(|(n, _)| *n)
+            .filter(|n| n.ends_with(".rs"))
+            .collect();
+        assert_eq!(on_disk, listed);
+        let f = build_fingerprint();
+        assert!(
+            f.starts_with(env!("CARGO_PKG_VERSION")) && f.len() > 17,
+            "{f}"
+        );
+    }
 
     #[test]
     fn the_launch_prefix_is_recognised_without_formatting_the_rest() {

@@ -424,6 +424,13 @@ macro_rules! cube_compute {
                 crate::exec::tally::counted(crate::exec::tally::Kernel::NM, selected)
             }
 
+            fn dsnot_swaps(
+                job: crate::exec::swap_loop::SwapLoop<Self>,
+            ) -> Result<crate::exec::swap_loop::Swapped<Self>, crate::exec::swap_loop::SwapLoop<Self>>
+            {
+                crate::exec::tally::counted(crate::exec::tally::Kernel::Dsnot, cube_dsnot!(job))
+            }
+
             fn kth_smallest(
                 keys: &burn::tensor::Tensor<Self, 2, burn::tensor::Int>,
                 k: usize,

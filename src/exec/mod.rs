@@ -19,6 +19,9 @@ pub mod cube;
 mod cube_float;
 pub mod copies;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[macro_use]
+mod cube_dsnot;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
 pub mod defaults;
 pub mod dist;
@@ -34,6 +37,7 @@ mod pinned;
 pub mod reduce;
 mod spec;
 pub mod staged;
+pub mod swap_loop;
 pub mod tally;
 pub mod transfer;
 pub mod watch;

@@ -41,13 +41,15 @@ pub enum Kernel {
     KthSmallest,
     /// SparseGPT's column sweep.
     ObsSweep,
+    /// DSnoT's swap loop.
+    Dsnot,
     /// An upload through page-locked staging (`exec::copies`).
     PinnedUpload,
     /// A read back through page-locked staging (`exec::copies`).
     PinnedDownload,
 }
 
-const KERNELS: [Kernel; 12] = [
+const KERNELS: [Kernel; 13] = [
     Kernel::Matmul,
     Kernel::Attention,
     Kernel::Swiglu,
@@ -58,6 +60,7 @@ const KERNELS: [Kernel; 12] = [
     Kernel::NM,
     Kernel::KthSmallest,
     Kernel::ObsSweep,
+    Kernel::Dsnot,
     Kernel::PinnedUpload,
     Kernel::PinnedDownload,
 ];
@@ -77,6 +80,7 @@ impl Kernel {
             Kernel::NM => "select_n_m",
             Kernel::KthSmallest => "kth_smallest",
             Kernel::ObsSweep => "obs_sweep",
+            Kernel::Dsnot => "dsnot_swaps",
             Kernel::PinnedUpload => "pinned_upload",
             Kernel::PinnedDownload => "pinned_download",
         }

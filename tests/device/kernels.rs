@@ -5,6 +5,7 @@
 
 use super::*;
 
+mod dsnot;
 mod selection;
 
 /// The selection kernels and the evaluation's loss kernel

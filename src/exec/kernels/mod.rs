@@ -8,12 +8,15 @@
 //! `silu(gate) · up`, whose ops kept an f32 copy of the gate; and Wanda's
 //! column norms, whose ops kept an f32 copy of the input and its square;
 //! and the RMS norm, whose ops kept an f32 copy of the batch and its
-//! square.
+//! square; and DSnoT's swap loop, whose ops took about a hundred launches
+//! a cycle.
 
 // cubecl's language declares a branch's variable before assigning it in
 // every arm; rustc sees the first value unread.
 #![allow(unused_assignments)]
 
+mod dsnot;
+mod dsnot_launch;
 mod group;
 mod nll;
 mod obs_sweep;
@@ -22,6 +25,7 @@ mod select;
 mod squares;
 mod swiglu;
 
+pub use dsnot_launch::{Buf, SwapBuffers, SwapShape, launch_dsnot_nm, launch_dsnot_unstructured};
 pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;
 pub use obs_sweep::launch_obs_sweep;

@@ -15,6 +15,7 @@
 use burn::prelude::*;
 use burn::tensor::{Bool, IndexingUpdateOp};
 
+use crate::exec::swap_loop::SwapList;
 use crate::exec::{Compute, reduce};
 use crate::prune::on_device;
 
@@ -93,6 +94,16 @@ impl<B: Backend> List<B> {
             false => reduce::max_dim_int(rows.clone().mask_fill(not_there, -1), 0),
         };
         At { key, row }
+    }
+
+    /// The list as the one-launch loop takes it (`exec::swap_loop`):
+    /// inputs implicit where it is a `whole` column, flags as integers.
+    pub fn to_swap(&self, whole: bool) -> SwapList<B> {
+        SwapList {
+            keys: self.keys.clone(),
+            rows: (!whole).then(|| self.rows.clone()),
+            among: self.among.clone().map(|a| a.int()),
+        }
     }
 }
 

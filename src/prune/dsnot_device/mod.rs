@@ -12,11 +12,15 @@
 //! time, and a cursor never looks further than the cycles it makes: so
 //! first each cursor's reachable entries are moved into a list of
 //! `max_cycles` rows, and the cycles read those lists and gather single
-//! entries from the matrix; the mask changes by scatters. Every column (a
-//! PyTorch row) steps at once; a column that stops keeps its mask. Per
+//! entries from the matrix; the mask changes by scatters.
+//!
+//! The cycles run in one kernel launch where the backend has it
+//! (`Compute::dsnot_swaps`, wgpu and CUDA: one GPU thread per column walks
+//! the lists built here); elsewhere every column (a PyTorch row) steps at
+//! once with Burn's ops, and a column that stops keeps its mask. Per
 //! linear, what comes back is a handful of integers: whether any column's
-//! own-sign candidates could run out, a flag every 8 cycles (does any
-//! column still swap), and the report's two counts.
+//! own-sign candidates could run out, the report's two counts, and with
+//! Burn's ops a flag every 8 cycles (does any column still swap).
 //!
 //! The masks are the host's (`tests/device/` and the tests below compare
 //! them), with one caveat: the first error `Σ_pruned W·x̄` of a row is
@@ -39,6 +43,7 @@ use burn::tensor::IndexingUpdateOp;
 use super::Pattern;
 use super::dsnot::{DsnotOptions, DsnotReport};
 use super::on_device;
+use crate::exec::swap_loop::{SwapList, SwapLoop, SwapPrune};
 use crate::exec::{Compute, reduce};
 use cursor::{At, List, by_magnitude, signed_keys, window};
 use unstructured::unstructured;
@@ -129,6 +134,8 @@ struct Regrow<B: Backend> {
     back: At<B>,
     taken: [Tensor<B, 2, Int>; 2],
     rows: usize,
+    /// Whether the lists are windows (else whole columns).
+    windows: bool,
 }
 
 /// This cycle's regrow candidate per column: the input, whether the
@@ -215,7 +222,13 @@ impl<B: Compute> Regrow<B> {
             back: At::start(cols, rows, false, &device),
             taken: [zero(), zero()],
             rows,
+            windows,
         }
+    }
+
+    /// The regrowing lists as the one-launch loop takes them.
+    fn swap_lists(&self) -> [SwapList<B>; 2] {
+        self.lists.clone().map(|l| l.to_swap(!self.windows))
     }
 
     /// Positive errors regrow from the back (the largest score first),
@@ -344,19 +357,39 @@ impl<B: Compute> Swaps<B> {
         take
     }
 
-    /// The refined mask and the report: the most swaps a column made, and
-    /// the weights whose state differs from the first mask (one read).
     fn finish(self, first: Tensor<B, 2, Bool>) -> (Tensor<B, 2, Bool>, DsnotReport) {
-        let mask = self.mask.equal_elem(1);
-        let changed = reduce::sum_all(first.not_equal(mask.clone()).int());
-        let cycles = reduce::max_dim_int(self.count, 1);
-        let counts = on_device::read_ints::<B, 2>(Tensor::cat(vec![cycles, changed], 1));
-        let report = DsnotReport {
-            cycles: counts.first().copied().unwrap_or(0).max(0) as usize,
-            changed: counts.get(1).copied().unwrap_or(0).max(0) as u64,
-        };
-        (mask, report)
+        report(first, self.mask, self.count)
     }
+}
+
+/// The refined mask (`mask`, 1 pruned) and the report: the most swaps a
+/// column made (`count`, `[1, cols]`), and the weights whose state differs
+/// from the `first` mask (one read).
+fn report<B: Compute>(
+    first: Tensor<B, 2, Bool>,
+    mask: Tensor<B, 2, Int>,
+    count: Tensor<B, 2, Int>,
+) -> (Tensor<B, 2, Bool>, DsnotReport) {
+    let mask = mask.equal_elem(1);
+    let changed = reduce::sum_all(first.not_equal(mask.clone()).int());
+    let cycles = reduce::max_dim_int(count, 1);
+    let counts = on_device::read_ints::<B, 2>(Tensor::cat(vec![cycles, changed], 1));
+    let report = DsnotReport {
+        cycles: counts.first().copied().unwrap_or(0).max(0) as usize,
+        changed: counts.get(1).copied().unwrap_or(0).max(0) as u64,
+    };
+    (mask, report)
+}
+
+/// The loop in one launch where the backend has the kernel
+/// (`Compute::dsnot_swaps`): the mask and the report, else the request's
+/// tensors are dropped and the caller steps the loop with Burn's ops.
+fn in_one_launch<B: Compute>(
+    job: SwapLoop<B>,
+    first: &Tensor<B, 2, Bool>,
+) -> Option<(Tensor<B, 2, Bool>, DsnotReport)> {
+    let done = B::dsnot_swaps(job).ok()?;
+    Some(report(first.clone(), done.mask, done.swaps))
 }
 
 /// N:M DSnoT: each swap regrows the regrowing order's next pruned weight
@@ -379,6 +412,22 @@ fn nm<B: Compute>(
         .reshape([m, 1])
         .expand([m, cols]);
     let threshold = opts.update_threshold as f32;
+    let job = SwapLoop {
+        d: rg.d.clone(),
+        mask: first.clone().int(),
+        err: rg.err.clone(),
+        regrow: rg.swap_lists(),
+        prune: SwapPrune::Groups {
+            metric: metric.clone(),
+            max_value: max_value.clone(),
+            m,
+        },
+        cycles: opts.max_cycles,
+        threshold,
+    };
+    if let Some(done) = in_one_launch(job, &first) {
+        return done;
+    }
     let mut sw = Swaps::new(&first, opts.max_cycles);
     while sw.next_cycle().is_some() {
         let r = rg.step();

@@ -7,7 +7,8 @@ use burn::prelude::*;
 use burn::tensor::Bool;
 
 use super::cursor::{At, List, window};
-use super::{Regrow, Swaps, count};
+use super::{Regrow, Swaps, count, in_one_launch};
+use crate::exec::swap_loop::{SwapLoop, SwapPrune};
 use crate::exec::{Compute, reduce};
 use crate::prune::dsnot::{DsnotOptions, DsnotReport};
 use crate::prune::on_device::read_ints;
@@ -125,6 +126,35 @@ impl<B: Compute> PruneEnd<B> {
     }
 }
 
+/// The one-launch loop's request (`exec::swap_loop`): the regrowing
+/// lists, both prune ends' own lists (whole columns where the ends also
+/// walk the other sign) and their counts, the smallest kept weight.
+fn swap_job<B: Compute>(
+    rg: &Regrow<B>,
+    ends: &[PruneEnd<B>; 2],
+    kept0: Tensor<B, 2, Int>,
+    first: &Tensor<B, 2, Bool>,
+    opts: &DsnotOptions,
+) -> SwapLoop<B> {
+    let whole = ends[0].other.is_some();
+    let counts = ends
+        .iter()
+        .flat_map(|e| [e.own_n.clone(), e.zeros_end.clone(), e.end.clone()]);
+    SwapLoop {
+        d: rg.d.clone(),
+        mask: first.clone().int(),
+        err: rg.err.clone(),
+        regrow: rg.swap_lists(),
+        prune: SwapPrune::Ends {
+            own: [ends[0].own.to_swap(whole), ends[1].own.to_swap(whole)],
+            whole,
+            ends: Tensor::cat(counts.chain([kept0]).collect(), 0),
+        },
+        cycles: opts.max_cycles,
+        threshold: opts.update_threshold as f32,
+    }
+}
+
 /// Unstructured DSnoT: each swap regrows the regrowing order's next
 /// pruned weight and prunes the prune order's next kept one.
 pub(super) fn unstructured<B: Compute>(
@@ -173,6 +203,10 @@ pub(super) fn unstructured<B: Compute>(
         }
     };
     let threshold = opts.update_threshold as f32;
+    let job = swap_job(&rg, &ends, kept0.clone(), &first, opts);
+    if let Some(done) = in_one_launch(job, &first) {
+        return done;
+    }
     let mut sw = Swaps::new(&first, opts.max_cycles);
     while sw.next_cycle().is_some() {
         let r = rg.step();
