@@ -36,7 +36,8 @@
 # prunemem-host are that with --keep-pruned device or host (the default
 # evaluates each pruned layer inside the prune, --keep-pruned inline); prunemem-owl adds --owl (no reference:
 # compare its seconds with the method's alone); prunemem-dsnot adds --dsnot
-# (prunemem-dsnot-all with --dsnot-skip none; no reference in the kit: its
+# (prunemem-dsnot-all with --dsnot-skip none, prunemem-dsnot-ops with its
+# cycles as Burn's ops, PRUNEMEM_DSNOT=ops; no reference in the kit: its
 # dsnot_refine seconds are the figure); prunemem-24 and reference-24 prune 2:4;
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
 # tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
@@ -274,6 +275,8 @@ for shape in $SHAPES; do
       # DSnoT's swap loop on the device (its windows); -dsnot-all refines all seven linears.
       prunemem-dsnot) step "$shape-$method-dsnot" prunemem_run "$model" "$method" "$shape-$method-dsnot" --dsnot ;;
       prunemem-dsnot-all) step "$shape-$method-dsnot-all" prunemem_run "$model" "$method" "$shape-$method-dsnot-all" --dsnot --dsnot-skip none ;;
+      # The same with the cycles stepped by Burn's ops (PRUNEMEM_DSNOT=ops), against the one launch.
+      prunemem-dsnot-ops) PRUNEMEM_DSNOT=ops step "$shape-$method-dsnot-ops" prunemem_run "$model" "$method" "$shape-$method-dsnot-ops" --dsnot ;;
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
       # N:M (2:4): prunemem's group kernel beside the authors' mask.
       prunemem-24) step "$shape-$method-24" prunemem_run "$model" "$method" "$shape-$method-24" --sparsity-type 2:4 ;;

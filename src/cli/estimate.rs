@@ -170,6 +170,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     w.swiglu_in_place = device.is_gpu();
     w.norms_kernel = device.is_gpu();
     w.rms_norm_kernel = device.is_gpu();
+    w.dsnot_kernel = device.is_gpu() && crate::exec::swap_loop::one_launch();
     w.stored_bytes = w.dtype.size();
     w.nsamples = args.nsamples;
     let (seqlen, warning) =

@@ -135,6 +135,8 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.swiglu_in_place = setting("swiglu") == Some("in_place");
     w.norms_kernel = kernel("norms");
     w.rms_norm_kernel = kernel("rms_norm");
+    // Logs from before the one-launch loop name none: Burn's ops ran.
+    w.dsnot_kernel = kernel("dsnot");
     w.embedding_rows = setting("embedding") == Some("rows");
     w.factor_on_device = setting("factor") == Some("device");
     w.offload_activations = get("offload_activations")

@@ -262,6 +262,9 @@ pub struct Workload {
     /// On a device: the RMS norm in one kernel (`Compute::rms_norm`), with
     /// no f32 copy of the batch and no squares stored.
     pub rms_norm_kernel: bool,
+    /// On a device: DSnoT's cycles in one launch (`Compute::dsnot_swaps`;
+    /// plan: `dsnot: kernel`), not stepped with Burn's ops.
+    pub dsnot_kernel: bool,
     /// Streamed, only the windows' rows are embedded, on the host, and the
     /// head's table arrives after the layers (plan: `embedding: rows`).
     pub embedding_rows: bool,
@@ -312,6 +315,7 @@ impl Workload {
             swiglu_in_place: false,
             norms_kernel: false,
             rms_norm_kernel: false,
+            dsnot_kernel: false,
             embedding_rows: true,
             factor_on_device: true,
             matmul_workspace: crate::model::matmul::workspace_bytes(),

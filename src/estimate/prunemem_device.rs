@@ -521,11 +521,11 @@ fn dsnot_loop(a: &Arch, w: &Workload) -> (u64, u64) {
         DsnotSkip::SelfAttn => (mlp, attention),
         DsnotSkip::None => (attention.max(mlp), 0),
     };
-    // Freed pages the pool keeps beside them (the cycles, one launch on
-    // wgpu and CUDA, allocate only the mask and N:M's metric copy).
-    let kept = match w.nm {
-        true => 3 + flag,
-        false => 5 + flag,
+    // Freed pages the pool keeps beside them (the cycles in one launch
+    // allocate only the mask and N:M's metric copy; Burn's ops, per cycle).
+    let kept = match (w.nm, w.dsnot_kernel) {
+        (true, true) => 3 + flag,
+        _ => 5 + flag,
     };
     let in_use = (refined * per_weight).max(skipped * 4);
     let reserved = (refined * (per_weight + kept)).max(in_use);

@@ -11,6 +11,24 @@
 
 use burn::prelude::*;
 
+static ENV: std::sync::OnceLock<Option<bool>> = std::sync::OnceLock::new();
+
+/// Whether the loop is asked of the backend in one launch:
+/// `PRUNEMEM_DSNOT=ops` steps it with Burn's ops instead (a comparison,
+/// or a way round a device whose compiler rejects the kernel); `kernel`,
+/// unset or anything else, the launch.
+pub fn one_launch() -> bool {
+    super::defaults::env_or(&ENV, "PRUNEMEM_DSNOT", &["ops", "kernel"], || true)
+}
+
+/// The plan's `dsnot` setting: `kernel` or `ops` ([`one_launch`]).
+pub fn name() -> &'static str {
+    match one_launch() {
+        true => "kernel",
+        false => "ops",
+    }
+}
+
 /// A list one cursor walks, `[len, cols]`.
 #[derive(Clone)]
 pub struct SwapList<B: Backend> {

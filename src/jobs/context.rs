@@ -158,6 +158,9 @@ impl Run {
             ] {
                 plan.settings.insert(kernel.into(), how.into());
             }
+            // DSnoT's cycles: one launch a linear, unless PRUNEMEM_DSNOT=ops.
+            plan.settings
+                .insert("dsnot".into(), crate::exec::swap_loop::name().into());
             if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
             }

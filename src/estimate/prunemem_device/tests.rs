@@ -171,3 +171,22 @@ fn gradprobe_step6_holds_the_windows_and_one_layer_in_f32() {
         Some(a.layers * a.layer_params() * 4 + a.embedding_params() * 4)
     );
 }
+
+#[test]
+fn dsnots_loop_in_one_launch_keeps_fewer_pages_at_n_m() {
+    let (a, mut w) = llama7b(Task::Wanda);
+    w.dsnot = true;
+    w.dsnot_skip = crate::prune::dsnot::DsnotSkip::None;
+    // The widest refined linear: the MLP's 4096 × 11008.
+    let refined = 4096 * 11008u64;
+    for (nm, fewer) in [(false, 0), (true, 2 * refined)] {
+        w.nm = nm;
+        w.dsnot_kernel = false;
+        let ops = super::dsnot_loop(&a, &w);
+        w.dsnot_kernel = true;
+        let launch = super::dsnot_loop(&a, &w);
+        // The widest moment in use is a window being picked either way.
+        assert_eq!(ops.0, launch.0, "nm {nm}");
+        assert_eq!(ops.1 - launch.1, fewer, "nm {nm}");
+    }
+}

@@ -3,8 +3,8 @@
 //! its row, every cycle in registers. Written with Burn's ops
 //! (`prune::dsnot_device`) every cycle is about 115 launches unstructured
 //! and 78 at N:M, the whole matrix stepping at once, and a flag comes back
-//! every 8 cycles: on lavapipe the loop was bound by its launches (4.05 s
-//! for a 384 × 1024 fixture's 8 linears, 1.02 s in one launch each;
+//! every 8 cycles: on lavapipe the loop was bound by its launches (3.8 to
+//! 4.4 s for a 384 × 1024 fixture's 8 linears, 1.0 s in one launch each;
 //! docs/gpu.md).
 //!
 //! A cursor's next position is the lexicographic successor (or

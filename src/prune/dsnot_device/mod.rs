@@ -382,12 +382,16 @@ fn report<B: Compute>(
 }
 
 /// The loop in one launch where the backend has the kernel
-/// (`Compute::dsnot_swaps`): the mask and the report, else the request's
-/// tensors are dropped and the caller steps the loop with Burn's ops.
+/// (`Compute::dsnot_swaps`) and `PRUNEMEM_DSNOT` does not say `ops`: the
+/// mask and the report, else the request's tensors are dropped and the
+/// caller steps the loop with Burn's ops.
 fn in_one_launch<B: Compute>(
     job: SwapLoop<B>,
     first: &Tensor<B, 2, Bool>,
 ) -> Option<(Tensor<B, 2, Bool>, DsnotReport)> {
+    if !crate::exec::swap_loop::one_launch() {
+        return None;
+    }
     let done = B::dsnot_swaps(job).ok()?;
     Some(report(first.clone(), done.mask, done.swaps))
 }
