@@ -383,16 +383,17 @@ fn report<B: Compute>(
 
 /// The loop in one launch where the backend has the kernel
 /// (`Compute::dsnot_swaps`) and `PRUNEMEM_DSNOT` does not say `ops`: the
-/// mask and the report, else the request's tensors are dropped and the
-/// caller steps the loop with Burn's ops.
+/// mask and the report, else `None` and the caller steps the loop with
+/// Burn's ops. The request is built (its integer copies made) only when
+/// it is sent.
 fn in_one_launch<B: Compute>(
-    job: SwapLoop<B>,
+    job: impl FnOnce() -> SwapLoop<B>,
     first: &Tensor<B, 2, Bool>,
 ) -> Option<(Tensor<B, 2, Bool>, DsnotReport)> {
     if !crate::exec::swap_loop::one_launch() {
         return None;
     }
-    let done = B::dsnot_swaps(job).ok()?;
+    let done = B::dsnot_swaps(job()).ok()?;
     Some(report(first.clone(), done.mask, done.swaps))
 }
 
@@ -416,7 +417,7 @@ fn nm<B: Compute>(
         .reshape([m, 1])
         .expand([m, cols]);
     let threshold = opts.update_threshold as f32;
-    let job = SwapLoop {
+    let job = || SwapLoop {
         d: rg.d.clone(),
         mask: first.clone().int(),
         err: rg.err.clone(),

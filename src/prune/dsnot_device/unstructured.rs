@@ -203,7 +203,7 @@ pub(super) fn unstructured<B: Compute>(
         }
     };
     let threshold = opts.update_threshold as f32;
-    let job = swap_job(&rg, &ends, kept0.clone(), &first, opts);
+    let job = || swap_job(&rg, &ends, kept0.clone(), &first, opts);
     if let Some(done) = in_one_launch(job, &first) {
         return done;
     }
