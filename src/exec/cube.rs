@@ -90,7 +90,8 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The sources a compiled kernel depends on: prunemem's kernels and every
 /// dependency's version (Burn's and cubek's kernels, cubecl's compilers).
-const KERNEL_SOURCES: [(&str, &[u8]); 11] = [
+pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 12] = [
+    ("cuda_source.rs", include_bytes!("kernels/cuda_source.rs")),
     ("dsnot.rs", include_bytes!("kernels/dsnot.rs")),
     ("dsnot_launch.rs", include_bytes!("kernels/dsnot_launch.rs")),
     ("group.rs", include_bytes!("kernels/group.rs")),

@@ -7,7 +7,7 @@ use cubecl::prelude::*;
 use super::dsnot::{dsnot_nm, dsnot_unstructured, layout};
 
 /// Units (outputs) per cube.
-const UNITS: u32 = 64;
+pub(super) const UNITS: u32 = 64;
 
 /// A buffer, its element count, and whether it is column-major (a
 /// `[len, cols]` tensor with strides `(1, len)`; else `(cols, 1)`).

@@ -14,7 +14,7 @@
 use cubecl::prelude::*;
 
 /// Units per cube.
-const UNITS: u32 = 256;
+pub(super) const UNITS: u32 = 256;
 /// Cubes along x before a launch adds rows of cubes along y (wgpu allows
 /// 65 535 per dimension).
 const MAX_X: u32 = 65_535;
@@ -25,7 +25,7 @@ const MAX_X: u32 = 65_535;
 /// `keys` is read at `r * row_stride + c * col_stride`.
 #[cube(launch_unchecked)]
 #[allow(clippy::too_many_arguments)]
-fn smallest_per_group(
+pub(super) fn smallest_per_group(
     keys: &Array<i32>,
     flags: &mut Array<i32>,
     groups: u32,

@@ -15,6 +15,8 @@
 // every arm; rustc sees the first value unread.
 #![allow(unused_assignments)]
 
+#[cfg(all(test, feature = "wgpu"))]
+mod cuda_source;
 mod dsnot;
 mod dsnot_launch;
 mod group;

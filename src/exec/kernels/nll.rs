@@ -12,7 +12,7 @@
 use cubecl::prelude::*;
 
 /// Units per row.
-const UNITS: u32 = 256;
+pub(super) const UNITS: u32 = 256;
 
 /// The cube's 256 partial values combined (max or sum) through `partial`;
 /// every unit gets the result. Called in uniform control flow.
@@ -43,7 +43,7 @@ pub(super) fn combine(partial: &mut SharedMemory<f32>, value: f32, #[comptime] m
 /// `r >= skip` of the contiguous `[rows, vocab]` `logits`; 0 for the rows
 /// before `skip` (counted by an earlier chunk).
 #[cube(launch_unchecked)]
-fn row_nll<F: Float>(
+pub(super) fn row_nll<F: Float>(
     logits: &Array<F>,
     targets: &Array<i32>,
     nll: &mut Array<f32>,

@@ -18,13 +18,16 @@
 
 use cubecl::prelude::*;
 
+/// Units (outputs) per cube.
+pub(super) const UNITS: u32 = 256;
+
 /// The sweep of rows `row0 .. row0 + count` of `w` (`[in, out]`, f32,
 /// contiguous, changed in place) with the block's `hinv` (`[count,
 /// count]`), writing each input's error into `err` (`[count, out]`).
 /// `prune` (`[count, out]`, 1.0 where pruned) is read unless `m > 0`, in
 /// which case N:M (`n` of every `m`) is chosen in the kernel.
 #[cube(launch_unchecked)]
-fn obs_sweep(
+pub(super) fn obs_sweep(
     w: &mut Array<f32>,
     hinv: &Array<f32>,
     prune: &Array<f32>,
@@ -106,7 +109,7 @@ pub fn launch_obs_sweep<R: Runtime>(
     nm: Option<(usize, usize)>,
 ) {
     let (n, m) = nm.unwrap_or((0, 0));
-    let cube_dim = CubeDim::new_1d(256);
+    let cube_dim = CubeDim::new_1d(UNITS);
     let cube_count = cubecl::calculate_cube_count_elemwise(client, out, cube_dim);
     // SAFETY: the handles are the live buffers of contiguous f32 tensors
     // of exactly these element counts (the caller's tensors), every index

@@ -17,7 +17,7 @@ use cubecl::prelude::*;
 use super::nll::combine;
 
 /// Units per row.
-const UNITS: u32 = 256;
+pub(super) const UNITS: u32 = 256;
 /// At most this many cubes (CUDA's and Vulkan's grid limit in x).
 const MAX_CUBES: usize = 65_535;
 
@@ -25,7 +25,7 @@ const MAX_CUBES: usize = 65_535;
 /// sqrt(Σ_i x[r, i]² / d + eps)` in f32, for the contiguous `[rows, d]`
 /// `x` and `out`.
 #[cube(launch_unchecked)]
-fn rms_norm<F: Float>(
+pub(super) fn rms_norm<F: Float>(
     x: &Array<F>,
     weight: &Array<F>,
     out: &mut Array<F>,

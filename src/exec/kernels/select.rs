@@ -27,12 +27,12 @@ use cubecl::prelude::*;
 
 /// Columns per cube of the per-output selection (adjacent units, adjacent
 /// addresses: loads coalesce on `[in, out]`, Burn's layout).
-const COLUMNS: u32 = 32;
+pub(super) const COLUMNS: u32 = 32;
 /// Row lanes per cube: each walks a contiguous run of its column's rows,
 /// so its ties come in row order.
-const LANES: u32 = 8;
+pub(super) const LANES: u32 = 8;
 /// Units per cube of the per-matrix threshold (a power of two).
-const UNITS: u32 = 256;
+pub(super) const UNITS: u32 = 256;
 /// Bins of a digit (4 bits).
 const BINS: u32 = 16;
 /// Passes: 4-bit digits from bit 28 down cover a non-negative i32.
@@ -114,7 +114,7 @@ fn bin_key(
 #[cube(launch_unchecked)]
 // `usize::div_ceil` is not in cubecl's language.
 #[allow(clippy::too_many_arguments, clippy::manual_div_ceil)]
-fn smallest_per_column(
+pub(super) fn smallest_per_column(
     keys: &Array<i32>,
     flags: &mut Array<i32>,
     rows: u32,
@@ -300,7 +300,7 @@ fn cube_histogram(
 /// threshold where the keys are few. The order of the keys in the buffer
 /// does not matter, so any layout of a whole buffer will do.
 #[cube(launch_unchecked)]
-fn kth_smallest(keys: &Array<i32>, out: &mut Array<i32>, len: u32, k: u32) {
+pub(super) fn kth_smallest(keys: &Array<i32>, out: &mut Array<i32>, len: u32, k: u32) {
     let u = UNIT_POS as usize;
     let units = UNITS as usize;
     let mut counts = SharedMemory::<u32>::new((BINS * UNITS) as usize);
@@ -346,7 +346,13 @@ fn replayed_prefix(totals: &Array<Atomic<u32>>, k: u32, passes: u32) -> u32 {
 /// bins its stride of the keys and adds its 16 totals to `totals[16 ·
 /// pass ..]` (one atomic a bin).
 #[cube(launch_unchecked)]
-fn kth_pass(keys: &Array<i32>, totals: &Array<Atomic<u32>>, len: u32, k: u32, pass: u32) {
+pub(super) fn kth_pass(
+    keys: &Array<i32>,
+    totals: &Array<Atomic<u32>>,
+    len: u32,
+    k: u32,
+    pass: u32,
+) {
     let u = UNIT_POS as usize;
     let units = UNITS as usize;
     let prefix = replayed_prefix(totals, k, pass);
@@ -364,7 +370,7 @@ fn kth_pass(keys: &Array<i32>, totals: &Array<Atomic<u32>>, len: u32, k: u32, pa
 
 /// The threshold after the 8 passes of [`kth_pass`], to `out[0]`.
 #[cube(launch_unchecked)]
-fn kth_settled(totals: &Array<Atomic<u32>>, out: &mut Array<i32>, k: u32) {
+pub(super) fn kth_settled(totals: &Array<Atomic<u32>>, out: &mut Array<i32>, k: u32) {
     if UNIT_POS == 0 {
         out[0] = i32::cast_from(replayed_prefix(totals, k, PASSES));
     }

@@ -14,7 +14,7 @@
 use cubecl::prelude::*;
 
 /// Columns per cube.
-const UNITS: u32 = 256;
+pub(super) const UNITS: u32 = 256;
 /// Rows a slab walks at least (fewer slabs for short inputs).
 const ROWS_PER_SLAB: usize = 256;
 /// At most this many slabs: the partial sums stay small.
@@ -24,7 +24,7 @@ pub const MAX_SLABS: usize = 64;
 /// (slab + 1) · per_slab) ∩ [0, rows)`, in f32, for the contiguous
 /// `[rows, cols]` `x`.
 #[cube(launch_unchecked)]
-fn column_squares<F: Float>(
+pub(super) fn column_squares<F: Float>(
     x: &Array<F>,
     partial: &mut Array<f32>,
     rows: u32,

@@ -15,7 +15,7 @@
 use cubecl::prelude::*;
 
 /// Units per cube.
-const UNITS: u32 = 256;
+pub(super) const UNITS: u32 = 256;
 /// At most this many cubes; each unit then strides over the rest.
 const MAX_CUBES: u32 = 4096;
 
@@ -30,7 +30,7 @@ fn silu_times<F: Float>(g: F, u: F) -> F {
 
 /// `out[i] = silu(gate[i]) · up[i]` for `i < n`.
 #[cube(launch_unchecked)]
-fn swiglu<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, n: u32) {
+pub(super) fn swiglu<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, n: u32) {
     let stride = CUBE_COUNT_X as usize * UNITS as usize;
     let mut i = CUBE_POS_X as usize * UNITS as usize + UNIT_POS as usize;
     while i < n as usize {
@@ -42,7 +42,7 @@ fn swiglu<F: Float>(gate: &Array<F>, up: &Array<F>, out: &mut Array<F>, n: u32) 
 /// `gate[i] = silu(gate[i]) · up[i]`: [`swiglu`] written over its gate
 /// (each unit reads its element before it writes it).
 #[cube(launch_unchecked)]
-fn swiglu_in_place<F: Float>(gate: &mut Array<F>, up: &Array<F>, n: u32) {
+pub(super) fn swiglu_in_place<F: Float>(gate: &mut Array<F>, up: &Array<F>, n: u32) {
     let stride = CUBE_COUNT_X as usize * UNITS as usize;
     let mut i = CUBE_POS_X as usize * UNITS as usize + UNIT_POS as usize;
     while i < n as usize {
