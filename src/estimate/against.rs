@@ -139,6 +139,7 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.dsnot_kernel = kernel("dsnot");
     w.embedding_rows = setting("embedding") == Some("rows");
     w.factor_on_device = setting("factor") == Some("device");
+    w.saliency_on_device = setting("dsnot_saliency") == Some("device");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

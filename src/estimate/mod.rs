@@ -270,6 +270,11 @@ pub struct Workload {
     pub embedding_rows: bool,
     /// SparseGPT's `Hinv` factored on the device (plan: `factor: device`).
     pub factor_on_device: bool,
+    /// DSnoT from SparseGPT's saliency on the device: `diag(Hinv)` from
+    /// the factorisation's first step there, the loop where the weights
+    /// are (plan: `dsnot_saliency: device`); before, such a layer came
+    /// back to the host.
+    pub saliency_on_device: bool,
     /// The CPU products' packing blocks (`model::matmul::workspace_bytes`).
     pub matmul_workspace: u64,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
@@ -318,6 +323,7 @@ impl Workload {
             dsnot_kernel: false,
             embedding_rows: true,
             factor_on_device: true,
+            saliency_on_device: true,
             matmul_workspace: crate::model::matmul::workspace_bytes(),
             compressed: None,
         }

@@ -38,8 +38,10 @@
 //! outside the pool (nvidia-smi counts it; the profiler's device figures do
 //! not; the GPU table subtracts it from each card).
 
+mod dsnot;
 mod eval;
 mod gradprobe;
+use dsnot::{dsnot_loop, saliency_moment};
 use eval::{Inline, eval_phase, evaluation_forward, inline_eval};
 pub use gradprobe::phases as gradprobe_phases;
 
@@ -114,7 +116,7 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64, batches: u64) -> (
     };
     match m {
         Method::SparseGpt => {
-            let hessians = (2 * h * h + q * q + i * i) * 4;
+            let hessians = hessians(a);
             // At the down projection's input: the residual stream, the
             // input, its f32 copy and the new product.
             let product = if batches > 1 { i * i * 4 } else { 0 };
@@ -123,6 +125,12 @@ fn statistics(a: &Arch, w: &Workload, m: Method, tokens: u64, batches: u64) -> (
         }
         _ => (norms + moments, tokens * (h + i) * w.dtype.size() + cast),
     }
+}
+
+/// Every input's Hessian of a layer (f32): q/k/v's, o's, gate/up's, down's.
+fn hessians(a: &Arch) -> u64 {
+    let (h, q, i) = (a.hidden, a.q_dim(), a.intermediate);
+    (2 * h * h + q * q + i * i) * 4
 }
 
 /// SparseGPT on the device at its widest, in use and reserved: for each
@@ -426,6 +434,10 @@ fn prune_phase(
             "SparseGPT: factorisation or sweep (statistics)",
             sparsegpt_moment(a, w).0.saturating_sub(stats),
         ),
+        (Method::SparseGpt, true) if calibrated && w.saliency_on_device => (
+            "DSnoT: SparseGPT's factorisation or swap loop (statistics)",
+            saliency_moment(a, w).0.saturating_sub(hessians(a)),
+        ),
         (Method::SparseGpt, true) => ("pruned weight (upload)", a.largest_linear() * s.c),
         _ => ("DSnoT: swap loop (orders and masks)", dsnot_loop(a, w).0),
     };
@@ -451,6 +463,10 @@ fn prune_phase(
     let kept = match (m, w.dsnot) {
         (Method::SparseGpt, false) if calibrated => {
             let (in_use, reserved) = sparsegpt_moment(a, w);
+            reserved - in_use
+        }
+        (Method::SparseGpt, true) if calibrated && w.saliency_on_device => {
+            let (in_use, reserved) = saliency_moment(a, w);
             reserved - in_use
         }
         (Method::SparseGpt, true) => 0,
@@ -481,55 +497,6 @@ fn prune_phase(
         .add("evaluation hidden states", eval_states)
         .add(t_name, t)
         .reserving(reserved)
-}
-
-/// DSnoT's loop on the device (`prune::dsnot_device`) at its widest: in
-/// use and reserved. The widest moment is a cursor's window being picked
-/// (the prefix sum over its flags); the cycles then read `max_cycles`
-/// rows a column. Per weight of the largest refined linear, what is
-/// alive then:
-/// - unstructured: the products `W·x̄`, Wanda's keys, the flags as
-///   integers and their sums (i32), and the first mask, each sign's
-///   candidates and the picked flags (bools): 16 bytes and 4 bools;
-/// - N:M: the products, the regrowing keys, the first metric, the flags
-///   as integers and their sums (4 bytes each), the first mask and the
-///   picked flags: 20 bytes and 2 bools.
-///
-/// Measured on wgpu (bools of 4 bytes; on CUDA 1, not measured), in use,
-/// on a 256 × 704 and a 384 × 1024 and 384 × 384 linear: 33.8 and 35.4
-/// bytes unstructured, 28.6 and 29.1 N:M, so 2 and 1 bytes more than the
-/// named buffers; those are counted, not explained. Reserved, 9 bytes
-/// more unstructured and 7 N:M (freed pages the pool keeps; refitted on
-/// the same linears when the cycles became one launch, 2026-12-02: N:M
-/// had kept 2 more with the cycles as Burn's ops). A linear the loop
-/// skips is a plain selection: its f32 metric.
-fn dsnot_loop(a: &Arch, w: &Workload) -> (u64, u64) {
-    use crate::prune::dsnot::DsnotSkip;
-    let flag = match w.device {
-        Device::Cuda => 1,
-        _ => 4,
-    };
-    let per_weight = match w.nm {
-        true => 20 + 2 * flag + 1,
-        false => 16 + 4 * flag + 2,
-    };
-    let h = a.hidden;
-    let attention = h * a.q_dim();
-    let mlp = h * a.intermediate;
-    let (refined, skipped) = match w.dsnot_skip {
-        DsnotSkip::Mlp => (attention, mlp),
-        DsnotSkip::SelfAttn => (mlp, attention),
-        DsnotSkip::None => (attention.max(mlp), 0),
-    };
-    // Freed pages the pool keeps beside them (the cycles in one launch
-    // allocate only the mask and N:M's metric copy; Burn's ops, per cycle).
-    let kept = match (w.nm, w.dsnot_kernel) {
-        (true, true) => 3 + flag,
-        _ => 5 + flag,
-    };
-    let in_use = (refined * per_weight).max(skipped * 4);
-    let reserved = (refined * (per_weight + kept)).max(in_use);
-    (in_use, reserved)
 }
 
 /// What the pool reserves in the prune phase: at the statistics pass, what

@@ -118,6 +118,10 @@ impl Run {
             // SparseGPT's Hinv is factored on the device
             // (`prune::factor_device`; the estimate's `factor_on_device`).
             plan.settings.insert("factor".into(), "device".into());
+            // DSnoT's SparseGPT saliency too (`prune::on_device::saliency`;
+            // the estimate's `saliency_on_device`).
+            plan.settings
+                .insert("dsnot_saliency".into(), "device".into());
             options.profiler.device = exec.probe();
             plan.settings
                 .insert("adapter".into(), exec.adapter().into());

@@ -51,8 +51,56 @@ pub fn factor<B: Compute>(
     percdamp: f64,
     nb: usize,
 ) -> Result<DeviceFactor<B>, NotPositiveDefinite> {
-    let [n, _] = h.dims();
+    let nb = nb.clamp(1, h.dims()[0].max(1));
+    let (r, blocks, dead) = reduce(h, percdamp, nb)?;
+    // The pool keeps a freed buffer for a tensor of its own size only
+    // (`exec::cube`): the update's product goes back before Hinv is made.
+    crate::exec::release_free::<B>(&r.device());
+    let hinv = inverse(r, &blocks, nb);
+    Ok(DeviceFactor { hinv, blocks, dead })
+}
+
+/// `diag(Hinv)` of the Hessian `h` (`[in, in]`, f32, consumed) and its
+/// dead inputs, on the host: step 1 only, since `Hinv`'s diagonal blocks
+/// are step 1's inverse blocks (DSnoT's SparseGPT saliency, `W² /
+/// diag(Hinv)²`, reads nothing else). `nb` is SparseGPT's block size, so
+/// that the blocks are the ones the sweep's factorisation makes.
+pub fn hinv_diagonal<B: Compute>(
+    h: Tensor<B, 2>,
+    percdamp: f64,
+    nb: usize,
+) -> Result<(Vec<f32>, Vec<bool>), NotPositiveDefinite> {
+    let n = h.dims()[0];
     let nb = nb.clamp(1, n.max(1));
+    let (r, blocks, dead) = reduce(h, percdamp, nb)?;
+    let device = r.device();
+    drop(r);
+    crate::exec::release_free::<B>(&device);
+    Ok((block_diagonal(&blocks, nb, n), dead))
+}
+
+/// The diagonal of a matrix of `n` columns from its diagonal blocks of
+/// `nb` (the last one shorter), each row-major.
+pub(super) fn block_diagonal(blocks: &[Vec<f32>], nb: usize, n: usize) -> Vec<f32> {
+    (0..n)
+        .map(|j| {
+            let (k, r) = (j / nb, j % nb);
+            let c = (n - k * nb).min(nb);
+            blocks[k][r * c + r]
+        })
+        .collect()
+}
+
+/// Step 1: `h`'s block columns become the factor `R`'s (above the
+/// diagonal, zero from it down), bottom up, with the host's inverse
+/// diagonal blocks `X = R_kk⁻¹` and the dead inputs.
+#[allow(clippy::type_complexity)]
+fn reduce<B: Compute>(
+    h: Tensor<B, 2>,
+    percdamp: f64,
+    nb: usize,
+) -> Result<(Tensor<B, 2>, Vec<Vec<f32>>, Vec<bool>), NotPositiveDefinite> {
+    let [n, _] = h.dims();
     let h = match h.dtype() {
         DType::F32 => h,
         _ => h.cast(FloatDType::F32),
@@ -61,7 +109,6 @@ pub fn factor<B: Compute>(
     let device = h.device();
     let starts: Vec<usize> = (0..n).step_by(nb).collect();
     let rows = Tensor::<B, 1, Int>::arange(0..n as i64, &device).reshape([n, 1]);
-    // Step 1: H's block columns become R's (above the diagonal), bottom up.
     let mut h = h;
     let mut blocks = vec![Vec::new(); starts.len()];
     for (k, &k0) in starts.iter().enumerate().rev() {
@@ -96,11 +143,7 @@ pub fn factor<B: Compute>(
         }
         blocks[k] = x;
     }
-    // The pool keeps a freed buffer for a tensor of its own size only
-    // (`exec::cube`): the update's product goes back before Hinv is made.
-    crate::exec::release_free::<B>(&device);
-    let hinv = inverse(h, &blocks, nb);
-    Ok(DeviceFactor { hinv, blocks, dead })
+    Ok((h, blocks, dead))
 }
 
 /// Step 2: `Hinv = R⁻¹`, one block column at a time, left to right, from

@@ -65,10 +65,21 @@ pub(super) fn prune_linears<B: Compute>(
                     .and_then(|s| s.finish_moments(input, nsamples)),
                 None => None,
             };
+            // The Hessian first: the norms take what is left of the input's sums.
+            let saliency = match config.method {
+                LayerMethod::SparseGpt => {
+                    let first = format!("model.layers.{}.{}.weight", t.index, input.linears()[0]);
+                    let _stats = tag::tag(Category::Statistics);
+                    let _factor = timing::work(Work::Sweep);
+                    Some(saliency(stats.as_mut(), input, nsamples, config, &first)?)
+                }
+                _ => None,
+            };
             let norms = stats.as_mut().and_then(|s| s.finish_norms(input, nsamples));
             let stat = DeviceStat {
                 norms: norms.as_ref(),
                 moments: moments.as_ref(),
+                saliency: saliency.as_ref(),
             };
             for name in input.linears() {
                 let full = format!("model.layers.{}.{name}.weight", t.index);
@@ -275,6 +286,44 @@ fn prune_linear<B: Compute>(
 struct DeviceStat<'a, B: Compute> {
     norms: Option<&'a Tensor<B, 1>>,
     moments: Option<&'a (Tensor<B, 1>, Tensor<B, 1>)>,
+    /// DSnoT from SparseGPT's saliency: `diag(Hinv)²` and the dead inputs.
+    saliency: Option<&'a Saliency<B>>,
+}
+
+/// What SparseGPT's saliency reads of an input's factorisation, on the
+/// device: `diag(Hinv)²` (`[in]`) and, where there are any, the dead
+/// inputs.
+struct Saliency<B: Compute> {
+    diag_squared: Tensor<B, 1>,
+    dead: Option<Tensor<B, 1, burn::tensor::Bool>>,
+}
+
+/// `input`'s [`Saliency`]: its Hessian factored where it is (step 1,
+/// `factor_device::hinv_diagonal`), `in · 5` bytes up.
+fn saliency<B: Compute>(
+    stats: Option<&mut LayerStats<B>>,
+    input: LinearInput,
+    nsamples: usize,
+    config: &PruneConfig,
+    first: &str,
+) -> Result<Saliency<B>, PruneError> {
+    let missing = || PruneError::Invalid(format!("{first}: no statistics were collected"));
+    let h = stats
+        .and_then(|s| s.finish_hessian(input, nsamples))
+        .ok_or_else(missing)?;
+    let device = h.device();
+    let (diag, dead) = super::factor_device::hinv_diagonal(h, config.percdamp, config.blocksize)
+        .map_err(|e| not_positive_definite(first, e))?;
+    let n = diag.len();
+    // As the host squares it: `diag[j] * diag[j]` in f32.
+    let squared: Vec<f32> = diag.iter().map(|d| d * d).collect();
+    crate::exec::transfer::uploaded((n * 4) as u64);
+    let diag_squared = Tensor::from_data(TensorData::new(squared, [n]), &device);
+    let dead = dead.iter().any(|d| *d).then(|| {
+        crate::exec::transfer::uploaded(n as u64);
+        Tensor::<B, 1, burn::tensor::Bool>::from_bool(TensorData::new(dead, [n]), &device)
+    });
+    Ok(Saliency { diag_squared, dead })
 }
 
 /// One linear pruned where its weight is (`on_device`, DSnoT's loop in
@@ -310,7 +359,7 @@ fn prune_on_device<B: Compute>(
         let (mask, refined) = match (&config.dsnot, stat.moments) {
             (Some(opts), Some((mean, var))) => {
                 let skip = opts.skips(name);
-                let (mask, report) = dsnot_on_device(&w, stat.norms, mean, var, config, opts, skip);
+                let (mask, report) = dsnot_on_device(&w, stat, mean, var, config, opts, skip);
                 (mask, (!skip).then_some(report))
             }
             _ => {
@@ -339,14 +388,18 @@ fn prune_on_device<B: Compute>(
 /// and the method's (the first mask), then `dsnot_device`'s loop.
 fn dsnot_on_device<B: Compute>(
     w: &Tensor<B, 2>,
-    norms: Option<&Tensor<B, 1>>,
+    stat: &DeviceStat<'_, B>,
     mean: &Tensor<B, 1>,
     var: &Tensor<B, 1>,
     config: &PruneConfig,
     opts: &DsnotOptions,
     skip: bool,
 ) -> (Tensor<B, 2, burn::tensor::Bool>, DsnotReport) {
-    let initial = on_device::metric(w, norms, config.method, config.ria_a);
+    let norms = stat.norms;
+    let initial = match stat.saliency {
+        Some(s) => on_device::saliency(w, &s.diag_squared, s.dead.as_ref()),
+        None => on_device::metric(w, norms, config.method, config.ria_a),
+    };
     // Wanda's metric orders the prune candidates; a skipped linear (first
     // mask only) and Wanda's own first mask need no second one.
     let wanda = match (config.method, skip, config.pattern) {

@@ -110,13 +110,7 @@ impl<B: Compute> Factored<B> {
 
     /// `Hinv`'s diagonal, from its diagonal blocks.
     fn diagonal(&self) -> Vec<f32> {
-        (0..self.cols)
-            .map(|j| {
-                let (k, r) = (j / self.block, j % self.block);
-                let c = (self.cols - k * self.block).min(self.block);
-                self.blocks[k][r * c + r]
-            })
-            .collect()
+        super::factor_device::block_diagonal(&self.blocks, self.block, self.cols)
     }
 }
 

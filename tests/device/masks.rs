@@ -185,6 +185,10 @@ fn device_dsnot_matches_the_cpu_backend() {
         (Method::Wanda, Pattern::Unstructured),
         (Method::Magnitude, Pattern::NM { n: 2, m: 4 }),
         (Method::Ria, Pattern::Unstructured),
+        // SparseGPT's saliency as the first mask (`diag(Hinv)` from the
+        // device's factorisation), no weight update.
+        (Method::SparseGpt, Pattern::Unstructured),
+        (Method::SparseGpt, Pattern::NM { n: 2, m: 4 }),
     ] {
         let tiny = || PruneTiny {
             method,

@@ -190,3 +190,30 @@ fn dsnots_loop_in_one_launch_keeps_fewer_pages_at_n_m() {
         assert_eq!(ops.1 - launch.1, fewer, "nm {nm}");
     }
 }
+
+#[test]
+fn dsnot_from_sparsegpts_saliency_factors_where_the_hessians_are() {
+    let (a, mut w) = llama7b(Task::SparseGpt);
+    w.dsnot = true;
+    w.dsnot_skip = crate::prune::dsnot::DsnotSkip::None;
+    w.dsnot_kernel = true;
+    // A short calibration set, so that the moment is the phase's widest.
+    (w.nsamples, w.seqlen) = (8, 128);
+    let (h, i) = (4096u64, 11008u64);
+    // In use: the down projection's factorisation step (its Hessian beside
+    // an `i × i` product) or the widest linear's loop, with no Hessian
+    // beside it; here the loop (34 bytes a weight unstructured on wgpu).
+    let (in_use, reserved) = super::saliency_moment(&a, &w);
+    let factor = (2 * i * i + i * 128 + 128 * 128) * 4;
+    assert_eq!(in_use, (h * i * 34).max(factor));
+    // Reserved: the gate/up loop beside the down projection's Hessian,
+    // whose pages the pool keeps.
+    assert_eq!(reserved, i * i * 4 + h * i * (34 + 9));
+    let e = estimate(&a, &w).unwrap();
+    let loop_part = component(&e, "prune", "DSnoT: SparseGPT's factorisation or swap loop");
+    assert_eq!(loop_part, in_use - (3 * h * h + i * i) * 4);
+    // Logs from before it ran the host path: the pruned weight went up.
+    w.saliency_on_device = false;
+    let e = estimate(&a, &w).unwrap();
+    assert_eq!(component(&e, "prune", "pruned weight (upload)"), h * i * 2);
+}

@@ -210,19 +210,66 @@ fn include_path() -> String {
         .expect("PRUNEMEM_CUDA_INCLUDE: the folder with cuda_runtime.h (scripts/fetch-nvrtc.sh prints it)")
 }
 
+/// What NVRTC made of a source: its PTX and the machine code ptxas made
+/// from it (NVRTC runs ptxas for a real architecture, `sm_…`), with
+/// ptxas's registers a thread and bytes spilled to local memory.
+#[derive(Debug)]
+struct Compiled {
+    ptx: usize,
+    cubin: usize,
+    registers: Option<u32>,
+    spilled: Option<u32>,
+}
+
 /// NVRTC's verdict on `src` for `arch`, with the options cubecl-cuda
-/// passes: `Err` holds NVRTC's log.
-fn nvrtc(src: &Source, arch: &'static str, include: &str) -> Result<usize, String> {
-    let opts = cudarc::nvrtc::CompileOptions {
-        arch: Some(arch),
-        include_paths: vec![include.to_string()],
-        options: vec!["-lineinfo".into()],
-        ..Default::default()
-    };
-    match cudarc::nvrtc::compile_ptx_with_opts(&src.code, opts) {
-        Ok(ptx) => Ok(ptx.to_src().len()),
-        Err(e) => Err(format!("{e:?}")),
+/// passes and ptxas's report: `Err` holds NVRTC's log.
+fn nvrtc(src: &Source, arch: &str, include: &str) -> Result<Compiled, String> {
+    use cudarc::nvrtc::{result, sys};
+    let code = std::ffi::CString::new(src.code.as_str()).map_err(|e| e.to_string())?;
+    let options = [
+        format!("--gpu-architecture={arch}"),
+        format!("--include-path={include}"),
+        "-lineinfo".to_string(),
+        "--ptxas-options=-v".to_string(),
+    ];
+    let prog = result::create_program(&code, None).map_err(|e| format!("{e:?}"))?;
+    // SAFETY: `prog` was created above from `code`, which outlives it, and
+    // is destroyed once, after its last use.
+    unsafe {
+        let compiled = result::compile_program(prog, &options);
+        let log = result::get_program_log(prog)
+            .map(|l| {
+                std::ffi::CStr::from_ptr(l.as_ptr())
+                    .to_string_lossy()
+                    .into_owned()
+            })
+            .unwrap_or_default();
+        let mut cubin = 0usize;
+        let out = match (compiled, result::get_ptx(prog)) {
+            (Ok(()), Ok(ptx)) => match sys::nvrtcGetCUBINSize(prog, &mut cubin).result() {
+                Ok(()) => Ok(Compiled {
+                    ptx: ptx.len(),
+                    cubin,
+                    registers: number_before(&log, " registers"),
+                    spilled: number_before(&log, " bytes spill stores"),
+                }),
+                Err(e) => Err(format!("{e:?}\n{log}")),
+            },
+            (Err(e), _) | (_, Err(e)) => Err(format!("{e:?}\n{log}")),
+        };
+        let _ = result::destroy_program(prog);
+        out
     }
+}
+
+/// The number just before `marker` in ptxas's report ("Used 40
+/// registers", "0 bytes spill stores").
+fn number_before(log: &str, marker: &str) -> Option<u32> {
+    let head = &log[..log.find(marker)?];
+    let start = head
+        .rfind(|c: char| !c.is_ascii_digit())
+        .map_or(0, |i| i + 1);
+    head[start..].parse().ok()
 }
 
 /// How many kernels the kernel files declare (cubecl's launch attribute).
@@ -257,14 +304,20 @@ fn every_kernel_compiles_for_cuda_with_nvrtc() {
         );
         for s in &all {
             match nvrtc(s, arch, &include) {
-                Ok(bytes) => {
+                Ok(c) if c.cubin > 0 => {
                     compiled += 1;
+                    let or_unread = |n: Option<u32>| n.map_or("?".to_string(), |n| n.to_string());
+                    let (regs, spill) = (or_unread(c.registers), or_unread(c.spilled));
                     println!(
-                        "{arch} {:<24} {:>6} B of CUDA -> {bytes:>7} B of PTX",
+                        "{arch} {:<24} {:>6} B of CUDA -> {:>6} B of PTX -> {:>6} B of machine code, \
+                         {regs:>3} registers, {spill} B spilled",
                         s.name,
-                        s.code.len()
+                        s.code.len(),
+                        c.ptx,
+                        c.cubin,
                     );
                 }
+                Ok(_) => failed.push(format!("{arch} {}: no machine code", s.name)),
                 Err(log) => failed.push(format!("{arch} {}: {log}\n{}", s.name, s.code)),
             }
         }
