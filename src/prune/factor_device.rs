@@ -275,6 +275,25 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_first_step_alone_gives_the_hosts_diagonal() {
+        for (n, nb, dead) in [(64, 16, vec![]), (70, 16, vec![3, 41]), (24, 32, vec![0])] {
+            let h = hessian(n, &dead);
+            let (host, host_dead) = dampened_hinv(h.clone(), n, 0.01).unwrap();
+            let t = Tensor::<Cpu, 2>::from_data(TensorData::new(h, [n, n]), &Default::default());
+            let (diag, got_dead) = hinv_diagonal(t, 0.01, nb).unwrap();
+            assert_eq!(got_dead, host_dead);
+            assert_eq!(diag.len(), n);
+            for (j, d) in diag.iter().enumerate() {
+                let want = host[j * n + j];
+                assert!(
+                    (d - want).abs() <= 1e-5 * want.abs(),
+                    "n {n} nb {nb} {j}: {d} / {want}"
+                );
+            }
+        }
+    }
+
     fn values_at(v: &[f32], n: usize, r: usize, c: usize) -> f32 {
         v[r * n + c]
     }
