@@ -133,6 +133,19 @@ fn hessians(a: &Arch) -> u64 {
     (2 * h * h + q * q + i * i) * 4
 }
 
+/// The device factorisation of an `n`-input Hessian at its widest
+/// (`prune::factor_device`, step 1): in use, the Hessian beside an `n × n`
+/// product, a block column (`n × 128`) and its diagonal block; and what
+/// the pool keeps freed beside them for the next block (the block
+/// column's panel, the diagonal block's copy, a row mask).
+fn factor_step(n: u64) -> (u64, u64) {
+    let b = n.min(128);
+    (
+        2 * n * n * 4 + n * b * 4 + b * b * 4,
+        n * b * 4 + b * b * 4 + n * 4,
+    )
+}
+
 /// SparseGPT on the device at its widest, in use and reserved: for each
 /// linear input in turn, the Hessians not yet finished, then the larger of
 /// - its factorisation (`prune::factor_device`): the Hessian beside an `in
@@ -151,13 +164,9 @@ fn sparsegpt_moment(a: &Arch, w: &Workload) -> (u64, u64) {
     let each = |k: usize| {
         let remaining: u64 = inputs[k + 1..].iter().map(|(n, _)| n * n * 4).sum();
         let (n, o) = inputs[k];
-        let b = n.min(128);
         // Logs without the plan's `factor: device` factored on the host.
         let (factor, freed) = match w.factor_on_device {
-            true => (
-                2 * n * n * 4 + n * b * 4 + b * b * 4,
-                n * b * 4 + b * b * 4 + n * 4,
-            ),
+            true => factor_step(n),
             false => (0, 0),
         };
         let sweep = n * n * 4 + 2 * n * o * 4 + 128 * (n + o) * 4;

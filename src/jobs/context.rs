@@ -118,7 +118,7 @@ impl Run {
             // SparseGPT's Hinv is factored on the device
             // (`prune::factor_device`; the estimate's `factor_on_device`).
             plan.settings.insert("factor".into(), "device".into());
-            // DSnoT's SparseGPT saliency too (`prune::on_device::saliency`;
+            // DSnoT's SparseGPT saliency too (`prune::factor_device::Saliency`;
             // the estimate's `saliency_on_device`).
             plan.settings
                 .insert("dsnot_saliency".into(), "device".into());

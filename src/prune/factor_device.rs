@@ -30,7 +30,7 @@
 //! ([`Compute::matmul_f32`]): TF32 would round what the reference keeps.
 
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType};
+use burn::tensor::{Bool, DType, FloatDType};
 
 use super::linalg::{NotPositiveDefinite, inverse_upper_cholesky};
 use super::sparsegpt::dampening;
@@ -77,6 +77,53 @@ pub fn hinv_diagonal<B: Compute>(
     drop(r);
     crate::exec::release_free::<B>(&device);
     Ok((block_diagonal(&blocks, nb, n), dead))
+}
+
+/// What DSnoT's first mask after SparseGPT reads of an input's
+/// factorisation, on the device: `diag(Hinv)²` (`[in]`, f32, squared on
+/// the host as the host path squares it) and, where there are any, the
+/// dead inputs.
+pub struct Saliency<B: Compute> {
+    diag_squared: Tensor<B, 1>,
+    dead: Option<Tensor<B, 1, Bool>>,
+}
+
+impl<B: Compute> Saliency<B> {
+    /// Of the Hessian `h` ([`hinv_diagonal`]): `in · 4` bytes up, `in`
+    /// more where an input is dead.
+    pub fn of(h: Tensor<B, 2>, percdamp: f64, nb: usize) -> Result<Self, NotPositiveDefinite> {
+        let device = h.device();
+        let (diag, dead) = hinv_diagonal(h, percdamp, nb)?;
+        let n = diag.len();
+        let squared: Vec<f32> = diag.iter().map(|d| d * d).collect();
+        let upload = |bytes: usize| {
+            if B::is_device() {
+                crate::exec::transfer::uploaded(bytes as u64);
+            }
+        };
+        upload(n * 4);
+        let diag_squared = Tensor::from_data(TensorData::new(squared, [n]), &device);
+        let dead = dead.iter().any(|d| *d).then(|| {
+            upload(n);
+            Tensor::<B, 1, Bool>::from_bool(TensorData::new(dead, [n]), &device)
+        });
+        Ok(Self { diag_squared, dead })
+    }
+
+    /// SparseGPT's saliency of `w` (`[in, out]`, any float dtype) without
+    /// its weight update, `W² / diag(Hinv)²`, in f32 (the authors' DSnoT
+    /// with `initial_method == "sparsegpt"`), a dead input's weights taken
+    /// as 0: the host's `dsnot::sparsegpt_metric`, one f32 operation at a
+    /// time.
+    pub fn metric(&self, w: &Tensor<B, 2>) -> Tensor<B, 2> {
+        let [inp, out] = w.dims();
+        let w = crate::model::dtype::to_f32(w.clone());
+        let w = match &self.dead {
+            Some(d) => w.mask_fill(d.clone().reshape([inp, 1]).expand([inp, out]), 0.0),
+            None => w,
+        };
+        w.clone() * w / self.diag_squared.clone().reshape([inp, 1])
+    }
 }
 
 /// The diagonal of a matrix of `n` columns from its diagonal blocks of

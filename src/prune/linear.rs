@@ -9,6 +9,7 @@ use burn::prelude::*;
 use super::config::{LinearReport, PruneConfig};
 use super::dsnot::{self, DsnotInputs, DsnotOptions, DsnotReport};
 use super::dsnot_device;
+use super::factor_device::Saliency;
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
 use super::on_device;
 use super::reallocation::reallocated_nm_mask;
@@ -290,16 +291,7 @@ struct DeviceStat<'a, B: Compute> {
     saliency: Option<&'a Saliency<B>>,
 }
 
-/// What SparseGPT's saliency reads of an input's factorisation, on the
-/// device: `diag(Hinv)²` (`[in]`) and, where there are any, the dead
-/// inputs.
-struct Saliency<B: Compute> {
-    diag_squared: Tensor<B, 1>,
-    dead: Option<Tensor<B, 1, burn::tensor::Bool>>,
-}
-
-/// `input`'s [`Saliency`]: its Hessian factored where it is (step 1,
-/// `factor_device::hinv_diagonal`), `in · 5` bytes up.
+/// `input`'s [`Saliency`]: its Hessian factored where it is (step 1).
 fn saliency<B: Compute>(
     stats: Option<&mut LayerStats<B>>,
     input: LinearInput,
@@ -307,23 +299,10 @@ fn saliency<B: Compute>(
     config: &PruneConfig,
     first: &str,
 ) -> Result<Saliency<B>, PruneError> {
-    let missing = || PruneError::Invalid(format!("{first}: no statistics were collected"));
     let h = stats
         .and_then(|s| s.finish_hessian(input, nsamples))
-        .ok_or_else(missing)?;
-    let device = h.device();
-    let (diag, dead) = super::factor_device::hinv_diagonal(h, config.percdamp, config.blocksize)
-        .map_err(|e| not_positive_definite(first, e))?;
-    let n = diag.len();
-    // As the host squares it: `diag[j] * diag[j]` in f32.
-    let squared: Vec<f32> = diag.iter().map(|d| d * d).collect();
-    crate::exec::transfer::uploaded((n * 4) as u64);
-    let diag_squared = Tensor::from_data(TensorData::new(squared, [n]), &device);
-    let dead = dead.iter().any(|d| *d).then(|| {
-        crate::exec::transfer::uploaded(n as u64);
-        Tensor::<B, 1, burn::tensor::Bool>::from_bool(TensorData::new(dead, [n]), &device)
-    });
-    Ok(Saliency { diag_squared, dead })
+        .ok_or_else(|| PruneError::Invalid(format!("{first}: no statistics were collected")))?;
+    Saliency::of(h, config.percdamp, config.blocksize).map_err(|e| not_positive_definite(first, e))
 }
 
 /// One linear pruned where its weight is (`on_device`, DSnoT's loop in
@@ -397,7 +376,7 @@ fn dsnot_on_device<B: Compute>(
 ) -> (Tensor<B, 2, burn::tensor::Bool>, DsnotReport) {
     let norms = stat.norms;
     let initial = match stat.saliency {
-        Some(s) => on_device::saliency(w, &s.diag_squared, s.dead.as_ref()),
+        Some(s) => s.metric(w),
         None => on_device::metric(w, norms, config.method, config.ria_a),
     };
     // Wanda's metric orders the prune candidates; a skipped linear (first

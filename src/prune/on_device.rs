@@ -31,7 +31,7 @@
 //! groups are `m` consecutive inputs of one output.
 //!
 //! DSnoT's first mask is selected here (from SparseGPT's saliency too,
-//! with `diag(Hinv)` from `factor_device::hinv_diagonal`), its loop is
+//! `factor_device::Saliency`), its loop is
 //! `dsnot_device`'s, and SparseGPT's sweep `sparsegpt_device`'s. On the
 //! host path (`linear`): Wanda's α-variant, RIA's channel reallocation,
 //! N:M with an input width that `m` does not divide.
@@ -53,30 +53,12 @@ pub fn handles(config: &PruneConfig, inputs: usize) -> bool {
         LayerMethod::Magnitude => true,
         LayerMethod::Wanda => !config.use_variant,
         LayerMethod::Ria => config.reallocation.is_none(),
-        // DSnoT's first mask from SparseGPT's saliency ([`saliency`]);
+        // DSnoT's first mask from SparseGPT's saliency
+        // (`factor_device::Saliency`);
         // SparseGPT itself sweeps in `sparsegpt_device`.
         LayerMethod::SparseGpt => config.dsnot.is_some(),
     };
     pattern_ok && method_ok
-}
-
-/// SparseGPT's saliency without its weight update, `W² / diag(Hinv)²`, in
-/// f32 (the authors' DSnoT with `initial_method == "sparsegpt"`), with a
-/// dead input's weights taken as 0: the host's `dsnot::sparsegpt_metric`,
-/// one f32 operation at a time. `diag` is `diag(Hinv)²` (`[in]`, f32,
-/// squared on the host as there) and `dead` the dead inputs (`[in]`).
-pub fn saliency<B: Compute>(
-    w: &Tensor<B, 2>,
-    diag_squared: &Tensor<B, 1>,
-    dead: Option<&Tensor<B, 1, Bool>>,
-) -> Tensor<B, 2> {
-    let [inp, out] = w.dims();
-    let w = crate::model::dtype::to_f32(w.clone());
-    let w = match dead {
-        Some(d) => w.mask_fill(d.clone().reshape([inp, 1]).expand([inp, out]), 0.0),
-        None => w,
-    };
-    w.clone() * w / diag_squared.clone().reshape([inp, 1])
 }
 
 /// The metric of `w` (`[in, out]`, any float dtype) in f32: `|W|`,

@@ -3,6 +3,17 @@
 
 use super::*;
 
+/// What a layer's factorisations read back at block size 128
+/// (`prune::factor_device`): each input's diagonal and its diagonal
+/// blocks, `in × 129 × 4` bytes (q/k/v, o, gate/up, down).
+fn factor_bytes(config: &prunemem::model::LlamaConfig) -> u64 {
+    let (h, i) = (config.hidden_size, config.intermediate_size);
+    [h, h, h, i]
+        .iter()
+        .map(|n| (n * n.min(&128) + n) as u64 * 4)
+        .sum()
+}
+
 /// The device path keeps the weights where they are (issue 42): pruning a
 /// layer with magnitude, Wanda or RIA reads back counts and flags only,
 /// SparseGPT adds its factorisation's diagonal blocks (and is estimated),
@@ -49,12 +60,9 @@ fn a_device_prune_moves_no_weights_across_the_bus() {
         // (`prune::factor_device`): its diagonal and its diagonal blocks
         // come back, never the `in × in` Hessian.
         let factor = match method {
-            "sparsegpt" => {
-                let (h, i) = (config.hidden_size, config.intermediate_size);
-                [h, h, h, i].iter().map(|n| (n * n.min(&128) + n) * 4).sum()
-            }
+            "sparsegpt" => factor_bytes(&config),
             _ => 0,
-        } as u64;
+        };
         assert!(
             per_layer <= (64 << 10) + factor,
             "{method}: {per_layer} bytes back per layer: {t}"
@@ -613,7 +621,7 @@ fn dsnot_on_a_device_swaps_where_the_weights_are() {
         support::json_line(&stdout)
     };
     let layers = config.num_layers as u64;
-    let (h, i) = (config.hidden_size, config.intermediate_size);
+    let h = config.hidden_size;
     for (method, pattern) in [
         ("wanda", "unstructured"),
         ("wanda", "2:4"),
@@ -630,9 +638,9 @@ fn dsnot_on_a_device_swaps_where_the_weights_are() {
         // the diagonal and its diagonal blocks come back and the blocks'
         // inverses go up (with `diag(Hinv)²`), never the Hessian or a weight.
         let factor = match method {
-            "sparsegpt" => [h, h, h, i].iter().map(|n| (n * n.min(&128) + n) * 4).sum(),
+            "sparsegpt" => factor_bytes(&config),
             _ => 0,
-        } as u64;
+        };
         assert_eq!(gpu["layer_sparsity"], cpu["layer_sparsity"], "{pattern}");
         assert_eq!(gpu["dsnot"]["refined_linears"], 7 * layers, "{pattern}");
         let changed = |j: &serde_json::Value| j["dsnot"]["changed_weights"].as_f64().unwrap();

@@ -65,8 +65,8 @@ fn dsnot_linear(w: &Workload, weights: u64, refined: bool) -> (u64, u64) {
 /// DSnoT from SparseGPT's saliency on the device at its widest, in use
 /// and reserved. For each linear input in turn, the Hessians not yet
 /// finished beside its factorisation's first step
-/// (`prune::factor_device::hinv_diagonal`: the Hessian beside an `in ×
-/// in` product, with what SparseGPT's keeps freed), then the swap loop
+/// (`prune::factor_device::hinv_diagonal`, [`super::factor_step`]), then
+/// the swap loop
 /// over its widest linear. In use, the loop is the widest refined
 /// linear's ([`dsnot_loop`]) with no Hessian beside it; reserved, each
 /// input's loop beside the Hessians still held. Fitted, not derived: on
@@ -88,9 +88,7 @@ pub(super) fn saliency_moment(a: &Arch, w: &Workload) -> (u64, u64) {
     let each = |k: usize| {
         let remaining: u64 = inputs[k + 1..].iter().map(|(n, _, _)| n * n * 4).sum();
         let (n, o, refined) = inputs[k];
-        let b = n.min(128);
-        let factor = 2 * n * n * 4 + n * b * 4 + b * b * 4;
-        let freed = n * b * 4 + b * b * 4 + n * 4;
+        let (factor, freed) = super::factor_step(n);
         let swap_loop = dsnot_linear(w, n * o, refined).1;
         (
             remaining + factor,
