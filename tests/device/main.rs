@@ -23,6 +23,7 @@
 mod support;
 
 mod bus;
+mod dsnot_bus;
 mod eval;
 mod gradprobe_pool;
 mod inline;
