@@ -57,6 +57,12 @@ pub struct EstimateArgs {
     /// DSnoT: linears left with their first mask: mlp, self_attn or none
     #[arg(long, default_value = "mlp", requires = "dsnot")]
     dsnot_skip: crate::prune::dsnot::DsnotSkip,
+    /// RIA, N:M: with the channel reallocation (prunemem's engine, on a device)
+    #[arg(long)]
+    reallocation: bool,
+    /// RIA, N:M, with --reallocation: and the assignment rounds
+    #[arg(long, requires = "reallocation")]
+    lsa: bool,
     /// Pruning: the size of a --save-format compressed save too (sparse-24-bitmask for 2:4, sparse-bitmask otherwise)
     #[arg(long, default_value = "dense")]
     save_format: crate::jobs::config::SaveFormat,
@@ -210,7 +216,10 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     if let crate::prune::Pattern::NM { n, m } = pattern {
         w.sparsity = n as f64 / m as f64;
         w.nm = true;
+        w.group = m as u64;
     }
+    w.reallocation = w.nm && args.reallocation;
+    w.lsa = w.reallocation && args.lsa;
     w.compressed = args.save_format.sparse_format(pattern, false);
     // A compressed model folder: its own format and sparsity.
     if let Some(dir) = args.model.as_deref().map(Path::new).filter(|p| p.is_dir())

@@ -115,9 +115,11 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.first_trainable_layer = num("first_trainable_layer", 0);
     w.owl = get("owl_lambda").is_some();
     w.dsnot = get("dsnot_max_cycles").is_some();
-    w.nm = get("sparsity_type")
-        .and_then(|v| v.as_str())
-        .is_some_and(|p| p.contains(':'));
+    let pattern = get("sparsity_type").and_then(|v| v.as_str()).unwrap_or("");
+    w.nm = pattern.contains(':');
+    if let Ok(crate::prune::Pattern::NM { m, .. }) = pattern.parse::<crate::prune::Pattern>() {
+        w.group = m as u64;
+    }
     w.dsnot_skip = get("dsnot_skip")
         .and_then(|v| v.as_str())
         .and_then(|v| v.parse().ok())
@@ -140,6 +142,9 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.embedding_rows = setting("embedding") == Some("rows");
     w.factor_on_device = setting("factor") == Some("device");
     w.saliency_on_device = setting("dsnot_saliency") == Some("device");
+    let flag = |name: &str| get(name).and_then(|v| v.as_bool()).unwrap_or(false);
+    w.reallocation = w.nm && flag("reallocation");
+    w.lsa = w.reallocation && flag("lsa");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

@@ -275,6 +275,13 @@ pub struct Workload {
     /// are (plan: `dsnot_saliency: device`); before, such a layer came
     /// back to the host.
     pub saliency_on_device: bool,
+    /// RIA, N:M: the inputs permuted before grouping (`--reallocation`),
+    /// with the assignment rounds after it (`--lsa`); on a device both
+    /// where the metric is (`prune::reallocation_device`).
+    pub reallocation: bool,
+    pub lsa: bool,
+    /// N:M's group size `m` (4 unless told).
+    pub group: u64,
     /// The CPU products' packing blocks (`model::matmul::workspace_bytes`).
     pub matmul_workspace: u64,
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
@@ -324,6 +331,9 @@ impl Workload {
             embedding_rows: true,
             factor_on_device: true,
             saliency_on_device: true,
+            reallocation: false,
+            lsa: false,
+            group: 4,
             matmul_workspace: crate::model::matmul::workspace_bytes(),
             compressed: None,
         }

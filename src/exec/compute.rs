@@ -199,6 +199,31 @@ pub trait Compute: Backend {
         Err(x)
     }
 
+    /// Each row of `x` (`[rows, cols]`, f32) summed left to right in f32,
+    /// one add at a time: the host's order, so the sums are the host's to
+    /// the bit (RIA's reallocation orders inputs by them). `Err` gives `x`
+    /// back where the backend has no such kernel (the caller sums on the
+    /// host).
+    fn ordered_row_sums(x: Tensor<Self, 2>) -> Result<Tensor<Self, 1>, Tensor<Self, 2>> {
+        Err(x)
+    }
+
+    /// RIA's assignment scores of slot `slot` (`[groups, groups]`, f32:
+    /// target, source) over `p`, the permuted metric as the host lays it
+    /// out (`[out, in]`, row-major), summed in the host's order
+    /// (`prune::reallocation`). `Err` gives `p` back where the backend has
+    /// no such kernel or `m` is past its local array (the caller scores on
+    /// the host).
+    fn slot_scores(
+        p: Tensor<Self, 2>,
+        n: usize,
+        m: usize,
+        slot: usize,
+    ) -> Result<Tensor<Self, 2>, Tensor<Self, 2>> {
+        let _ = (n, m, slot);
+        Err(p)
+    }
+
     /// RMS normalisation of `x` over its last dimension (`weight`'s
     /// length, the same dtype), in f32 registers, rounded to the compute
     /// dtype before `weight` multiplies it (transformers' `LlamaRMSNorm`),

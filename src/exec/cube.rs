@@ -90,7 +90,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The sources a compiled kernel depends on: prunemem's kernels and every
 /// dependency's version (Burn's and cubek's kernels, cubecl's compilers).
-pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 12] = [
+pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 13] = [
     ("cuda_source.rs", include_bytes!("kernels/cuda_source.rs")),
     ("dsnot.rs", include_bytes!("kernels/dsnot.rs")),
     ("dsnot_launch.rs", include_bytes!("kernels/dsnot_launch.rs")),
@@ -98,6 +98,7 @@ pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 12] = [
     ("mod.rs", include_bytes!("kernels/mod.rs")),
     ("nll.rs", include_bytes!("kernels/nll.rs")),
     ("obs_sweep.rs", include_bytes!("kernels/obs_sweep.rs")),
+    ("realloc.rs", include_bytes!("kernels/realloc.rs")),
     ("rms_norm.rs", include_bytes!("kernels/rms_norm.rs")),
     ("select.rs", include_bytes!("kernels/select.rs")),
     ("squares.rs", include_bytes!("kernels/squares.rs")),

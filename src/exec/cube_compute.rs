@@ -494,6 +494,27 @@ macro_rules! cube_compute {
                 )
             }
 
+            fn ordered_row_sums(
+                x: burn::tensor::Tensor<Self, 2>,
+            ) -> Result<burn::tensor::Tensor<Self, 1>, burn::tensor::Tensor<Self, 2>> {
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::RowSums,
+                    (|| cube_ordered_row_sums!($runtime, x))(),
+                )
+            }
+
+            fn slot_scores(
+                p: burn::tensor::Tensor<Self, 2>,
+                n: usize,
+                m: usize,
+                slot: usize,
+            ) -> Result<burn::tensor::Tensor<Self, 2>, burn::tensor::Tensor<Self, 2>> {
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::SlotScores,
+                    (|| cube_slot_scores!($runtime, p, n, m, slot))(),
+                )
+            }
+
             fn rms_norm<const D: usize>(
                 x: burn::tensor::Tensor<Self, D>,
                 weight: &burn::tensor::Tensor<Self, 1>,

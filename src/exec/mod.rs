@@ -22,6 +22,9 @@ pub mod copies;
 #[macro_use]
 mod cube_dsnot;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[macro_use]
+mod cube_realloc;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
 pub mod defaults;
 pub mod dist;

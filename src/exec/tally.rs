@@ -43,13 +43,17 @@ pub enum Kernel {
     ObsSweep,
     /// DSnoT's swap loop.
     Dsnot,
+    /// RIA's reallocation: the inputs' summed metric.
+    RowSums,
+    /// RIA's reallocation: one slot's assignment scores.
+    SlotScores,
     /// An upload through page-locked staging (`exec::copies`).
     PinnedUpload,
     /// A read back through page-locked staging (`exec::copies`).
     PinnedDownload,
 }
 
-const KERNELS: [Kernel; 13] = [
+const KERNELS: [Kernel; 15] = [
     Kernel::Matmul,
     Kernel::Attention,
     Kernel::Swiglu,
@@ -61,6 +65,8 @@ const KERNELS: [Kernel; 13] = [
     Kernel::KthSmallest,
     Kernel::ObsSweep,
     Kernel::Dsnot,
+    Kernel::RowSums,
+    Kernel::SlotScores,
     Kernel::PinnedUpload,
     Kernel::PinnedDownload,
 ];
@@ -81,6 +87,8 @@ impl Kernel {
             Kernel::KthSmallest => "kth_smallest",
             Kernel::ObsSweep => "obs_sweep",
             Kernel::Dsnot => "dsnot_swaps",
+            Kernel::RowSums => "ordered_row_sums",
+            Kernel::SlotScores => "slot_scores",
             Kernel::PinnedUpload => "pinned_upload",
             Kernel::PinnedDownload => "pinned_download",
         }

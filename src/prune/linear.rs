@@ -13,6 +13,7 @@ use super::factor_device::Saliency;
 use super::methods::{apply_mask, magnitude_mask, ria_mask, ria_metric, wanda_mask, wanda_metric};
 use super::on_device;
 use super::reallocation::reallocated_nm_mask;
+use super::reallocation_device::nm_mask_reallocated;
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::sparsegpt_device::Factored;
 use super::stats::{LayerStats, Stat};
@@ -332,6 +333,7 @@ fn prune_on_device<B: Compute>(
     }
     let w = lin.weight.val();
     let [inp, out] = w.dims();
+    let mut realloc = None;
     let (pruned, zeros, refined) = {
         let _tag = tag::tag(Category::Masks);
         let _span = timing::work(Work::Selection);
@@ -345,7 +347,14 @@ fn prune_on_device<B: Compute>(
                 let metric = on_device::metric(&w, stat.norms, config.method, config.ria_a);
                 // The f32 metric beside the weight it was computed from.
                 crate::exec::watch::after_op();
-                (on_device::mask(metric, config), None)
+                match (config.method, config.pattern, config.reallocation) {
+                    (LayerMethod::Ria, Pattern::NM { n, m }, Some(lsa)) => {
+                        let (mask, r) = nm_mask_reallocated(metric, n, m, lsa);
+                        realloc = Some(r);
+                        (mask, None)
+                    }
+                    _ => (on_device::mask(metric, config), None),
+                }
             }
         };
         let (pruned, zeros) = on_device::apply(w, mask);
@@ -359,6 +368,7 @@ fn prune_on_device<B: Compute>(
     lin.weight = Param::from_tensor(pruned);
     Ok(LinearReport {
         dsnot: refined,
+        reallocation: realloc,
         ..LinearReport::counts(full_name, zeros, (out * inp) as u64)
     })
 }

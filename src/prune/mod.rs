@@ -15,6 +15,7 @@ pub mod methods;
 pub mod on_device;
 pub mod owl;
 pub mod reallocation;
+pub mod reallocation_device;
 pub mod sparsegpt;
 pub mod sparsegpt_device;
 pub mod stats;

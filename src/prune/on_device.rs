@@ -32,9 +32,10 @@
 //!
 //! DSnoT's first mask is selected here (from SparseGPT's saliency too,
 //! `factor_device::Saliency`), its loop is
-//! `dsnot_device`'s, and SparseGPT's sweep `sparsegpt_device`'s. On the
-//! host path (`linear`): Wanda's α-variant, RIA's channel reallocation,
-//! N:M with an input width that `m` does not divide.
+//! `dsnot_device`'s, SparseGPT's sweep `sparsegpt_device`'s and RIA's
+//! channel reallocation `reallocation_device`'s. On the host path
+//! (`linear`): Wanda's α-variant, N:M with an input width that `m` does
+//! not divide.
 
 use burn::prelude::*;
 use burn::tensor::Bool;
@@ -52,7 +53,8 @@ pub fn handles(config: &PruneConfig, inputs: usize) -> bool {
     let method_ok = match config.method {
         LayerMethod::Magnitude => true,
         LayerMethod::Wanda => !config.use_variant,
-        LayerMethod::Ria => config.reallocation.is_none(),
+        // With `--reallocation`: `reallocation_device`.
+        LayerMethod::Ria => true,
         // DSnoT's first mask from SparseGPT's saliency
         // (`factor_device::Saliency`);
         // SparseGPT itself sweeps in `sparsegpt_device`.

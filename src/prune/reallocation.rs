@@ -55,15 +55,24 @@ fn kept(metric: &[f32], cols: usize, n: usize, m: usize) -> f64 {
         .sum()
 }
 
-/// The heuristic order: columns by ascending summed metric, run `k` of M
-/// dealt to slot `k` of each group, even runs (1-based) reversed.
-fn heuristic_order(metric: &[f32], cols: usize, m: usize) -> Vec<usize> {
+/// Each column's summed metric (`metric` row-major `[rows, cols]`), in
+/// f32, row after row: the order the device's kernel keeps
+/// (`Compute::ordered_row_sums`), so both sort the same sums.
+pub fn column_sums(metric: &[f32], cols: usize) -> Vec<f32> {
     let mut sums = vec![0f32; cols];
     for row in metric.chunks(cols) {
         for (s, v) in sums.iter_mut().zip(row) {
             *s += v;
         }
     }
+    sums
+}
+
+/// The heuristic order from the columns' summed metric: columns by
+/// ascending sum, run `k` of M dealt to slot `k` of each group, even runs
+/// (1-based) reversed.
+pub(super) fn heuristic_from_sums(sums: &[f32], m: usize) -> Vec<usize> {
+    let cols = sums.len();
     let mut sorted: Vec<usize> = (0..cols).collect();
     sorted.sort_by(|a, b| sums[*a].total_cmp(&sums[*b]));
     let mut index = vec![0usize; cols];
@@ -81,21 +90,19 @@ fn heuristic_order(metric: &[f32], cols: usize, m: usize) -> Vec<usize> {
     index
 }
 
-/// One assignment round for slot `c`: score `[target group][source group]`
-/// = metric kept when source's slot-`c` column joins target's other
-/// columns, summed over rows; returns the new order.
-fn assign_slot(
-    metric: &[f32],
-    cols: usize,
-    index: &[usize],
-    n: usize,
-    m: usize,
-    c: usize,
-) -> Vec<usize> {
+fn heuristic_order(metric: &[f32], cols: usize, m: usize) -> Vec<usize> {
+    heuristic_from_sums(&column_sums(metric, cols), m)
+}
+
+/// The scores of slot `c`, `[target group][source group]` (row-major):
+/// the metric kept when source's slot-`c` column joins target's other
+/// columns, summed over the rows of `permuted` (`[rows, cols]`, the
+/// metric in the current order) in f32, row after row. The device's
+/// kernel (`Compute::slot_scores`) adds in the same order.
+pub fn slot_scores(permuted: &[f32], cols: usize, n: usize, m: usize, c: usize) -> Vec<f32> {
     let groups = cols / m;
-    let permuted = permute_columns(metric, cols, index);
-    let rows = metric.len() / cols;
-    let scores: Vec<f64> = (0..groups)
+    let rows = permuted.len() / cols;
+    (0..groups)
         .into_par_iter()
         .flat_map_iter(|target| {
             // Per row: the target's other columns, sorted, and their sum.
@@ -111,7 +118,6 @@ fn assign_slot(
                     (o, sum)
                 })
                 .collect();
-            let permuted = &permuted;
             (0..groups).map(move |source| {
                 let mut total = 0f32;
                 for (r, (o, sum)) in others.iter().enumerate().take(rows) {
@@ -135,10 +141,18 @@ fn assign_slot(
                     }
                     total += sum + v - small;
                 }
-                total as f64
+                total
             })
         })
-        .collect();
+        .collect()
+}
+
+/// The order after slot `c`'s assignment: `scores` (`slot_scores`) solved
+/// exactly for the largest total, each target group taking its source's
+/// slot-`c` column.
+pub(super) fn assign(index: &[usize], scores: &[f32], m: usize, c: usize) -> Vec<usize> {
+    let groups = index.len() / m;
+    let scores: Vec<f64> = scores.iter().map(|s| *s as f64).collect();
     // Rows: target groups; columns: source groups.
     let assigned = match lsap::solve(groups, groups, &scores, true) {
         Ok((_, cols_of)) => cols_of,
@@ -149,6 +163,19 @@ fn assign_slot(
         next[target * m + c] = index[source * m + c];
     }
     next
+}
+
+/// One assignment round for slot `c` on the host.
+fn assign_slot(
+    metric: &[f32],
+    cols: usize,
+    index: &[usize],
+    n: usize,
+    m: usize,
+    c: usize,
+) -> Vec<usize> {
+    let permuted = permute_columns(metric, cols, index);
+    assign(index, &slot_scores(&permuted, cols, n, m, c), m, c)
 }
 
 /// RIA's N:M mask with channel reallocation (and the assignment rounds

@@ -6,6 +6,7 @@
 use super::*;
 
 mod dsnot;
+mod realloc;
 mod selection;
 
 /// The selection kernels and the evaluation's loss kernel

@@ -29,6 +29,7 @@ mod gradprobe_pool;
 mod inline;
 mod kernels;
 mod masks;
+mod realloc_bus;
 mod runs;
 mod ties;
 

@@ -21,7 +21,9 @@ use cubecl_cpp::cuda::mma::CudaWmmaCompiler;
 use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 use half::{bf16, f16};
 
-use super::{dsnot, dsnot_launch, group, nll, obs_sweep, rms_norm, select, squares, swiglu};
+use super::{
+    dsnot, dsnot_launch, group, nll, obs_sweep, realloc, rms_norm, select, squares, swiglu,
+};
 
 /// cubecl-cuda's compiler without `ptx-wmma` (Burn's build).
 type CudaCompiler = CppCompiler<CudaDialect<CudaWmmaCompiler>>;
@@ -133,6 +135,18 @@ fn sources(c: &ComputeClient<WgpuRuntime>, o: &CompilationOptions) -> Vec<Source
             define!(c, select::smallest_per_column::SmallestPerColumn<W>,
             CubeDim::new_2d(select::COLUMNS, select::LANES);
             keys flags; rows cols row_stride col_stride k),
+            o,
+        ),
+        source(
+            "ordered_row_sums",
+            define!(c, realloc::ordered_row_sums::OrderedRowSums<W>, d1(realloc::UNITS);
+            x sums; rows cols),
+            o,
+        ),
+        source(
+            "slot_scores",
+            define!(c, realloc::slot_scores::SlotScores<W>, d1(realloc::UNITS);
+            p scores; groups rows n m slot),
             o,
         ),
         source(
@@ -336,5 +350,5 @@ fn every_kernel_compiles_for_cuda_with_nvrtc() {
     let log = nvrtc(&broken, "sm_90a", &include)
         .expect_err("NVRTC took a call to an undeclared function");
     assert!(log.contains("undeclared"), "{log}");
-    assert_eq!(compiled, 2 * (8 + 3 * 5));
+    assert_eq!(compiled, 2 * (10 + 3 * 5));
 }

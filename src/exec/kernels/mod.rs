@@ -9,7 +9,8 @@
 //! column norms, whose ops kept an f32 copy of the input and its square;
 //! and the RMS norm, whose ops kept an f32 copy of the batch and its
 //! square; and DSnoT's swap loop, whose ops took about a hundred launches
-//! a cycle.
+//! a cycle; and RIA's channel reallocation's input sums and assignment
+//! scores, summed in the host's order.
 
 // cubecl's language declares a branch's variable before assigning it in
 // every arm; rustc sees the first value unread.
@@ -22,6 +23,7 @@ mod dsnot_launch;
 mod group;
 mod nll;
 mod obs_sweep;
+mod realloc;
 mod rms_norm;
 mod select;
 mod squares;
@@ -31,6 +33,7 @@ pub use dsnot_launch::{Buf, SwapBuffers, SwapShape, launch_dsnot_nm, launch_dsno
 pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;
 pub use obs_sweep::launch_obs_sweep;
+pub use realloc::{MAX_M as REALLOC_MAX_M, launch_ordered_row_sums, launch_slot_scores};
 pub use rms_norm::launch_rms_norm;
 pub use select::{launch_kth_smallest, launch_smallest_per_column, takes_selection_cubes};
 pub use squares::{launch_column_squares, slabs as square_slabs};

@@ -1,0 +1,113 @@
+//! RIA's reallocation kernels (`exec::kernels::realloc`, through
+//! `prune::reallocation_device`) against the host's
+//! (`prune::reallocation`): the inputs' sums and each slot's assignment
+//! scores bit for bit, and the masks to the position, with and without
+//! the assignment rounds, 2:4 and 4:8, on metrics with ties (values on a
+//! grid) and without.
+
+use super::*;
+use burn::prelude::{Tensor, TensorData};
+use prunemem::exec::tally::Tally;
+use prunemem::prune::reallocation::{column_sums, reallocated_nm_mask, slot_scores};
+use prunemem::prune::reallocation_device::nm_mask_reallocated;
+
+/// A non-negative metric `[out, inp]` with inputs of different scales,
+/// on a grid of `step` where `step > 0`.
+fn metric(out: usize, inp: usize, seed: u64, step: f32) -> Vec<f32> {
+    let mut rng = prunemem::model::synthetic::Normal::new(seed);
+    let scale: Vec<f32> = (0..inp).map(|_| 0.2 + rng.sample().abs() * 3.0).collect();
+    (0..out * inp)
+        .map(|t| {
+            let v = rng.sample().abs() * scale[t % inp];
+            match step > 0.0 {
+                true => (v / step).round() * step,
+                false => v,
+            }
+        })
+        .collect()
+}
+
+/// How many of `a` and `b` differ in their bits.
+fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
+/// One case: (case, sums' bits that differ, scores' bits that differ,
+/// mask positions that differ, kept metric's relative difference).
+type Outcome = (String, usize, usize, usize, f64);
+
+struct ReallocAgainstHost;
+
+impl OnDevice for ReallocAgainstHost {
+    type Output = Vec<Outcome>;
+    fn run<B: Compute>(self, device: &B::Device) -> Self::Output {
+        let mut out = Vec::new();
+        for (i, (rows, inp)) in [(24, 64), (70, 96), (33, 512)].into_iter().enumerate() {
+            for step in [0.0, 0.25] {
+                let host = metric(rows, inp, 3 + i as u64, step);
+                // Burn's layout, `[in, out]`, contiguous as a linear's metric is.
+                let mut t = vec![0f32; host.len()];
+                for r in 0..rows {
+                    for c in 0..inp {
+                        t[c * rows + r] = host[r * inp + c];
+                    }
+                }
+                let dev = Tensor::<B, 2>::from_data(TensorData::new(t, [inp, rows]), device);
+                let sums = B::ordered_row_sums(dev.clone())
+                    .ok()
+                    .expect("the sums' kernel");
+                let sums: Vec<f32> = sums.into_data().iter::<f32>().collect();
+                let sums_differ = bits_differ(&sums, &column_sums(&host, inp));
+                for (n, m) in [(2, 4), (4, 8)] {
+                    let mut scores_differ = 0;
+                    for c in 0..m {
+                        let p = Tensor::<B, 2>::from_data(
+                            TensorData::new(host.clone(), [rows, inp]),
+                            device,
+                        );
+                        let got = B::slot_scores(p, n, m, c).ok().expect("the scores' kernel");
+                        let got: Vec<f32> = got.into_data().iter::<f32>().collect();
+                        scores_differ += bits_differ(&got, &slot_scores(&host, inp, n, m, c));
+                    }
+                    for lsa in [false, true] {
+                        let (want, wr) = reallocated_nm_mask(&host, inp, n, m, lsa);
+                        let (got, gr) = nm_mask_reallocated(dev.clone(), n, m, lsa);
+                        let got: Vec<bool> = got.transpose().into_data().iter::<bool>().collect();
+                        let differ = want.iter().zip(&got).filter(|(a, b)| a != b).count();
+                        let kept = (gr.kept_after / wr.kept_after - 1.0).abs();
+                        let what = format!("{rows}×{inp} step {step} {n}:{m} lsa {lsa}");
+                        out.push((what, sums_differ, scores_differ, differ, kept));
+                    }
+                }
+            }
+        }
+        out
+    }
+}
+
+#[test]
+fn the_reallocation_kernels_add_as_the_host() {
+    let start = Tally::now();
+    let results = wgpu().run(ReallocAgainstHost);
+    let used = Tally::now().since(&start);
+    for (case, sums, scores, differ, kept) in &results {
+        println!(
+            "{case}: sums {sums} bits differ, scores {scores}, mask {differ} positions, kept {kept:.2e}"
+        );
+        assert_eq!(*sums, 0, "{case}: the sums differ from the host's");
+        assert_eq!(*scores, 0, "{case}: the scores differ from the host's");
+        assert_eq!(*differ, 0, "{case}: mask positions differ from the host's");
+        assert!(*kept < 1e-5, "{case}: kept metric {kept}");
+    }
+    // Every sum and score took its kernel.
+    for name in ["ordered_row_sums", "slot_scores"] {
+        let k = used.get(name).copied().unwrap_or_default();
+        println!("{name}: {k:?}");
+        assert!(k.ran >= results.len() as u64 / 2, "{name}: {k:?}");
+        assert_eq!(k.fell_back, 0, "{name}: {k:?}");
+    }
+}
