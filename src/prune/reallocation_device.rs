@@ -78,9 +78,10 @@ fn upload<B: Compute>(index: &[usize], device: &B::Device) -> Tensor<B, 1, Int> 
     ints_to_device(index.iter().map(|i| *i as i64).collect(), device)
 }
 
-/// Slices of the inputs a kept sum takes at a time: its mask and its
-/// masked copy are an eighth of the metric each, so the report widens the
-/// selection by a byte a weight, not eight.
+/// Slices of the inputs a kept sum takes at a time: the slice's keys, its
+/// mask and its masked copy are an eighth of the metric each, so the
+/// report widens the selection by half a byte a weight in use (measured;
+/// the estimate's `reallocation_kept`), where the whole matrix took four.
 const KEPT_SLICES: usize = 8;
 
 /// The metric direct N:M keeps of `metric` (`[in, out]`, `in` a multiple
