@@ -32,14 +32,7 @@ fn dsnot_on_a_device_swaps_where_the_weights_are() {
         if device == "wgpu" {
             extra.extend(["--log-memory", s(&logs)]);
         }
-        let mut argv = wanda_on_wgpu(&model, &text, &extra);
-        for (from, to) in [("wanda", method), ("wgpu", device)] {
-            let at = argv.iter().position(|a| *a == from).unwrap();
-            argv[at] = to;
-        }
-        let (code, stdout, stderr) = run_prunemem(&argv);
-        assert_eq!(code, Some(0), "{device} {method}: {stdout}\n{stderr}");
-        support::json_line(&stdout)
+        method_json_on(method, device, &model, &text, &extra)
     };
     let layers = config.num_layers as u64;
     let h = config.hidden_size;

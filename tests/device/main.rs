@@ -135,11 +135,24 @@ fn wanda_on_wgpu<'a>(model: &'a Path, text: &'a Path, extra: &[&'a str]) -> Vec<
 /// [`wanda_on_wgpu`]'s prune with `extra` on `device` (`cpu` or `wgpu`),
 /// which must succeed: its `--json` line.
 fn prune_json_on(device: &str, model: &Path, text: &Path, extra: &[&str]) -> serde_json::Value {
+    method_json_on("wanda", device, model, text, extra)
+}
+
+/// [`prune_json_on`] with `--method method`.
+fn method_json_on(
+    method: &str,
+    device: &str,
+    model: &Path,
+    text: &Path,
+    extra: &[&str],
+) -> serde_json::Value {
     let mut argv = wanda_on_wgpu(model, text, extra);
-    let at = argv.iter().position(|a| *a == "wgpu").unwrap();
-    argv[at] = device;
+    for (from, to) in [("wanda", method), ("wgpu", device)] {
+        let at = argv.iter().position(|a| *a == from).unwrap();
+        argv[at] = to;
+    }
     let (code, stdout, stderr) = run_prunemem(&argv);
-    assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
+    assert_eq!(code, Some(0), "{device} {method}: {stdout}\n{stderr}");
     support::json_line(&stdout)
 }
 

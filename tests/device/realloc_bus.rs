@@ -27,14 +27,7 @@ fn ria_reallocation_on_a_device_reads_back_sums_and_scores() {
             if device == "wgpu" {
                 extra.extend(["--log-memory", s(&logs)]);
             }
-            let mut argv = wanda_on_wgpu(&model, &text, &extra);
-            for (from, to) in [("wanda", "ria"), ("wgpu", device)] {
-                let at = argv.iter().position(|a| *a == from).unwrap();
-                argv[at] = to;
-            }
-            let (code, stdout, stderr) = run_prunemem(&argv);
-            assert_eq!(code, Some(0), "{device}: {stdout}\n{stderr}");
-            support::json_line(&stdout)
+            method_json_on("ria", device, &model, &text, &extra)
         };
         let (cpu, gpu) = (run("cpu"), run("wgpu"));
         let t = &gpu["transfers"];

@@ -15,9 +15,6 @@ use cubecl::prelude::*;
 
 /// Units per cube.
 pub(super) const UNITS: u32 = 256;
-/// Cubes along x before a launch adds rows of cubes along y (wgpu allows
-/// 65 535 per dimension).
-const MAX_X: u32 = 65_535;
 
 /// `flags[r * cols + c]` (contiguous `[groups · m, cols]`) is 1 where key
 /// `(r, c)` ranks below `n` in its group of `m` rows: the number of the
@@ -75,8 +72,6 @@ pub fn launch_smallest_per_group<R: Runtime>(
     (n, m): (usize, usize),
 ) {
     let groups = rows / m;
-    let cubes = (groups * cols).div_ceil(UNITS as usize) as u32;
-    let (x, y) = (cubes.min(MAX_X), cubes.div_ceil(MAX_X));
     // SAFETY: a unit works only for `id < groups · cols`, so every row it
     // forms is below `groups · m = rows` and every column below `cols`:
     // keys at `r * row_stride + c * col_stride` (the caller's tensor of that
@@ -85,7 +80,7 @@ pub fn launch_smallest_per_group<R: Runtime>(
     unsafe {
         smallest_per_group::launch_unchecked(
             client,
-            CubeCount::Static(x, y, 1),
+            super::grid(groups * cols, UNITS),
             CubeDim::new_1d(UNITS),
             ArrayArg::from_raw_parts(keys.0, keys.1),
             ArrayArg::from_raw_parts(flags, rows * cols),

@@ -29,6 +29,18 @@ mod select;
 mod squares;
 mod swiglu;
 
+/// Cubes along x before a launch adds rows of cubes along y (wgpu allows
+/// 65 535 per dimension).
+const MAX_X: u32 = 65_535;
+
+/// The cube count of a launch of `units` units, `per_cube` to a cube:
+/// along x up to [`MAX_X`], then rows of them along y (a kernel's unit
+/// is `(CUBE_POS_Y · CUBE_COUNT_X + CUBE_POS_X) · per_cube + UNIT_POS`).
+fn grid(units: usize, per_cube: u32) -> cubecl::prelude::CubeCount {
+    let cubes = units.div_ceil(per_cube as usize) as u32;
+    cubecl::prelude::CubeCount::Static(cubes.min(MAX_X), cubes.div_ceil(MAX_X), 1)
+}
+
 pub use dsnot_launch::{Buf, SwapBuffers, SwapShape, launch_dsnot_nm, launch_dsnot_unstructured};
 pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;

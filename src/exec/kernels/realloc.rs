@@ -17,9 +17,6 @@ use cubecl::prelude::*;
 
 /// Units per cube.
 pub(super) const UNITS: u32 = 256;
-/// Cubes along x before a launch adds rows of cubes along y (wgpu allows
-/// 65 535 per dimension).
-const MAX_X: u32 = 65_535;
 /// The largest group (`m`) the scores' local array holds.
 pub const MAX_M: usize = 16;
 
@@ -120,12 +117,6 @@ pub(super) fn slot_scores(
     }
 }
 
-/// The cube count of `units` units: along x up to [`MAX_X`], then rows.
-fn cubes(units: usize) -> CubeCount {
-    let cubes = units.div_ceil(UNITS as usize) as u32;
-    CubeCount::Static(cubes.min(MAX_X), cubes.div_ceil(MAX_X), 1)
-}
-
 /// Launches [`ordered_row_sums`] over the contiguous f32 `[rows, cols]`
 /// buffer `x` into the `rows` f32 of `sums` (`rows · cols < u32::MAX`).
 pub fn launch_ordered_row_sums<R: Runtime>(
@@ -140,7 +131,7 @@ pub fn launch_ordered_row_sums<R: Runtime>(
     unsafe {
         ordered_row_sums::launch_unchecked(
             client,
-            cubes(rows),
+            super::grid(rows, UNITS),
             CubeDim::new_1d(UNITS),
             ArrayArg::from_raw_parts(x, rows * cols),
             ArrayArg::from_raw_parts(sums, rows),
@@ -167,7 +158,7 @@ pub fn launch_slot_scores<R: Runtime>(
     unsafe {
         slot_scores::launch_unchecked(
             client,
-            cubes(groups * groups),
+            super::grid(groups * groups, UNITS),
             CubeDim::new_1d(UNITS),
             ArrayArg::from_raw_parts(p, rows * groups * m),
             ArrayArg::from_raw_parts(scores, groups * groups),
