@@ -58,8 +58,7 @@ impl OnDevice for ReallocAgainstHost {
                 }
                 let dev = Tensor::<B, 2>::from_data(TensorData::new(t, [inp, rows]), device);
                 let sums = B::ordered_row_sums(dev.clone())
-                    .ok()
-                    .expect("the sums' kernel");
+                    .unwrap_or_else(|_| panic!("the sums' kernel declined"));
                 let sums: Vec<f32> = sums.into_data().iter::<f32>().collect();
                 let sums_differ = bits_differ(&sums, &column_sums(&host, inp));
                 for (n, m) in [(2, 4), (4, 8)] {
@@ -69,7 +68,8 @@ impl OnDevice for ReallocAgainstHost {
                             TensorData::new(host.clone(), [rows, inp]),
                             device,
                         );
-                        let got = B::slot_scores(p, n, m, c).ok().expect("the scores' kernel");
+                        let got = B::slot_scores(p, n, m, c)
+                            .unwrap_or_else(|_| panic!("the scores' kernel declined"));
                         let got: Vec<f32> = got.into_data().iter::<f32>().collect();
                         scores_differ += bits_differ(&got, &slot_scores(&host, inp, n, m, c));
                     }
