@@ -63,6 +63,9 @@ pub struct EstimateArgs {
     /// RIA, N:M, with --reallocation: and the assignment rounds
     #[arg(long, requires = "reallocation")]
     lsa: bool,
+    /// Wanda, unstructured: the α-variant (--use-variant; on a device, its sorted tables)
+    #[arg(long, alias = "use_variant")]
+    use_variant: bool,
     /// Pruning: the size of a --save-format compressed save too (sparse-24-bitmask for 2:4, sparse-bitmask otherwise)
     #[arg(long, default_value = "dense")]
     save_format: crate::jobs::config::SaveFormat,
@@ -220,6 +223,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     }
     w.reallocation = w.nm && args.reallocation;
     w.lsa = w.reallocation && args.lsa;
+    w.use_variant = args.use_variant && !w.nm;
     w.compressed = args.save_format.sparse_format(pattern, false);
     // A compressed model folder: its own format and sparsity.
     if let Some(dir) = args.model.as_deref().map(Path::new).filter(|p| p.is_dir())

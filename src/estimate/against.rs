@@ -145,6 +145,7 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     let flag = |name: &str| get(name).and_then(|v| v.as_bool()).unwrap_or(false);
     w.reallocation = w.nm && flag("reallocation");
     w.lsa = w.reallocation && flag("lsa");
+    w.use_variant = !w.nm && flag("use_variant");
     w.offload_activations = get("offload_activations")
         .and_then(|v| v.as_bool())
         .unwrap_or(false);

@@ -259,8 +259,7 @@ pub struct Workload {
     /// activations (`Compute::column_square_sums`), with no f32 copy of the
     /// input and no squares stored.
     pub norms_kernel: bool,
-    /// On a device: the RMS norm in one kernel (`Compute::rms_norm`), with
-    /// no f32 copy of the batch and no squares stored.
+    /// On a device: the RMS norm in one kernel (`Compute::rms_norm`).
     pub rms_norm_kernel: bool,
     /// On a device: DSnoT's cycles in one launch (`Compute::dsnot_swaps`;
     /// plan: `dsnot: kernel`), not stepped with Burn's ops.
@@ -270,16 +269,15 @@ pub struct Workload {
     pub embedding_rows: bool,
     /// SparseGPT's `Hinv` factored on the device (plan: `factor: device`).
     pub factor_on_device: bool,
-    /// DSnoT from SparseGPT's saliency on the device: `diag(Hinv)` from
-    /// the factorisation's first step there, the loop where the weights
-    /// are (plan: `dsnot_saliency: device`); before, such a layer came
-    /// back to the host.
+    /// DSnoT from SparseGPT's saliency on the device: `diag(Hinv)` there,
+    /// the loop where the weights are (plan: `dsnot_saliency: device`).
     pub saliency_on_device: bool,
     /// RIA, N:M: the inputs permuted before grouping (`--reallocation`),
-    /// with the assignment rounds after it (`--lsa`); on a device both
-    /// where the metric is (`prune::reallocation_device`).
+    /// with the assignment rounds (`--lsa`); Wanda's α-variant
+    /// (`--use-variant`). On a device all where the metric is.
     pub reallocation: bool,
     pub lsa: bool,
+    pub use_variant: bool,
     /// N:M's group size `m` (4 unless told).
     pub group: u64,
     /// The CPU products' packing blocks (`model::matmul::workspace_bytes`).
@@ -333,6 +331,7 @@ impl Workload {
             saliency_on_device: true,
             reallocation: false,
             lsa: false,
+            use_variant: false,
             group: 4,
             matmul_workspace: crate::model::matmul::workspace_bytes(),
             compressed: None,

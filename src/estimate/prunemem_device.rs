@@ -442,6 +442,12 @@ fn prune_phase(
             "selection: f32 metric (reallocated mask)",
             a.largest_linear() * 9 / 2,
         ),
+        // Wanda's α-variant (`prune::variant_device`): the f32 metric
+        // beside its sorted tables.
+        (Method::Wanda, false) if w.use_variant => (
+            "selection: f32 metric and its sorted tables (α-variant)",
+            variant_tables(a),
+        ),
         (Method::Magnitude | Method::Wanda | Method::Ria, false) => {
             ("selection: f32 metric (mask)", a.largest_linear() * 4)
         }
@@ -514,6 +520,20 @@ fn prune_phase(
         .reserving(reserved)
 }
 
+/// Wanda's α-variant at its widest, on the largest of the linears: the
+/// f32 metric, each output's running sums (4 bytes a weight each) and
+/// its sorted keys, each output's inputs padded to a power of two
+/// (`exec::kernels::variant`). Measured on lavapipe: see `variant_bus`.
+fn variant_tables(a: &Arch) -> u64 {
+    let (h, i) = (a.hidden, a.intermediate);
+    let one = |out: u64, inp: u64| out * (8 * inp + 4 * inp.next_power_of_two());
+    // gate and up, down, the attention's square projections.
+    one(i, h)
+        .max(one(h, i))
+        .max(one(a.q_dim(), h))
+        .max(one(h, a.q_dim()))
+}
+
 /// What the pool keeps freed beside RIA's reallocation on the device
 /// (`prune::reallocation_device`), past direct N:M's: a byte a weight of
 /// the largest linear (the kept metric's slices: their keys, mask and
@@ -539,7 +559,8 @@ fn reallocation_kept(a: &Arch, w: &Workload) -> u64 {
 /// pruned weight has replaced it, what is held, that weight and, freed but
 /// kept, the selection's f32 keys and its mask (on wgpu a 4-byte bool
 /// written over the kernel's i32 flags; on CUDA a 1-byte bool beside
-/// them; with RIA's reallocation, the pages it keeps past those); otherwise
+/// them; with RIA's reallocation, the pages it keeps past those; with
+/// Wanda's α-variant, its tables and the pruned weight); otherwise
 /// the phase's bytes in use (`held` and `moment`).
 fn prune_reserve(a: &Arch, w: &Workload, m: Method, n: u64, held: u64, moment: u64) -> u64 {
     let selects = matches!(m, Method::Magnitude | Method::Wanda | Method::Ria) && !w.dsnot;
@@ -548,9 +569,12 @@ fn prune_reserve(a: &Arch, w: &Workload, m: Method, n: u64, held: u64, moment: u
         (true, Device::Cuda) => w.dtype.size() + 4 + 4 + 1,
         (true, _) => w.dtype.size() + 4 + 4,
     };
-    let selection = match selects {
-        true => a.largest_linear() * per_weight + reallocation_kept(a, w),
-        false => 0,
+    let selection = match (selects, m == Method::Wanda && w.use_variant) {
+        // The α-variant's tables freed, kept, and the pruned weight in a
+        // page of its own beside them.
+        (true, true) => variant_tables(a) + a.largest_linear() * w.dtype.size(),
+        (true, false) => a.largest_linear() * per_weight + reallocation_kept(a, w),
+        (false, _) => 0,
     };
     let outside = (held + moment).max(held + selection);
     if n == 0 {

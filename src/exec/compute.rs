@@ -224,6 +224,31 @@ pub trait Compute: Backend {
         Err(p)
     }
 
+    /// Wanda's α-variant's tables of `metric` (`[in, out]`, f32): each
+    /// output's metric sorted, its running sums and its total, added in
+    /// the host's order (`prune::variant`), so they are the host's to the
+    /// bit. `Err` gives `metric` back where the backend has no such kernel
+    /// or cannot take the tensor (the caller computes the mask on the
+    /// host).
+    fn variant_tables(
+        metric: Tensor<Self, 2>,
+    ) -> Result<super::variant::DeviceTables<Self>, Tensor<Self, 2>> {
+        Err(metric)
+    }
+
+    /// One α of Wanda's variant over `tables`: each output's threshold
+    /// (`[out]` f32, `f32::NEG_INFINITY` where nothing is within α) and
+    /// how many of its values are at or below it (`[out]`). `None` where
+    /// the backend has no such kernel (the caller takes Burn's ops).
+    #[allow(clippy::type_complexity)]
+    fn variant_rows(
+        tables: &super::variant::DeviceTables<Self>,
+        alpha: f32,
+    ) -> Option<(Tensor<Self, 1>, Tensor<Self, 1, Int>)> {
+        let _ = (tables, alpha);
+        None
+    }
+
     /// RMS normalisation of `x` over its last dimension (`weight`'s
     /// length, the same dtype), in f32 registers, rounded to the compute
     /// dtype before `weight` multiplies it (transformers' `LlamaRMSNorm`),

@@ -90,7 +90,7 @@ pub fn kernel_cache() -> Option<std::path::PathBuf> {
 
 /// The sources a compiled kernel depends on: prunemem's kernels and every
 /// dependency's version (Burn's and cubek's kernels, cubecl's compilers).
-pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 13] = [
+pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 14] = [
     ("cuda_source.rs", include_bytes!("kernels/cuda_source.rs")),
     ("dsnot.rs", include_bytes!("kernels/dsnot.rs")),
     ("dsnot_launch.rs", include_bytes!("kernels/dsnot_launch.rs")),
@@ -103,6 +103,7 @@ pub(crate) const KERNEL_SOURCES: [(&str, &[u8]); 13] = [
     ("select.rs", include_bytes!("kernels/select.rs")),
     ("squares.rs", include_bytes!("kernels/squares.rs")),
     ("swiglu.rs", include_bytes!("kernels/swiglu.rs")),
+    ("variant.rs", include_bytes!("kernels/variant.rs")),
     ("Cargo.lock", include_bytes!("../../Cargo.lock")),
 ];
 

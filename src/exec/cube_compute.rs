@@ -515,6 +515,8 @@ macro_rules! cube_compute {
                 )
             }
 
+            cube_variant_methods!($runtime);
+
             fn rms_norm<const D: usize>(
                 x: burn::tensor::Tensor<Self, D>,
                 weight: &burn::tensor::Tensor<Self, 1>,

@@ -25,6 +25,9 @@ mod cube_dsnot;
 #[macro_use]
 mod cube_realloc;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[macro_use]
+mod cube_variant;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
 pub mod defaults;
 pub mod dist;
@@ -43,6 +46,7 @@ pub mod staged;
 pub mod swap_loop;
 pub mod tally;
 pub mod transfer;
+pub mod variant;
 pub mod watch;
 
 use thiserror::Error;

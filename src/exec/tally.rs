@@ -47,13 +47,17 @@ pub enum Kernel {
     RowSums,
     /// RIA's reallocation: one slot's assignment scores.
     SlotScores,
+    /// Wanda's α-variant: each output's metric sorted and summed.
+    VariantPrefix,
+    /// Wanda's α-variant: one α's thresholds and counts.
+    VariantRows,
     /// An upload through page-locked staging (`exec::copies`).
     PinnedUpload,
     /// A read back through page-locked staging (`exec::copies`).
     PinnedDownload,
 }
 
-const KERNELS: [Kernel; 15] = [
+const KERNELS: [Kernel; 17] = [
     Kernel::Matmul,
     Kernel::Attention,
     Kernel::Swiglu,
@@ -67,6 +71,8 @@ const KERNELS: [Kernel; 15] = [
     Kernel::Dsnot,
     Kernel::RowSums,
     Kernel::SlotScores,
+    Kernel::VariantPrefix,
+    Kernel::VariantRows,
     Kernel::PinnedUpload,
     Kernel::PinnedDownload,
 ];
@@ -89,6 +95,8 @@ impl Kernel {
             Kernel::Dsnot => "dsnot_swaps",
             Kernel::RowSums => "ordered_row_sums",
             Kernel::SlotScores => "slot_scores",
+            Kernel::VariantPrefix => "variant_prefix",
+            Kernel::VariantRows => "variant_rows",
             Kernel::PinnedUpload => "pinned_upload",
             Kernel::PinnedDownload => "pinned_download",
         }

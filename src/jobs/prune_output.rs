@@ -30,6 +30,8 @@ pub fn json_line(job: &PruneJob, o: &Outcome) -> Value {
         "peak_over_fp32_model": s.rss_peak.map(|p| p as f64 / fp32.max(1) as f64),
         "dsnot": o.prune.dsnot(),
         "reallocation": o.prune.reallocation(),
+        // Wanda's α-variant: each linear's α, in pruning order.
+        "alpha": Some(o.prune.alphas()).filter(|a| !a.is_empty()),
         "save_format": job.save.as_ref().map(|_| job.save_format),
         "saved_bytes": o.saved_bytes,
         // Across MPI ranks: each rank's peak RSS, bytes moved in

@@ -105,6 +105,12 @@ impl PruneOutcome {
         })
     }
 
+    /// Wanda's α-variant: the α each linear's search stopped at, in
+    /// pruning order (empty without `--use-variant`).
+    pub fn alphas(&self) -> Vec<f64> {
+        self.per_linear(|l| l.alpha)
+    }
+
     /// RIA's channel reallocation over the whole run: metric kept by
     /// direct N:M and with the permutation, summed over the linears.
     pub fn reallocation(&self) -> Option<ReallocationReport> {

@@ -17,6 +17,7 @@ use super::reallocation_device::nm_mask_reallocated;
 use super::sparsegpt::{SparseGptOptions, fasterprune};
 use super::sparsegpt_device::Factored;
 use super::stats::{LayerStats, Stat};
+use super::variant_device::wanda_variant_mask;
 use super::{LayerMethod, Pattern, PruneError};
 use crate::memory::tag::{self, Category, tagged};
 use crate::model::llama::{DecoderLayer, LinearInput};
@@ -333,7 +334,7 @@ fn prune_on_device<B: Compute>(
     }
     let w = lin.weight.val();
     let [inp, out] = w.dims();
-    let mut realloc = None;
+    let (mut realloc, mut alpha) = (None, None);
     let (pruned, zeros, refined) = {
         let _tag = tag::tag(Category::Masks);
         let _span = timing::work(Work::Selection);
@@ -353,6 +354,11 @@ fn prune_on_device<B: Compute>(
                         realloc = Some(r);
                         (mask, None)
                     }
+                    (LayerMethod::Wanda, Pattern::Unstructured, _) if config.use_variant => {
+                        let (mask, a) = wanda_variant_mask(metric, config.sparsity);
+                        alpha = Some(a);
+                        (mask, None)
+                    }
                     _ => (on_device::mask(metric, config), None),
                 }
             }
@@ -367,6 +373,7 @@ fn prune_on_device<B: Compute>(
     }
     lin.weight = Param::from_tensor(pruned);
     Ok(LinearReport {
+        alpha,
         dsnot: refined,
         reallocation: realloc,
         ..LinearReport::counts(full_name, zeros, (out * inp) as u64)

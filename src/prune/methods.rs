@@ -6,7 +6,7 @@
 //!   `sort(|W|.flatten())[int(numel * ratio)]`, prune `|W| <= threshold`;
 //! - Wanda: metric `|W| * sqrt(scaler_row)`, compared within each output
 //!   row: the `int(in * ratio)` smallest of each row (stable sort order for
-//!   ties), or the α-bisection variant (`--use-variant`);
+//!   ties), or the α-bisection variant (`--use-variant`, `variant`);
 //! - N:M (both): in every group of M consecutive input columns of a row, the
 //!   N smallest.
 
@@ -133,7 +133,7 @@ pub fn wanda_metric(w: &[f32], cols: usize, scaler_row: &[f32]) -> Vec<f32> {
 /// row after row in one buffer: per-row vectors were small blocks in the
 /// worker threads' malloc arenas, which kept them resident after the mask
 /// was built (2.5 MiB of a 4-layer grid run's peak, 2026-11-26).
-fn sorted_rows(metric: &[f32], cols: usize) -> Vec<u32> {
+pub(super) fn sorted_rows(metric: &[f32], cols: usize) -> Vec<u32> {
     let mut order = vec![0u32; metric.len()];
     order
         .par_chunks_mut(cols)
@@ -169,75 +169,7 @@ pub fn wanda_mask(
             });
         return (mask, None);
     }
-    wanda_variant(metric, cols, &order, ratio)
-}
-
-/// The α-bisection of `return_given_alpha`: prune, per row, the entries
-/// whose sorted cumulative sum stays within α of the row's total, searching
-/// α until the whole matrix's sparsity is within 0.001 of the target.
-fn wanda_variant(
-    metric: &[f32],
-    cols: usize,
-    order: &[u32],
-    ratio: f64,
-) -> (Vec<bool>, Option<f64>) {
-    // Per row: sorted values, their float32 cumulative sums, and the row
-    // sum (flat, one buffer each, like `order`).
-    let mut sorted = vec![0f32; metric.len()];
-    let mut cum = vec![0f32; metric.len()];
-    sorted
-        .par_chunks_mut(cols)
-        .zip(cum.par_chunks_mut(cols))
-        .zip(metric.par_chunks(cols).zip(order.par_chunks(cols)))
-        .for_each(|((s, c), (row, idx))| {
-            let mut acc = 0f32;
-            for ((s, c), j) in s.iter_mut().zip(c.iter_mut()).zip(idx) {
-                *s = row[*j as usize];
-                acc += *s;
-                *c = acc;
-            }
-        });
-    let totals: Vec<f32> = metric
-        .par_chunks(cols)
-        .map(|r| r.iter().sum::<f32>())
-        .collect();
-    let given = |alpha: f64| -> (Vec<bool>, f64) {
-        let mut mask = vec![false; metric.len()];
-        mask.par_chunks_mut(cols)
-            .zip(metric.par_chunks(cols))
-            .zip(sorted.par_chunks(cols).zip(cum.par_chunks(cols)))
-            .zip(&totals)
-            .for_each(|(((mrow, row), (sorted, cum)), total)| {
-                // As torch: float32 sum times alpha in float32.
-                let limit = *total * alpha as f32;
-                let count = cum.iter().filter(|c| **c <= limit).count();
-                // torch would index -1 when nothing qualifies; prune nothing then.
-                if count == 0 {
-                    return;
-                }
-                let thresh = sorted[count - 1];
-                for (m, v) in mrow.iter_mut().zip(row) {
-                    *m = *v <= thresh;
-                }
-            });
-        let pruned = mask.iter().filter(|m| **m).count();
-        let sparsity = pruned as f64 / mask.len() as f64;
-        (mask, sparsity)
-    };
-    let mut alpha = 0.4f64;
-    let mut hist = [0.0f64, 0.8];
-    let (mut mask, mut cur) = given(alpha);
-    while (cur - ratio).abs() > 0.001 && hist[1] - hist[0] >= 0.001 {
-        let next = if cur > ratio {
-            hist[1] = alpha;
-            (alpha + hist[0]) / 2.0
-        } else {
-            hist[0] = alpha;
-            (alpha + hist[1]) / 2.0
-        };
-        alpha = next;
-        (mask, cur) = given(alpha);
-    }
+    let (mask, alpha) = super::variant::wanda_variant(metric, cols, &order, ratio);
     (mask, Some(alpha))
 }
 

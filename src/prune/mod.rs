@@ -19,6 +19,8 @@ pub mod reallocation_device;
 pub mod sparsegpt;
 pub mod sparsegpt_device;
 pub mod stats;
+pub mod variant;
+pub mod variant_device;
 
 use std::fmt;
 use std::str::FromStr;

@@ -33,9 +33,9 @@
 //! DSnoT's first mask is selected here (from SparseGPT's saliency too,
 //! `factor_device::Saliency`), its loop is
 //! `dsnot_device`'s, SparseGPT's sweep `sparsegpt_device`'s and RIA's
-//! channel reallocation `reallocation_device`'s. On the host path
-//! (`linear`): Wanda's α-variant, N:M with an input width that `m` does
-//! not divide.
+//! channel reallocation `reallocation_device`'s, Wanda's α-variant
+//! `variant_device`'s. On the host path (`linear`): N:M with an input
+//! width that `m` does not divide.
 
 use burn::prelude::*;
 use burn::tensor::Bool;
@@ -52,7 +52,8 @@ pub fn handles(config: &PruneConfig, inputs: usize) -> bool {
     };
     let method_ok = match config.method {
         LayerMethod::Magnitude => true,
-        LayerMethod::Wanda => !config.use_variant,
+        // With `--use-variant`: `variant_device`.
+        LayerMethod::Wanda => true,
         // With `--reallocation`: `reallocation_device`.
         LayerMethod::Ria => true,
         // DSnoT's first mask from SparseGPT's saliency

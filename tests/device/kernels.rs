@@ -8,6 +8,7 @@ use super::*;
 mod dsnot;
 mod realloc;
 mod selection;
+mod variant;
 
 /// The selection kernels and the evaluation's loss kernel
 /// (`exec::kernels`, one launch each on wgpu) against plain host

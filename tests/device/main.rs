@@ -32,6 +32,7 @@ mod masks;
 mod realloc_bus;
 mod runs;
 mod ties;
+mod variant_bus;
 
 use std::collections::HashMap;
 use std::path::Path;

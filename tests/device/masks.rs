@@ -20,6 +20,8 @@ struct PruneTiny {
     offload: bool,
     /// `--dsnot --dsnot-skip none` (the authors' other defaults).
     dsnot: bool,
+    /// Wanda's `--use-variant`.
+    variant: bool,
 }
 
 impl OnDevice for PruneTiny {
@@ -33,7 +35,7 @@ impl OnDevice for PruneTiny {
             method: self.method.try_into().unwrap(),
             sparsity: 0.5,
             pattern: self.pattern,
-            use_variant: false,
+            use_variant: self.variant,
             seqlen: 24,
             batch_size: 4,
             dtype: ComputeDtype::F32,
@@ -104,24 +106,27 @@ fn agreement(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> (f
 fn device_masks_and_perplexity_match_the_cpu_backend() {
     let (cpu, gpu) = (Exec::cpu(), wgpu());
     println!("device: {}", gpu.adapter());
-    for (method, pattern) in [
-        (Method::Magnitude, Pattern::Unstructured),
-        (Method::Wanda, Pattern::Unstructured),
-        (Method::Wanda, Pattern::NM { n: 2, m: 4 }),
-        (Method::SparseGpt, Pattern::Unstructured),
-        (Method::Ria, Pattern::Unstructured),
+    for (method, pattern, variant) in [
+        (Method::Magnitude, Pattern::Unstructured, false),
+        (Method::Wanda, Pattern::Unstructured, false),
+        (Method::Wanda, Pattern::Unstructured, true),
+        (Method::Wanda, Pattern::NM { n: 2, m: 4 }, false),
+        (Method::SparseGpt, Pattern::Unstructured, false),
+        (Method::Ria, Pattern::Unstructured, false),
     ] {
         let on_cpu = cpu.run(PruneTiny {
             method,
             pattern,
             offload: false,
             dsnot: false,
+            variant,
         });
         let on_gpu = gpu.run(PruneTiny {
             method,
             pattern,
             offload: false,
             dsnot: false,
+            variant,
         });
         // Activations kept in host memory between layers: the same bits.
         let offloaded = gpu.run(PruneTiny {
@@ -129,6 +134,7 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
             pattern,
             offload: true,
             dsnot: false,
+            variant,
         });
         assert_eq!(
             offloaded.weights, on_gpu.weights,
@@ -138,7 +144,7 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
         let (agree, differ) = agreement(&on_cpu.weights, &on_gpu.weights);
         let dppl = (on_gpu.perplexity / on_cpu.perplexity - 1.0).abs();
         println!(
-            "{method} {pattern}: mask agreement {agree:.6} ({differ} positions differ), perplexity cpu {:.6} wgpu {:.6} ({:.4}%)",
+            "{method} {pattern} variant {variant}: mask agreement {agree:.6} ({differ} positions differ), perplexity cpu {:.6} wgpu {:.6} ({:.4}%)",
             on_cpu.perplexity,
             on_gpu.perplexity,
             dppl * 100.0
@@ -195,6 +201,7 @@ fn device_dsnot_matches_the_cpu_backend() {
             pattern,
             offload: false,
             dsnot: true,
+            variant: false,
         };
         let (on_cpu, on_gpu) = (cpu.run(tiny()), gpu.run(tiny()));
         let plain = gpu.run(PruneTiny {

@@ -247,3 +247,36 @@ fn reallocation_reserves_its_slices_and_scores() {
     assert_eq!(lsa.1, heuristic.1 + scores, "{heuristic:?} {lsa:?}");
     assert_eq!(lsa.0, heuristic.0);
 }
+
+/// Wanda's α-variant on a device holds the largest of the linears'
+/// tables beside its metric (8 bytes a weight and its keys padded to a
+/// power of two: the down projection's 11 008 inputs take 16 384) and
+/// keeps them reserved beside the pruned weight.
+#[test]
+fn the_variant_holds_its_sorted_tables() {
+    let (a, mut w) = llama7b(Task::Wanda);
+    (w.nsamples, w.seqlen, w.batch_size) = (1, 128, 1);
+    let prune = |w: &Workload| {
+        let e = estimate(&a, w).unwrap();
+        let p = e.phases.iter().find(|p| p.name == "prune").unwrap();
+        let part: u64 = p
+            .components
+            .iter()
+            .filter(|c| c.name.starts_with("selection"))
+            .map(|c| c.bytes)
+            .sum();
+        (part, p.total(), p.reserved.unwrap_or(0))
+    };
+    let direct = prune(&w);
+    w.use_variant = true;
+    let variant = prune(&w);
+    let (h, i) = (a.hidden, a.intermediate);
+    let tables = h * (8 * i + 4 * 16_384);
+    assert_eq!(direct.0, h * i * 4);
+    assert_eq!(variant.0, tables);
+    assert_eq!(variant.1 - direct.1, tables - h * i * 4);
+    assert!(
+        variant.2 >= variant.1 + h * i * w.dtype.size(),
+        "{variant:?}"
+    );
+}

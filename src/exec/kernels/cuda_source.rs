@@ -22,7 +22,7 @@ use cubecl_cpp::shared::{CompilationOptions, CppCompiler, CppSupportedFeatures};
 use half::{bf16, f16};
 
 use super::{
-    dsnot, dsnot_launch, group, nll, obs_sweep, realloc, rms_norm, select, squares, swiglu,
+    dsnot, dsnot_launch, group, nll, obs_sweep, realloc, rms_norm, select, squares, swiglu, variant,
 };
 
 /// cubecl-cuda's compiler without `ptx-wmma` (Burn's build).
@@ -147,6 +147,36 @@ fn sources(c: &ComputeClient<WgpuRuntime>, o: &CompilationOptions) -> Vec<Source
             "slot_scores",
             define!(c, realloc::slot_scores::SlotScores<W>, d1(realloc::UNITS);
             p scores; groups rows n m slot),
+            o,
+        ),
+        source(
+            "variant_keys",
+            define!(c, variant::variant_keys::VariantKeys<W>, d1(variant::UNITS);
+            metric keys; inp out p row_stride col_stride),
+            o,
+        ),
+        source(
+            "bitonic_step",
+            define!(c, variant::bitonic_step::BitonicStep<W>, d1(variant::UNITS);
+            keys; pairs p j k),
+            o,
+        ),
+        source(
+            "bitonic_local",
+            define!(c, variant::bitonic_local::BitonicLocal<W>, d1(variant::UNITS);
+            keys; len p k_first k_last),
+            o,
+        ),
+        source(
+            "variant_prefix",
+            define!(c, variant::variant_prefix::VariantPrefix<W>, d1(variant::UNITS);
+            keys metric cum totals; inp out p row_stride col_stride),
+            o,
+        ),
+        source(
+            "variant_rows",
+            define!(c, variant::variant_rows::VariantRows<W>, d1(variant::UNITS);
+            sorted cum totals thresh pruned; inp out p alpha nothing),
             o,
         ),
         source(
@@ -350,5 +380,5 @@ fn every_kernel_compiles_for_cuda_with_nvrtc() {
     let log = nvrtc(&broken, "sm_90a", &include)
         .expect_err("NVRTC took a call to an undeclared function");
     assert!(log.contains("undeclared"), "{log}");
-    assert_eq!(compiled, 2 * (10 + 3 * 5));
+    assert_eq!(compiled, 2 * (15 + 3 * 5));
 }

@@ -28,6 +28,7 @@ mod rms_norm;
 mod select;
 mod squares;
 mod swiglu;
+mod variant;
 
 /// Cubes along x before a launch adds rows of cubes along y (wgpu allows
 /// 65 535 per dimension).
@@ -50,3 +51,4 @@ pub use rms_norm::launch_rms_norm;
 pub use select::{launch_kth_smallest, launch_smallest_per_column, takes_selection_cubes};
 pub use squares::{launch_column_squares, slabs as square_slabs};
 pub use swiglu::{launch_swiglu, launch_swiglu_in_place};
+pub use variant::{PrefixBuffers, launch_variant_prefix, launch_variant_rows};
