@@ -94,23 +94,6 @@ fn on_host<B: Compute>(metric: Tensor<B, 2>, ratio: f64) -> (Tensor<B, 2, Bool>,
     (mask.transpose(), alpha)
 }
 
-/// Tables built on the host and sent up, for testing [`rows`]'s Burn ops
-/// on a backend without the kernels.
-pub fn upload_tables<B: Compute>(
-    t: &variant::VariantTables,
-    (inp, out): (usize, usize),
-    device: &B::Device,
-) -> DeviceTables<B> {
-    let up = |v: &[f32], shape: [usize; 2]| {
-        Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), shape), device)
-    };
-    DeviceTables {
-        sorted: up(&t.sorted, [out, inp]),
-        cum: up(&t.cum, [out, inp]),
-        totals: up(&t.totals, [1, out]).reshape([out]),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     //! The device path on Burn's CPU backend, which has neither kernel:
@@ -120,6 +103,23 @@ mod tests {
     use super::*;
     use crate::exec::Cpu;
     use crate::model::synthetic::Normal;
+
+    /// Tables built on the host and sent up, for testing [`rows`]'s Burn ops
+    /// on a backend without the kernels.
+    fn upload_tables<B: Compute>(
+        t: &variant::VariantTables,
+        (inp, out): (usize, usize),
+        device: &B::Device,
+    ) -> DeviceTables<B> {
+        let up = |v: &[f32], shape: [usize; 2]| {
+            Tensor::<B, 2>::from_data(TensorData::new(v.to_vec(), shape), device)
+        };
+        DeviceTables {
+            sorted: up(&t.sorted, [out, inp]),
+            cum: up(&t.cum, [out, inp]),
+            totals: up(&t.totals, [1, out]).reshape([out]),
+        }
+    }
 
     #[test]
     fn burn_ops_threshold_each_alpha_as_the_host() {

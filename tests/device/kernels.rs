@@ -10,6 +10,15 @@ mod realloc;
 mod selection;
 mod variant;
 
+/// How many of `a` and `b` differ in their bits.
+pub(super) fn bits_differ(a: &[f32], b: &[f32]) -> usize {
+    assert_eq!(a.len(), b.len());
+    a.iter()
+        .zip(b)
+        .filter(|(x, y)| x.to_bits() != y.to_bits())
+        .count()
+}
+
 /// The selection kernels and the evaluation's loss kernel
 /// (`exec::kernels`, one launch each on wgpu) against plain host
 /// computations: the `k` smallest of every column and the `n` smallest of

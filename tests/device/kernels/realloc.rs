@@ -27,15 +27,6 @@ fn metric(out: usize, inp: usize, seed: u64, step: f32) -> Vec<f32> {
         .collect()
 }
 
-/// How many of `a` and `b` differ in their bits.
-fn bits_differ(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count()
-}
-
 /// One case: (case, sums' bits that differ, scores' bits that differ,
 /// mask positions that differ, kept metric's relative difference).
 type Outcome = (String, usize, usize, usize, f64);

@@ -28,15 +28,6 @@ fn metric(out: usize, inp: usize, seed: u64, step: f32) -> Vec<f32> {
         .collect()
 }
 
-/// How many of `a` and `b` differ in their bits.
-fn bits_differ(a: &[f32], b: &[f32]) -> usize {
-    assert_eq!(a.len(), b.len());
-    a.iter()
-        .zip(b)
-        .filter(|(x, y)| x.to_bits() != y.to_bits())
-        .count()
-}
-
 /// One case: its name, the tables' bits that differ (sorted, running
 /// sums, totals), the α steps' thresholds and counts that differ, the
 /// mask's positions that differ, and the two α.
