@@ -129,22 +129,6 @@ pub fn wanda_metric(w: &[f32], cols: usize, scaler_row: &[f32]) -> Vec<f32> {
     metric
 }
 
-/// Per-row stable ascending order of the metric (what `torch.sort(..., stable=True)` gives),
-/// row after row in one buffer: per-row vectors were small blocks in the
-/// worker threads' malloc arenas, which kept them resident after the mask
-/// was built (2.5 MiB of a 4-layer grid run's peak, 2026-11-26).
-pub(super) fn sorted_rows(metric: &[f32], cols: usize) -> Vec<u32> {
-    let mut order = vec![0u32; metric.len()];
-    order
-        .par_chunks_mut(cols)
-        .zip(metric.par_chunks(cols))
-        .for_each(|(idx, row)| {
-            idx.iter_mut().zip(0u32..).for_each(|(i, j)| *i = j);
-            idx.sort_by(|a, b| row[*a as usize].total_cmp(&row[*b as usize]));
-        });
-    order
-}
-
 /// Wanda's mask. Returns the mask and, for the variant, the α it found.
 pub fn wanda_mask(
     metric: &[f32],
@@ -156,7 +140,7 @@ pub fn wanda_mask(
     if let Pattern::NM { n, m } = pattern {
         return (nm_mask(metric, cols, n, m), None);
     }
-    let order = sorted_rows(metric, cols);
+    let order = super::variant::sorted_rows(metric, cols);
     if !variant {
         let k = ((cols as f64) * ratio) as usize;
         let mut mask = vec![false; metric.len()];

@@ -85,7 +85,7 @@ fn on_host<B: Compute>(metric: Tensor<B, 2>, ratio: f64) -> (Tensor<B, 2, Bool>,
     let device = metric.device();
     // The host's layout, `[out, in]`.
     let host = f32s_to_host(metric.transpose());
-    let order = super::methods::sorted_rows(&host, inp);
+    let order = variant::sorted_rows(&host, inp);
     let (mask, alpha) = variant::wanda_variant(&host, inp, &order, ratio);
     if B::is_device() {
         crate::exec::transfer::uploaded(mask.len() as u64);
