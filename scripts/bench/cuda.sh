@@ -39,7 +39,8 @@
 # (prunemem-dsnot-all with --dsnot-skip none, prunemem-dsnot-ops with its
 # cycles as Burn's ops, PRUNEMEM_DSNOT=ops; no reference in the kit: its
 # dsnot_refine seconds are the figure); prunemem-24 and reference-24 prune 2:4;
-# prunemem-realloc prunes 2:4 with --reallocation --lsa (RIA: the assignment
+# prunemem-variant and reference-variant prune with Wanda's α-variant
+# (--use-variant); prunemem-realloc prunes 2:4 with --reallocation --lsa (RIA: the assignment
 # kernels' seconds and the scores' bytes; no reference in the kit);
 # prunemem-flash and prunemem-unit take cubek's flash attention on the
 # tensor cores or on plain units, PRUNEMEM_ATTENTION; prunemem-head runs the
@@ -282,6 +283,9 @@ for shape in $SHAPES; do
       reference) step "ref-$shape-$method" reference_run "$model" "$method" "ref-$shape-$method" ;;
       # N:M (2:4): prunemem's group kernel beside the authors' mask.
       prunemem-realloc) step "$shape-$method-realloc" prunemem_run "$model" "$method" "$shape-$method-realloc" --sparsity-type 2:4 --reallocation --lsa ;;
+      # Wanda's α-variant: the sort, running sums and α rounds on the device, beside the authors' --use_variant.
+      prunemem-variant) step "$shape-$method-variant" prunemem_run "$model" "$method" "$shape-$method-variant" --use-variant ;;
+      reference-variant) step "ref-$shape-$method-variant" reference_run "$model" "$method" "ref-$shape-$method-variant" --use-variant ;;
       prunemem-24) step "$shape-$method-24" prunemem_run "$model" "$method" "$shape-$method-24" --sparsity-type 2:4 ;;
       # cubek's flash attention instead of Burn's separate kernels.
       prunemem-flash) PRUNEMEM_ATTENTION=accelerated step "$shape-$method-flash" prunemem_run "$model" "$method" "$shape-$method-flash" ;;
