@@ -19,6 +19,9 @@
 # SELECT_BIN (optional): examples/select_rate, the per-output selection and
 # the per-matrix threshold at a model's linear shapes (SELECT_SHAPES,
 # default "1b"; "1b 8b" adds the 8B shape's), checked against the host.
+# DEVICE_TESTS_BIN (optional): tests/device built with --features wgpu,cuda
+# (gpu_prepare.sh's DEVICE_TESTS=1); runs first, its in-process kernel and
+# mask tests on CUDA (DEVICE_TESTS_FILTER, default: the in-process ones).
 #
 # GRADPROBE_REPO (optional): a checkout of dcifrian/GradProbe, for
 # gradprobe:reference (scripts/reference/run_gradprobe_reference.py --device
@@ -221,6 +224,20 @@ transfer_rate() {
   return $rc
 }
 
+# prunemem's kernels and the masks against the host's answers, on CUDA
+# (tests/device's in-process tests, PRUNEMEM_TEST_DEVICE=cuda): every
+# kernel's results on the card, where CI only compiles them (NVRTC). The
+# tests that run the command line are left out (they name wgpu, and the
+# test binary's prunemem is not carried).
+DEVICE_TESTS_DEFAULT="kernels:: masks::device_ masks::gradprobe_decides_the_same masks::the_sparsegpt_sweep masks::training_steps ties::gradprobe_breaks_bf16_ties"
+device_tests() {
+  PRUNEMEM_TEST_DEVICE=cuda RUST_BACKTRACE=1 "$DEVICE_TESTS_BIN" --test-threads 1 \
+      ${DEVICE_TESTS_FILTER:-$DEVICE_TESTS_DEFAULT} >"$out/device-tests.txt" 2>&1
+  local rc=$?
+  grep -E '^test |test result|panicked' "$out/device-tests.txt"
+  return $rc
+}
+
 # The selections alone (`examples/select_rate.rs`).
 select_rate() {
   local rc=0 shape
@@ -254,7 +271,9 @@ fi
 common=(--nsamples "$NSAMPLES" --seqlen "$SEQLEN" --calib-text "$TEXT" --calib-lines second-half
         --eval-text "$TEXT" --eval-lines first-half --eval-windows "$EVAL_WINDOWS")
 export BENCH_OUT=$out BENCH_COMMON="${common[*]}" BIN KIT WANDA_REPO GRADPROBE_REPO=${GRADPROBE_REPO:-} GRADPROBE_ARGS FACTOR_BIN=${FACTOR_BIN:-} FACTOR_SIZES=${FACTOR_SIZES:-} \
-    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SELECT_BIN=${SELECT_BIN:-} SELECT_SHAPES=${SELECT_SHAPES:-1b} SEQLEN EVAL_WINDOWS TEXT
+    MATMUL_BIN=${MATMUL_BIN:-} MATMUL_NAMES=${MATMUL_NAMES:-} TRANSFER_BIN=${TRANSFER_BIN:-} SELECT_BIN=${SELECT_BIN:-} SELECT_SHAPES=${SELECT_SHAPES:-1b} SEQLEN EVAL_WINDOWS TEXT \
+    DEVICE_TESTS_BIN=${DEVICE_TESTS_BIN:-} DEVICE_TESTS_FILTER=${DEVICE_TESTS_FILTER:-}
+[ -n "${DEVICE_TESTS_BIN:-}" ] && step device-tests device_tests
 [ -n "${FACTOR_BIN:-}" ] && step factor-rate factor_rate
 [ -n "${TRANSFER_BIN:-}" ] && step transfer-rate transfer_rate
 [ -n "${SELECT_BIN:-}" ] && step select-rate select_rate

@@ -133,6 +133,8 @@ def main(out):
             "transfers": j.get("transfers"),
             "work": j.get("seconds_by_work"),
             "kernels": j.get("device_kernels"),
+            # prunemem's own NVML readings (10 a second), by phase.
+            "busy": (j.get("gpu_util") or {}).get("by_phase"),
         }
     print("| run | prune s | eval s | wall s | GPU util % over the step (samples) | GPU util % during the passes | "
           "nvidia-smi rise GiB | in use peak GiB | reserved peak GiB | pruned layers kept |")
@@ -156,6 +158,9 @@ def main(out):
     for name, r in rows.items():
         if r["transfers"]:
             print(f"{name} transfers: {json.dumps(r['transfers'])}")
+            # A cold run's compiles against a warm run's cache loads.
+            counts = [sum(p.get(k) or 0 for p in r["transfers"].values()) for k in ("compiled", "from_cache")]
+            print(f"{name} kernels compiled / loaded from the cache: {counts[0]} / {counts[1]}")
         # Where the computing thread waited on the host (upload,
         # waiting_for_reader) beside the device's work, and which of
         # prunemem's paths ran or handed back (pinned_upload included).
@@ -163,6 +168,11 @@ def main(out):
             print(f"{name} seconds_by_work: {json.dumps(r['work'])}")
         if r["kernels"]:
             print(f"{name} device_kernels: {json.dumps(r['kernels'])}")
+        # The GPU busy in each phase, as the run's own NVML readings say
+        # (beside nvidia-smi's over the step and during the passes above).
+        if r["busy"]:
+            phases = ", ".join(f"{p} {v['mean_percent']:.0f}% ({v['samples']})" for p, v in r["busy"].items())
+            print(f"{name} gpu_util by phase: {phases}")
 
 
 if __name__ == "__main__":

@@ -11,6 +11,10 @@
 #   wanda/, gradprobe/     `git archive` of the authors' repositories, from the
 #                          git directories the search tool's fetch brings
 #                          (WANDA_GIT, GRADPROBE_GIT; skipped when unset)
+#   device_tests.gz        (DEVICE_TESTS=1) tests/device built with --features
+#                          wgpu,cuda, stripped and gzipped, and device_tests.root
+#                          (the checkout it was built in: its fixtures' path):
+#                          the kernel and mask tests on CUDA
 #   prunemem.commit        the commit the binaries were built from
 # and keeps `.gpu/` out of git (.git/info/exclude). A clean cuda build takes
 # about 15 minutes on this project's 2-core machines; a warm one about 4.
@@ -40,6 +44,19 @@ pack() {
 pack target/release/prunemem prunemem
 for e in $examples; do pack "target/release/examples/$e" "$e"; done
 git rev-parse --short HEAD >"$g/prunemem.commit"
+
+# The device tests on CUDA (PRUNEMEM_TEST_DEVICE=cuda): prunemem's kernels
+# and the masks against the host's, on the card users run.
+if [ -n "${DEVICE_TESTS:-}" ]; then
+  exe=$(cargo test --features wgpu,cuda --test device --no-run --message-format=json \
+    | python3 -c 'import sys, json
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("reason") == "compiler-artifact" and m.get("executable"):
+        print(m["executable"])' | tail -n 1)
+  pack "$exe" device_tests
+  pwd >"$g/device_tests.root"
+fi
 
 model=models/smollm2-135m
 [ -f "$model/tokenizer.json" ] || PRUNEMEM=target/release/prunemem scripts/fetch-smollm2.sh

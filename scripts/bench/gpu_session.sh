@@ -14,12 +14,14 @@
 #   kit/   tokenizer.json, tokenizer_config.json (SmolLM2's), wiki.test.raw
 #   wanda/ gradprobe/   `git archive` of locuslab/wanda, dcifrian/GradProbe
 #   kernels.tgz   (optional) an earlier call's $OUT/kernels.tgz
+#   device_tests.gz device_tests.root   (optional) gpu_prepare.sh's DEVICE_TESTS=1:
+#       with WITH_DEVICE_TESTS=1 the kernel and mask tests run on CUDA first
 set -u
 cd "$(dirname "$0")/../.."
 g=.gpu
 name=${NAME:-call}
 mkdir -p /tmp/bin
-for b in prunemem transfer_rate matmul_rate select_rate; do
+for b in prunemem transfer_rate matmul_rate select_rate device_tests; do
   [ -f "$g/$b.gz" ] && gunzip -c "$g/$b.gz" >/tmp/bin/$b && chmod +x /tmp/bin/$b
 done
 export PRUNEMEM_KERNEL_CACHE=/tmp/kernels
@@ -29,6 +31,13 @@ echo "kernels cached at start: $(find "$PRUNEMEM_KERNEL_CACHE" -type f | wc -l) 
 [ -x /tmp/bin/transfer_rate ] && [ -n "${WITH_TRANSFER:-}" ] && export TRANSFER_BIN=/tmp/bin/transfer_rate
 [ -x /tmp/bin/matmul_rate ] && [ -n "${WITH_MATMUL:-}" ] && export MATMUL_BIN=/tmp/bin/matmul_rate
 [ -x /tmp/bin/select_rate ] && [ -n "${WITH_SELECT:-}" ] && export SELECT_BIN=/tmp/bin/select_rate
+# The device tests read their fixtures where they were built: that path
+# points at this checkout.
+if [ -x /tmp/bin/device_tests ] && [ -n "${WITH_DEVICE_TESTS:-}" ]; then
+  root=$(cat "$g/device_tests.root")
+  if [ ! -e "$root" ]; then mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; fi
+  export DEVICE_TESTS_BIN=/tmp/bin/device_tests
+fi
 export BIN=/tmp/bin/prunemem KIT=$g/kit WANDA_REPO=$g/wanda GRADPROBE_REPO=$g/gradprobe
 export ARCHIVE=$OUT/$name.tgz KERNELS_ARCHIVE=$OUT/kernels.tgz
 export STEP_TIMEOUT=${STEP_TIMEOUT:-120}

@@ -23,8 +23,10 @@
 use std::collections::BTreeMap;
 
 mod bus;
+mod busy;
 
 pub use bus::{BusNow, BusRates};
+pub use busy::{GpuBusy, Mean, NO_PHASE, idlest};
 
 use super::{Event, RunPlan, RunSummary, stages};
 use crate::memory::MemorySnapshot;
@@ -68,6 +70,9 @@ pub struct StageRow {
     pub delta: Option<i64>,
     /// Seconds since the previous stage.
     pub seconds: f64,
+    /// NVML's mean GPU utilisation (%) over the readings since the
+    /// previous stage, this one's included; `None` without a reading.
+    pub gpu_busy: Option<f64>,
 }
 
 impl StageRow {
@@ -126,10 +131,9 @@ pub struct RunFold {
     /// them (readings inside passes too); `None` readings on the CPU.
     pub device: Reading,
     pub gpu: Reading,
-    /// NVML's GPU utilisation: the latest reading, and the sum and count of
-    /// every reading (the mean over the run so far).
-    pub gpu_util: Option<f32>,
-    pub gpu_util_sum: (f64, u64),
+    /// NVML's GPU utilisation: the latest reading, the mean over the run
+    /// so far, and a device run's by phase.
+    pub gpu_busy: GpuBusy,
     /// Device runs: what crossed the bus and the kernels launched so far,
     /// their rates and the phase open; `None` without a bus reading.
     pub bus: Option<BusNow>,
@@ -265,6 +269,7 @@ impl RunFold {
             heap_peak,
             delta,
             seconds,
+            gpu_busy: self.gpu_busy.end_window(),
         });
         self.window_rss = point.rss;
         self.window_heap = point.heap;
@@ -314,11 +319,11 @@ impl RunFold {
             self.device.update(s.device_allocated, s.device_peak);
         }
         self.gpu.update(s.gpu_used, None);
-        if let Some(u) = s.gpu_util_percent {
-            self.gpu_util = Some(u);
-            self.gpu_util_sum.0 += u as f64;
-            self.gpu_util_sum.1 += 1;
-        }
+        let phase = s
+            .bus
+            .as_ref()
+            .map(|b| b.phase.as_deref().unwrap_or(NO_PHASE));
+        self.gpu_busy.observe(s.gpu_util_percent, phase);
         if s.gpu_total.is_some() {
             self.gpu.total = s.gpu_total;
         }

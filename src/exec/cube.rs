@@ -123,23 +123,53 @@ pub fn build_fingerprint() -> String {
     format!("{}-{h:016x}", env!("CARGO_PKG_VERSION"))
 }
 
-/// Counts cubecl's `Executing KERNEL` lines; everything else is dropped
-/// without being formatted.
+/// Counts cubecl's `Executing KERNEL` lines (launches), its compiles and
+/// its kernel-cache loads ([`Line`]); everything else is dropped without
+/// being formatted past its first words.
 struct LaunchLog;
+
+/// The lines of cubecl's that are counted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Line {
+    /// `Executing NAME` (the launch log, trace).
+    Launch,
+    /// `Compiling kernel` (CUDA, trace: before NVRTC) or `Compiling NAME`
+    /// (Vulkan, debug: before the SPIR-V compiler).
+    Compile,
+    /// `Using PTX cache` (CUDA) or `Using SPIR-V cache` (Vulkan), trace:
+    /// a compiled kernel read from the kernel cache instead.
+    CacheLoad,
+}
+
+fn line(args: &std::fmt::Arguments<'_>) -> Option<Line> {
+    if starts_with(args, "Executing ") {
+        Some(Line::Launch)
+    } else if starts_with(args, "Compiling ") {
+        Some(Line::Compile)
+    } else if starts_with(args, "Using PTX cache") || starts_with(args, "Using SPIR-V cache") {
+        Some(Line::CacheLoad)
+    } else {
+        None
+    }
+}
 
 static LAUNCHES: LaunchLog = LaunchLog;
 
 impl log::Log for LaunchLog {
     fn enabled(&self, metadata: &log::Metadata<'_>) -> bool {
-        metadata.level() == log::Level::Trace && metadata.target().starts_with("cubecl")
+        // Debug or trace (Vulkan's compile line is a debug one).
+        metadata.level() >= log::Level::Debug && metadata.target().starts_with("cubecl")
     }
 
     fn log(&self, record: &log::Record<'_>) {
         if !self.enabled(record.metadata()) {
             return;
         }
-        if starts_with(record.args(), "Executing ") {
-            super::transfer::launched();
+        match line(record.args()) {
+            Some(Line::Launch) => super::transfer::launched(),
+            Some(Line::Compile) => super::transfer::compiled(),
+            Some(Line::CacheLoad) => super::transfer::loaded_from_cache(),
+            None => {}
         }
     }
 
@@ -177,7 +207,7 @@ fn starts_with(args: &std::fmt::Arguments<'_>, prefix: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::{KERNEL_SOURCES, build_fingerprint, starts_with};
+    use super::{KERNEL_SOURCES, Line, build_fingerprint, line, starts_with};
 
     /// Every kernel file counts towards the cache's folder, so a new one
     /// cannot be served stale.
@@ -216,5 +246,31 @@ mod tests {
             "Executing "
         ));
         assert!(!starts_with(&format_args!("Exec"), "Executing "));
+    }
+
+    /// The lines cubecl 0.10 writes where it compiles a kernel or loads
+    /// one from the cache (cubecl-cuda's `compute/context.rs`,
+    /// cubecl-wgpu's `backend/vulkan.rs` and `backend/base.rs`), as each
+    /// is counted; anything else is not.
+    #[test]
+    fn compiles_and_cache_loads_are_told_apart_from_launches() {
+        let name = "prunemem::exec::kernels::select::smallest_per_column";
+        assert_eq!(line(&format_args!("Executing {name}")), Some(Line::Launch));
+        assert_eq!(line(&format_args!("Compiling kernel")), Some(Line::Compile));
+        assert_eq!(line(&format_args!("Compiling {name}")), Some(Line::Compile));
+        assert_eq!(
+            line(&format_args!("Using PTX cache")),
+            Some(Line::CacheLoad)
+        );
+        assert_eq!(
+            line(&format_args!("Using SPIR-V cache")),
+            Some(Line::CacheLoad)
+        );
+        assert_eq!(line(&format_args!("Using compilation cache")), None);
+        assert_eq!(line(&format_args!("Supported CMMA sizes: []")), None);
+        assert_eq!(
+            line(&format_args!("[cubecl-wgpu] compiling WGSL module")),
+            None
+        );
     }
 }

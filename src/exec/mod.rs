@@ -56,6 +56,16 @@ pub use backends::{Cpu, CpuAutodiff};
 pub use compute::Compute;
 pub use spec::{DeviceSpec, WgpuSelect};
 
+/// Where this build keeps its compiled kernels between runs
+/// (`cube::kernel_cache`); `None` where nothing is kept, or where the
+/// build has no device backend.
+pub fn kernel_cache() -> Option<std::path::PathBuf> {
+    #[cfg(any(feature = "wgpu", feature = "cuda"))]
+    return cube::kernel_cache();
+    #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
+    None
+}
+
 /// Why a device cannot be used.
 #[derive(Debug, Error, Clone, PartialEq)]
 pub enum ExecError {

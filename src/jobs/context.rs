@@ -165,6 +165,12 @@ impl Run {
             // DSnoT's cycles: one launch a linear, unless PRUNEMEM_DSNOT=ops.
             plan.settings
                 .insert("dsnot".into(), crate::exec::swap_loop::name().into());
+            // Where this build's compiled kernels are kept between runs
+            // (`off`: compiled in every run); `transfers`' `compiled` and
+            // `from_cache` say how many this run compiled and loaded.
+            let cache =
+                crate::exec::kernel_cache().map_or("off".into(), |p| p.display().to_string());
+            plan.settings.insert("kernel_cache".into(), cache.into());
             if let Some(cap) = cap {
                 plan.settings.insert("device_memory".into(), cap.into());
             }
@@ -280,11 +286,8 @@ impl Run {
         }
         // What nvidia-smi's utilisation said over the run (the sampler's
         // readings), for "why is my GPU idle?".
-        if let Some((mean, n)) = self.profiler.gpu_util_mean() {
-            self.results.insert(
-                "gpu_util".into(),
-                serde_json::json!({"mean_percent": mean, "samples": n}),
-            );
+        if let Some(busy) = self.profiler.gpu_busy() {
+            self.results.insert("gpu_util".into(), gpu_util_json(&busy));
         }
     }
 
@@ -441,4 +444,45 @@ fn install_signal_handler(profiler: Profiler) -> std::io::Result<()> {
             }
         })?;
     Ok(())
+}
+
+/// `gpu_util` in a run's results: NVML's mean over the run, and by the
+/// phase each reading was taken in (`{"prune": {"mean_percent",
+/// "samples"}}`), so a summary says which phase left the GPU idle.
+fn gpu_util_json(busy: &crate::events::fold::GpuBusy) -> Value {
+    let by_phase: serde_json::Map<String, Value> = busy
+        .by_phase
+        .iter()
+        .filter_map(|(p, m)| {
+            let mean = m.percent()?;
+            Some((
+                p.clone(),
+                serde_json::json!({"mean_percent": mean, "samples": m.samples}),
+            ))
+        })
+        .collect();
+    serde_json::json!({
+        "mean_percent": busy.run.percent(),
+        "samples": busy.run.samples,
+        "by_phase": by_phase,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn gpu_util_carries_each_phase_with_a_reading() {
+        let mut busy = crate::events::fold::GpuBusy::default();
+        busy.observe(Some(10.0), Some("load_layer"));
+        busy.observe(Some(70.0), Some("prune"));
+        busy.observe(Some(90.0), Some("prune"));
+        busy.observe(None, Some("eval"));
+        let j = super::gpu_util_json(&busy);
+        assert_eq!(j["mean_percent"], 170.0 / 3.0);
+        assert_eq!(j["samples"], 3);
+        assert_eq!(j["by_phase"]["prune"]["mean_percent"], 80.0);
+        assert_eq!(j["by_phase"]["prune"]["samples"], 2);
+        assert_eq!(j["by_phase"]["load_layer"]["mean_percent"], 10.0);
+        assert!(j["by_phase"].get("eval").is_none(), "{j}");
+    }
 }

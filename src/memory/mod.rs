@@ -100,6 +100,10 @@ pub struct BusReading {
     /// The phase open at the reading (`load_layer`, `prune`, `eval`…);
     /// `None` between phases.
     pub phase: Option<String>,
+    /// Kernels compiled so far (not found in the kernel cache); `None`
+    /// where launches are not counted, and in older logs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub compiled: Option<u64>,
 }
 
 impl MemorySnapshot {

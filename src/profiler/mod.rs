@@ -51,8 +51,9 @@ struct Peaks {
     /// and the phase of the run it was reached in (`timing::Phase`).
     device_reserved: Option<u64>,
     device_reserved_phase: Option<&'static str>,
-    /// NVML's GPU utilisation readings: sum of percents and count.
-    gpu_util: (f64, u64),
+    /// NVML's GPU utilisation readings: over the run and, on a device,
+    /// by the phase open at each.
+    gpu_busy: crate::events::fold::GpuBusy,
     scopes: Vec<OpenScope>,
 }
 
@@ -135,7 +136,7 @@ impl Profiler {
                 device_latest: None,
                 device_reserved: None,
                 device_reserved_phase: None,
-                gpu_util: (0.0, 0),
+                gpu_busy: Default::default(),
                 scopes: Vec::new(),
             }),
             next_scope: AtomicUsize::new(0),
@@ -305,11 +306,11 @@ impl Profiler {
             .and_then(|p| p.device_reserved_phase)
     }
 
-    /// The mean of NVML's GPU utilisation over the readings so far, and
-    /// how many there were; `None` without NVML.
-    pub fn gpu_util_mean(&self) -> Option<(f64, u64)> {
-        let (sum, n) = self.inner.peaks.lock().ok()?.gpu_util;
-        (n > 0).then(|| (sum / n as f64, n))
+    /// NVML's GPU utilisation over the readings so far, and on a device
+    /// by phase; `None` without a reading (no NVML).
+    pub fn gpu_busy(&self) -> Option<crate::events::fold::GpuBusy> {
+        let busy = self.inner.peaks.lock().ok()?.gpu_busy.clone();
+        (busy.run.samples > 0).then_some(busy)
     }
 
     /// Whole-run peaks so far: heap, RSS, device.
@@ -412,10 +413,13 @@ impl Inner {
             Ok(mut p) => {
                 p.rss.observe(proc_reading.rss);
                 p.observe_device(&device);
-                if let Some(u) = gpu.as_ref().and_then(|g| g.utilization_percent) {
-                    p.gpu_util.0 += u as f64;
-                    p.gpu_util.1 += 1;
-                }
+                // The phase as the snapshot's bus reading names it.
+                let phase = (!self.device.is_host_heap()).then(|| {
+                    crate::timing::current_phase()
+                        .map_or(crate::events::fold::NO_PHASE, |p| p.name())
+                });
+                p.gpu_busy
+                    .observe(gpu.as_ref().and_then(|g| g.utilization_percent), phase);
                 (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak())
             }
             Err(_) => (None, None, None),
@@ -467,6 +471,7 @@ impl Inner {
             device_to_host_bytes: total.device_to_host_bytes,
             kernels: total.kernels,
             phase: crate::timing::current_phase().map(|p| p.name().to_string()),
+            compiled: total.compiled,
         }
     }
 

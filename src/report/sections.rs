@@ -157,14 +157,9 @@ pub fn device(s: &mut String, run: &RunData) {
             res as f64 / used.max(1) as f64
         );
     }
-    if let Some(u) = r.get("gpu_util") {
-        let _ = writeln!(
-            s,
-            "NVML's GPU utilisation averaged {:.1}% over {} samples.\n",
-            u["mean_percent"].as_f64().unwrap_or(0.0),
-            u["samples"].as_u64().unwrap_or(0)
-        );
-    }
+    let seconds = r.get("seconds_by_phase");
+    let phase_seconds = |p: &str| seconds.and_then(|t| t[p].as_f64());
+    idle_gpu(s, run, phase_seconds);
     if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
         let _ = match k {
             "inline" => writeln!(
@@ -195,29 +190,103 @@ pub fn device(s: &mut String, run: &RunData) {
     if let Some(k) = r.get("device_kernels").and_then(|v| v.as_object()) {
         own_kernels(s, k);
     }
+    // NVML's utilisation in each phase, where the run had readings (a
+    // GPU's driver); lavapipe and the CPU have none, and no column.
+    let util = run.gpu_busy.run.samples > 0;
     let _ = writeln!(
         s,
-        "| phase | seconds | host → device | device → host | kernels |\n|---|---|---|---|---|"
+        "| phase | seconds |{} host → device | device → host | kernels |\n|---|---|{}---|---|---|",
+        if util { " GPU busy |" } else { "" },
+        if util { "---|" } else { "" }
     );
-    let seconds = r.get("seconds_by_phase");
     let phases = transfers.iter().map(|(k, v)| (k.as_str(), v));
     for (phase, p) in crate::timing::in_run_order(phases) {
         let bytes = |k: &str| format_bytes(p[k].as_u64().unwrap_or(0));
         let kernels = p["kernels"]
             .as_u64()
             .map_or("n/a".into(), |k| k.to_string());
-        let secs = seconds
-            .and_then(|t| t[phase].as_f64())
-            .map_or("—".into(), |x| format!("{x:.2}"));
+        let secs = phase_seconds(phase).map_or("—".into(), |x| format!("{x:.2}"));
+        let busy = match util {
+            true => run
+                .gpu_busy
+                .in_phase(phase)
+                .map_or(" n/a |".into(), |u| format!(" {u:.0}% |")),
+            false => String::new(),
+        };
         let _ = writeln!(
             s,
-            "| {} | {secs} | {} | {} | {kernels} |",
+            "| {} | {secs} |{busy} {} | {} | {kernels} |",
             phase.replace('_', " "),
             bytes("host_to_device_bytes"),
             bytes("device_to_host_bytes")
         );
     }
     let _ = writeln!(s);
+    compiles(s, run, transfers);
+}
+
+/// How many kernels the run compiled, by phase, and how many it loaded
+/// from the kernel cache: a first run of a build spends its first
+/// launches compiling (NVRTC on CUDA), a later run loads them. Nothing
+/// where they were not counted (older logs).
+fn compiles(s: &mut String, run: &RunData, transfers: &serde_json::Map<String, serde_json::Value>) {
+    let count = |k: &str| -> Option<u64> {
+        let known: Vec<u64> = transfers.values().filter_map(|p| p[k].as_u64()).collect();
+        (!known.is_empty()).then(|| known.iter().sum())
+    };
+    let (Some(compiled), Some(loaded)) = (count("compiled"), count("from_cache")) else {
+        return;
+    };
+    let by_phase: Vec<String> =
+        crate::timing::in_run_order(transfers.iter().map(|(k, v)| (k.as_str(), v)))
+            .into_iter()
+            .filter_map(|(p, v)| Some((p, v["compiled"].as_u64().filter(|n| *n > 0)?)))
+            .map(|(p, n)| format!("{p} {n}"))
+            .collect();
+    let cache = run
+        .plan
+        .as_ref()
+        .and_then(|p| p.settings.get("kernel_cache"))
+        .and_then(|v| v.as_str())
+        .unwrap_or("off");
+    let _ = write!(
+        s,
+        "The run compiled {compiled} kernels and loaded {loaded} from the kernel cache (`{cache}`)"
+    );
+    let _ = match by_phase.is_empty() {
+        true => writeln!(s, ".\n"),
+        false => writeln!(
+            s,
+            "; compiled by phase: {}. A later run of this build loads them instead.\n",
+            by_phase.join(", ")
+        ),
+    };
+}
+
+/// NVML's utilisation over the run (the log's readings), and the phase
+/// that left the GPU idle longest: its seconds times the share of them
+/// the GPU was not busy — where to look first when the GPU sits at 4%.
+fn idle_gpu(s: &mut String, run: &RunData, seconds: impl Fn(&str) -> Option<f64>) {
+    let busy = &run.gpu_busy;
+    let Some(mean) = busy.run.percent() else {
+        return;
+    };
+    let _ = write!(
+        s,
+        "NVML's GPU utilisation averaged {mean:.1}% over {} samples",
+        busy.run.samples
+    );
+    match crate::events::fold::idlest(&busy.by_phase, seconds) {
+        Some((phase, secs, u, idle)) => {
+            let _ = writeln!(
+                s,
+                "; the GPU idled longest in `{phase}`: {secs:.2} s at {u:.0}% busy, about {idle:.2} s idle.\n"
+            );
+        }
+        None => {
+            let _ = writeln!(s, ".\n");
+        }
+    }
 }
 
 /// "Ranks": a distributed run's ranks side by side (`events::ranks`):

@@ -368,3 +368,108 @@ fn the_bus_table_follows_the_run_with_each_phases_seconds() {
         "{md}"
     );
 }
+
+/// A device run's readings with NVML's utilisation in each phase: the
+/// device section gives each phase's mean beside its bytes and names the
+/// phase that left the GPU idle longest; the timeline gives each stage
+/// window's mean. A run without utilisation readings has neither.
+#[test]
+fn the_report_says_where_the_gpu_idled() {
+    use crate::events::{Event, RunStatus, RunSummary};
+    use crate::memory::{BusReading, MemorySnapshot};
+    let reading = |label: &str, t: f64, util: Option<f32>, phase: &str| MemorySnapshot {
+        label: label.into(),
+        elapsed_s: t,
+        rss: Some(100 << 20),
+        device_allocated: Some(50 << 20),
+        gpu_util_percent: util,
+        bus: Some(BusReading {
+            phase: Some(phase.into()),
+            ..Default::default()
+        }),
+        ..Default::default()
+    };
+    let stage = |l, t, u, p| Event::Stage {
+        snapshot: reading(l, t, u, p),
+    };
+    let sample = |t, u, p| Event::Sample {
+        snapshot: reading("sample", t, u, p),
+    };
+    let events = |util: bool| {
+        let u = |x: f32| util.then_some(x);
+        let results = serde_json::json!({
+            "transfers": {
+                "load_layer": {"host_to_device_bytes": 4096, "device_to_host_bytes": 0, "kernels": 3, "compiled": 2, "from_cache": 1},
+                "prune": {"host_to_device_bytes": 0, "device_to_host_bytes": 64, "kernels": 90, "compiled": 9, "from_cache": 0},
+                "eval": {"host_to_device_bytes": 8, "device_to_host_bytes": 4, "kernels": 40},
+            },
+            "seconds_by_phase": {"load_layer": 4.0, "prune": 2.0, "eval": 1.0},
+        });
+        vec![
+            stage("01_start", 0.0, u(0.0), "other"),
+            sample(1.0, u(4.0), "load_layer"),
+            sample(2.0, u(6.0), "load_layer"),
+            stage("03_before_pruning", 3.0, u(5.0), "load_layer"),
+            sample(4.0, u(70.0), "prune"),
+            stage("04_after_pruning", 5.0, u(80.0), "prune"),
+            // A phase with no reading: unknown, never 0%.
+            stage("07_after_eval", 6.0, None, "eval"),
+            Event::RunFinished {
+                summary: RunSummary {
+                    status: RunStatus::Ok,
+                    wall_s: 7.0,
+                    rss_peak: None,
+                    heap_peak: None,
+                    device_peak: Some(50 << 20),
+                    results: serde_json::from_value(results).unwrap(),
+                },
+            },
+        ]
+    };
+    let run = |util| RunData {
+        name: "device".into(),
+        fold: crate::events::fold::RunFold::of(&events(util)),
+        scope: load::Scope::Continuous,
+        notes: vec![],
+        ranks: None,
+    };
+    let md = text::markdown(&run(true), None, false, None);
+    for want in [
+        "NVML's GPU utilisation averaged 27.5% over 6 samples; the GPU idled longest in `load_layer`: 4.00 s at 5% busy, about 3.80 s idle.",
+        "| phase | seconds | GPU busy | host → device | device → host | kernels |",
+        "| load layer | 4.00 | 5% | 4.000 KiB | 0 B | 3 |",
+        "| prune | 2.00 | 75% | 0 B | 64 B | 90 |",
+        "| eval | 1.00 | n/a | 8 B | 4 B | 40 |",
+        "peak since previous | GPU busy since previous |",
+        // The eval phase's counts are missing: an older log's shape.
+        "The run compiled 11 kernels and loaded 1 from the kernel cache (`off`); compiled by phase: load_layer 2, prune 9. A later run of this build loads them instead.",
+    ] {
+        assert!(md.contains(want), "missing {want:?}:\n{md}");
+    }
+    let windows: Vec<&str> = md
+        .lines()
+        .filter(|l| {
+            ["| 01_start", "| 03_before", "| 04_after", "| 07_after"]
+                .iter()
+                .any(|s| l.starts_with(s))
+        })
+        .map(|l| l.rsplit('|').nth(1).unwrap().trim())
+        .collect();
+    assert_eq!(windows, ["0%", "5%", "75%", "n/a"], "{md}");
+    // Beside another run (a watched script without NVML readings): each
+    // run's mean, unknown where it had none.
+    let cmp = text::compare_markdown(&[run(true), run(false)], false);
+    assert!(
+        cmp.contains("| **GPU busy (mean)** | 27.5% | n/a |"),
+        "{cmp}"
+    );
+    let none = text::markdown(&run(false), None, false, None);
+    assert!(!none.contains("GPU busy since previous"), "{none}");
+    assert!(!none.contains("NVML"), "{none}");
+    // Nor a column where no phase could have a reading.
+    assert!(!none.contains("GPU busy"), "{none}");
+    assert!(
+        none.contains("| prune | 2.00 | 0 B | 64 B | 90 |"),
+        "{none}"
+    );
+}

@@ -216,13 +216,20 @@ fn summary(s: &mut String, run: &RunData) {
     );
 }
 
-/// Every stage with its deltas, the peak's row marked.
+/// Every stage with its deltas, the peak's row marked; with NVML's
+/// readings, how busy the GPU was since the previous stage (a watched
+/// script's `Memory Checkpoint:` windows say where its GPU idled).
 fn timeline(s: &mut String, run: &RunData) {
+    let busy = run.stages.iter().any(|st| st.gpu_busy.is_some());
+    let (head, rule) = match busy {
+        true => (" GPU busy since previous |", "---|"),
+        false => ("", ""),
+    };
     let _ = writeln!(
         s,
-        "## Timeline\n\n| stage | t (s) | RSS | Δ RSS | allocated | Δ allocated | peak since previous |"
+        "## Timeline\n\n| stage | t (s) | RSS | Δ RSS | allocated | Δ allocated | peak since previous |{head}"
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|");
+    let _ = writeln!(s, "|---|---|---|---|---|---|---|{rule}");
     let peak_row = run.peak_stage();
     for (i, st) in run.stages.iter().enumerate() {
         let prev = i.checked_sub(1).map(|j| &run.stages[j].point);
@@ -231,9 +238,15 @@ fn timeline(s: &mut String, run: &RunData) {
         } else {
             ""
         };
+        let gpu = match busy {
+            true => st
+                .gpu_busy
+                .map_or(" n/a |".into(), |u| format!(" {u:.0}% |")),
+            false => String::new(),
+        };
         let _ = writeln!(
             s,
-            "| {}{mark} | {:.1} | {} | {} | {} | {} | {} |",
+            "| {}{mark} | {:.1} | {} | {} | {} | {} | {} |{gpu}",
             st.label(),
             st.point.t,
             format_opt_bytes(st.point.rss),
@@ -418,6 +431,20 @@ fn configuration(s: &mut String, runs: &[RunData], names: &[&str]) -> Vec<&'stat
         .map(|r| format_opt_bytes(r.peak_rss()))
         .collect();
     let _ = writeln!(s, "| **peak RSS** | {} |", peaks.join(" | "));
+    // How busy each run kept the GPU (NVML's mean over its readings): the
+    // authors' script watched beside prunemem's run of the same job.
+    if runs.iter().any(|r| r.gpu_busy.run.percent().is_some()) {
+        let busy: Vec<String> = runs
+            .iter()
+            .map(|r| {
+                r.gpu_busy
+                    .run
+                    .percent()
+                    .map_or("n/a".into(), |u| format!("{u:.1}%"))
+            })
+            .collect();
+        let _ = writeln!(s, "| **GPU busy (mean)** | {} |", busy.join(" | "));
+    }
     differs
 }
 

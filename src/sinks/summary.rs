@@ -99,13 +99,8 @@ impl StageTable {
         if let Some(b) = r.get("device_reserved_peak").and_then(|v| v.as_u64()) {
             out += &format!("{:<16} {}\n", "Peak reserved", format_bytes(b));
         }
-        if let Some(u) = r.get("gpu_util") {
-            let mean = u["mean_percent"].as_f64().unwrap_or(0.0);
-            let n = u["samples"].as_u64().unwrap_or(0);
-            out += &format!(
-                "{:<16} {mean:.1}% mean over {n} samples\n",
-                "GPU utilisation"
-            );
+        if let Some(line) = r.get("gpu_util").and_then(gpu_util_line) {
+            out += &format!("{:<16} {line}\n", "GPU utilisation");
         }
         if let Some(k) = r.get("pruned_layers_kept").and_then(|v| v.as_str()) {
             out += &match k {
@@ -132,6 +127,8 @@ impl StageTable {
             out += &kernels_line(k);
         }
         if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
+            let cache = summary_plan_cache(&self.fold);
+            out += &compiled_line(t, cache.as_deref()).unwrap_or_default();
             out += "Bus traffic      phase: host→device / device→host / kernels\n";
             let phases = t.iter().map(|(k, v)| (k.as_str(), v));
             for (phase, p) in crate::timing::in_run_order(phases) {
@@ -238,8 +235,111 @@ fn kernels_line(k: &serde_json::Map<String, serde_json::Value>) -> String {
     format!("{:<16} {ran} ran; {back}\n", "Own kernels")
 }
 
+/// The plan's kernel cache (`off`, or its folder).
+fn summary_plan_cache(fold: &RunFold) -> Option<String> {
+    let v = fold.plan.as_ref()?.settings.get("kernel_cache")?;
+    v.as_str().map(str::to_string)
+}
+
+/// How many kernels the run compiled and how many it loaded from the
+/// kernel cache (`transfers`' `compiled` and `from_cache`, summed over the
+/// phases): a first run of a build pays its compiles, which the next run
+/// loads. `None` where they were not counted (older logs too).
+pub fn compiled_line(
+    transfers: &serde_json::Map<String, serde_json::Value>,
+    cache: Option<&str>,
+) -> Option<String> {
+    let sum = |k: &str| -> Option<u64> {
+        let known: Vec<u64> = transfers.values().filter_map(|p| p[k].as_u64()).collect();
+        (!known.is_empty()).then(|| known.iter().sum())
+    };
+    let (compiled, loaded) = (sum("compiled")?, sum("from_cache")?);
+    let where_ = match cache {
+        Some("off") | None => "no kernel cache: every run compiles".to_string(),
+        Some(dir) if compiled > 0 => format!("the next run loads them from {dir}"),
+        Some(dir) => format!("kept in {dir}"),
+    };
+    Some(format!(
+        "{:<16} {compiled} compiled, {loaded} loaded from the kernel cache ({where_})\n",
+        "Kernels"
+    ))
+}
+
+/// `gpu_util`'s line: the mean over the run, then each phase's in the
+/// order the run went through them ("38.7% mean over 120 samples; by
+/// phase: load_layer 5%, prune 41%, eval 85%"); `None` without a mean.
+pub fn gpu_util_line(u: &serde_json::Value) -> Option<String> {
+    let mean = u["mean_percent"].as_f64()?;
+    let n = u["samples"].as_u64().unwrap_or(0);
+    let mut line = format!("{mean:.1}% mean over {n} samples");
+    if let Some(by) = u["by_phase"].as_object() {
+        let phases: Vec<String> =
+            crate::timing::in_run_order(by.iter().map(|(k, v)| (k.as_str(), v)))
+                .into_iter()
+                .filter_map(|(p, v)| Some(format!("{p} {:.0}%", v["mean_percent"].as_f64()?)))
+                .collect();
+        if !phases.is_empty() {
+            line += &format!("; by phase: {}", phases.join(", "));
+        }
+    }
+    Some(line)
+}
+
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn the_kernels_line_sums_compiles_and_cache_loads() {
+        let t = serde_json::json!({
+            "load_layer": {"kernels": 3, "compiled": 2, "from_cache": 0},
+            "prune": {"kernels": 90, "compiled": 11, "from_cache": 4},
+        });
+        let t = t.as_object().unwrap();
+        assert_eq!(
+            compiled_line(t, Some("/c/k/0.1.0-ab")).unwrap(),
+            "Kernels          13 compiled, 4 loaded from the kernel cache (the next run loads them from /c/k/0.1.0-ab)\n"
+        );
+        assert!(
+            compiled_line(t, Some("off"))
+                .unwrap()
+                .contains("no kernel cache: every run compiles")
+        );
+        let warm = serde_json::json!({"prune": {"compiled": 0, "from_cache": 15}});
+        assert!(
+            compiled_line(warm.as_object().unwrap(), Some("/c"))
+                .unwrap()
+                .contains("0 compiled, 15 loaded from the kernel cache (kept in /c)")
+        );
+        // An older log, or launches not counted: no line.
+        let old = serde_json::json!({"prune": {"kernels": 90}});
+        assert!(compiled_line(old.as_object().unwrap(), None).is_none());
+    }
+
+    #[test]
+    fn the_utilisation_line_gives_each_phase_in_run_order() {
+        let u = serde_json::json!({
+            "mean_percent": 38.66,
+            "samples": 120,
+            "by_phase": {
+                "prune": {"mean_percent": 41.2, "samples": 30},
+                "eval": {"mean_percent": 85.0, "samples": 8},
+                "other": {"mean_percent": 0.0, "samples": 2},
+                "load_layer": {"mean_percent": 4.6, "samples": 80},
+            },
+        });
+        assert_eq!(
+            gpu_util_line(&u).unwrap(),
+            "38.7% mean over 120 samples; by phase: load_layer 5%, prune 41%, eval 85%, other 0%"
+        );
+        // A watched script's: the mean alone; no mean, no line.
+        let watched = serde_json::json!({"mean_percent": 12.0, "samples": 4});
+        assert_eq!(
+            gpu_util_line(&watched).unwrap(),
+            "12.0% mean over 4 samples"
+        );
+        assert!(gpu_util_line(&serde_json::json!({"samples": 0})).is_none());
+    }
+
     use super::*;
     use crate::units::MIB;
 

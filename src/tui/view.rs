@@ -36,10 +36,12 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
         return;
     }
     let message_rows = if area.height >= 32 { 6 } else { 3 };
-    // A device run has one more gauge: the device pool in use.
     // A device run's pool has a gauge more than the heap's reserve, and
-    // its bus a line.
-    let gauge_rows = 9 + u16::from(state.run.on_device()) + u16::from(state.run.bus.is_some());
+    // its bus a line; NVML's utilisation a line where it reads.
+    let gauge_rows = 9
+        + u16::from(state.run.on_device())
+        + u16::from(state.run.bus.is_some())
+        + u16::from(state.run.gpu_busy.now.is_some());
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(gauge_rows),

@@ -96,6 +96,7 @@ pub fn attach(
         peak: None,
         gpu_peak: None,
         pending: None,
+        busy: Default::default(),
     }));
     let mut argv = vec![
         "prunemem".to_string(),

@@ -155,6 +155,8 @@ pub(super) struct Probe {
     pub(super) gpu_peak: Option<u64>,
     /// A checkpoint header's stage, until its block ends.
     pub(super) pending: Option<Pending>,
+    /// NVML's utilisation over every reading (the run's `gpu_util`).
+    pub(super) busy: crate::events::fold::Mean,
 }
 
 impl Probe {
@@ -172,6 +174,9 @@ impl Probe {
             .filter_map(|u| u.used)
             .collect();
         let tree_gpu = (card.is_some()).then(|| mine.iter().sum::<u64>());
+        if let Some(u) = card.as_ref().and_then(|c| c.utilization_percent) {
+            self.busy.add(u as f64);
+        }
         self.gpu_peak = self.gpu_peak.max(tree_gpu);
         MemorySnapshot {
             label: label.to_string(),
@@ -237,6 +242,16 @@ pub(super) fn finish(
     };
     let mut end = lock(probe).snapshot(stages::WATCH_END);
     end.rss_peak = peak;
+    let mut results = results;
+    // How busy the card was while the command ran (NVML), as a prunemem
+    // run's `gpu_util`; the report's timeline says in which windows.
+    let busy = lock(probe).busy;
+    if let Some(mean) = busy.percent() {
+        results.insert(
+            "gpu_util".into(),
+            serde_json::json!({"mean_percent": mean, "samples": busy.samples}),
+        );
+    }
     send(emit, Event::Stage { snapshot: end });
     let summary = RunSummary {
         status,
@@ -313,6 +328,7 @@ pub fn watch_command(
         peak: None,
         gpu_peak: None,
         pending: None,
+        busy: Default::default(),
     }));
     let mut full_argv = vec!["prunemem".to_string(), "watch".into(), "--".into()];
     full_argv.extend(argv.iter().cloned());

@@ -413,7 +413,7 @@ fn burns_error(case: &str, key: &str) -> f64 {
 
 #[test]
 fn the_selection_and_loss_kernels_give_the_hosts_answers() {
-    for (case, miss, ran) in wgpu().run(KernelsAgainstHost) {
+    for (case, miss, ran) in device_under_test().run(KernelsAgainstHost) {
         println!("{case}: kernel ran {ran}, miss {miss}");
         // The flash kernel computes in f16 tiles: f32 keeps Burn's.
         if case.starts_with("attention") && case.contains("F32") {

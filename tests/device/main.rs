@@ -23,6 +23,7 @@
 mod support;
 
 mod bus;
+mod compiles;
 mod dsnot_bus;
 mod eval;
 mod gradprobe_pool;
@@ -76,9 +77,21 @@ fn vocab(model: &Path) -> usize {
         .vocab_size
 }
 
-fn wgpu() -> Exec {
-    Exec::open(WGPU, None)
-        .unwrap_or_else(|e| panic!("the wgpu device must open (CI installs lavapipe): {e}"))
+/// The device the in-process tests run on: Burn's wgpu backend (in CI,
+/// lavapipe), or the one `PRUNEMEM_TEST_DEVICE` names (`cuda` in a binary
+/// built with `--features wgpu,cuda`: a lent GPU runs the kernel and mask
+/// tests on CUDA, `scripts/bench/gpu_prepare.sh`'s `DEVICE_TESTS=1`). It
+/// must open: these tests never skip.
+fn device_under_test() -> Exec {
+    let spec = match std::env::var("PRUNEMEM_TEST_DEVICE") {
+        Ok(name) => name
+            .parse()
+            .unwrap_or_else(|e| panic!("PRUNEMEM_TEST_DEVICE={name}: {e}")),
+        Err(_) => WGPU,
+    };
+    Exec::open(spec, None).unwrap_or_else(|e| {
+        panic!("the device under test must open (CI installs lavapipe for wgpu): {e}")
+    })
 }
 
 /// A folder with a synthetic model of `spec` (`model/`) and `lines` lines

@@ -104,7 +104,7 @@ fn agreement(a: &HashMap<String, Vec<f32>>, b: &HashMap<String, Vec<f32>>) -> (f
 
 #[test]
 fn device_masks_and_perplexity_match_the_cpu_backend() {
-    let (cpu, gpu) = (Exec::cpu(), wgpu());
+    let (cpu, gpu) = (Exec::cpu(), device_under_test());
     println!("device: {}", gpu.adapter());
     for (method, pattern, variant) in [
         (Method::Magnitude, Pattern::Unstructured, false),
@@ -186,7 +186,7 @@ fn device_masks_and_perplexity_match_the_cpu_backend() {
 /// backend), the same perplexity, every linear refined.
 #[test]
 fn device_dsnot_matches_the_cpu_backend() {
-    let (cpu, gpu) = (Exec::cpu(), wgpu());
+    let (cpu, gpu) = (Exec::cpu(), device_under_test());
     for (method, pattern) in [
         (Method::Wanda, Pattern::Unstructured),
         (Method::Magnitude, Pattern::NM { n: 2, m: 4 }),
@@ -277,7 +277,7 @@ fn gradprobe_decides_the_same_on_the_device() {
     let tiny = tiny_llama();
     let (cpu, gpu) = (
         Exec::cpu().run(probe_tiny(&tiny)),
-        wgpu().run(probe_tiny(&tiny)),
+        device_under_test().run(probe_tiny(&tiny)),
     );
     let count = |m: &prunemem::prune::gradprobe::Masks| m.values().map(Vec::len).sum::<usize>();
     let (mut same, mut total) = (0usize, 0usize);
@@ -343,7 +343,7 @@ impl OnDevice for TrainTiny {
 fn training_steps_match_the_cpu_backend() {
     for checkpointing in [false, true] {
         let cpu = Exec::cpu().run(TrainTiny { checkpointing });
-        let gpu = wgpu().run(TrainTiny { checkpointing });
+        let gpu = device_under_test().run(TrainTiny { checkpointing });
         let worst = cpu
             .1
             .iter()
@@ -435,7 +435,7 @@ impl OnDevice for SweepAgainstHost {
 
 #[test]
 fn the_sparsegpt_sweep_kernel_gives_the_hosts_weights() {
-    for (pattern, differ, zeros, worst) in wgpu().run(SweepAgainstHost) {
+    for (pattern, differ, zeros, worst) in device_under_test().run(SweepAgainstHost) {
         println!("{pattern}: {differ} positions differ, {zeros} zeros, weights within {worst}");
         assert_eq!(differ, 0, "{pattern}");
         assert!(worst < 1e-4, "{pattern}: {worst}");

@@ -42,7 +42,7 @@ fn gradprobe_breaks_bf16_ties_as_the_host_does() {
     let (_dir, model, _) = bf16_fixture();
     let (cpu, gpu) = (
         Exec::cpu().run(probe(&model)).0,
-        wgpu().run(probe(&model)).0,
+        device_under_test().run(probe(&model)).0,
     );
     let (mut same, mut total) = (0usize, 0usize);
     for (name, want) in &cpu {

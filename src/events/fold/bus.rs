@@ -73,6 +73,7 @@ mod tests {
             device_to_host_bytes: down,
             kernels,
             phase: Some(phase.into()),
+            compiled: None,
         }
     }
 

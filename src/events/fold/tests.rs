@@ -213,3 +213,34 @@ fn device_peaks_between_stages_come_from_the_device_windows() {
     let cpu = RunFold::of(&[stage("a", 0.0, 10, 10), stage("b", 1.0, 10, 10)]);
     assert_eq!(cpu.device_peak_between("a", "b"), None);
 }
+
+/// A watched process's readings carry no phase: its utilisation goes to
+/// the run and to each stage window, and no phase is made up for it.
+#[test]
+fn utilisation_without_phases_falls_into_stage_windows() {
+    let util = |e: Event, u: Option<f32>| match e {
+        Event::Stage { mut snapshot } => {
+            snapshot.gpu_util_percent = u;
+            Event::Stage { snapshot }
+        }
+        Event::Sample { mut snapshot } => {
+            snapshot.gpu_util_percent = u;
+            Event::Sample { snapshot }
+        }
+        e => e,
+    };
+    let f = RunFold::of(&[
+        util(stage("watch_start", 0.0, 10, 10), None),
+        util(sample(1.0, 10, 10), Some(2.0)),
+        util(stage("after_load", 2.0, 10, 10), Some(4.0)),
+        util(sample(3.0, 10, 10), Some(96.0)),
+        util(stage("after_forward", 4.0, 10, 10), Some(98.0)),
+        util(stage("watch_end", 5.0, 10, 10), None),
+    ]);
+    let windows: Vec<Option<f64>> = f.stages.iter().map(|s| s.gpu_busy).collect();
+    assert_eq!(windows, [None, Some(3.0), Some(97.0), None]);
+    assert_eq!(f.gpu_busy.run.percent(), Some(50.0));
+    assert_eq!(f.gpu_busy.run.samples, 4);
+    assert!(f.gpu_busy.by_phase.is_empty());
+    assert_eq!(f.gpu_busy.now, Some(98.0));
+}

@@ -57,6 +57,12 @@ fn bus_line(run: &crate::events::fold::RunFold) -> Option<Line<'static>> {
         (Some(k), None) => format!("{k} kernels"),
         (None, _) => "kernels n/a".into(),
     };
+    // A first run of a build compiles as it launches: say so, since those
+    // seconds are not the GPU's work and the next run will not pay them.
+    let compiled = b
+        .compiled
+        .filter(|n| *n > 0)
+        .map_or(String::new(), |n| format!(", {n} compiled"));
     let phase = b
         .phase
         .as_deref()
@@ -73,7 +79,37 @@ fn bus_line(run: &crate::events::fold::RunFold) -> Option<Line<'static>> {
             ),
             Style::new().fg(Color::LightBlue),
         ),
-        Span::raw(format!("  {kernels}{phase}")),
+        Span::raw(format!("  {kernels}{compiled}{phase}")),
+    ]))
+}
+
+/// NVML's utilisation as a bar of 100%: the latest reading, the run's
+/// mean and, on a device run, the open phase's ("80%  mean 50%  prune
+/// 70%"), so the view says which part of the run keeps the GPU idle;
+/// nothing without a reading.
+fn busy_line(run: &crate::events::fold::RunFold, width: usize) -> Option<Line<'static>> {
+    let b = &run.gpu_busy;
+    let now = b.now?;
+    let filled = ((now as f64 / 100.0) * width as f64)
+        .round()
+        .clamp(0.0, width as f64) as usize;
+    let bar: String = (0..width)
+        .map(|i| if i < filled { '█' } else { '░' })
+        .collect();
+    let mean = b
+        .run
+        .percent()
+        .map_or(String::new(), |m| format!("  mean {m:.0}%"));
+    let phase = run
+        .bus
+        .as_ref()
+        .and_then(|bus| bus.latest.phase.as_deref())
+        .and_then(|p| Some(format!("  {p} {:.0}%", b.in_phase(p)?)))
+        .unwrap_or_default();
+    Some(Line::from(vec![
+        Span::raw(format!("{:<10}", "GPU busy")),
+        Span::styled(bar, Style::new().fg(Color::Yellow)),
+        Span::raw(format!(" {now:>9.0}%{mean}{phase}")),
     ]))
 }
 
@@ -220,17 +256,16 @@ pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
             gauge_line("reserved", &run.reserved, host_full, width, Color::Magenta),
         ],
     };
-    let mut gpu = gauge_line("GPU used", &run.gpu, gpu_full, width, Color::Yellow);
-    // How busy the card is (NVML), now and over the run: "why is my GPU
-    // idle?" next to how full it is.
-    if let Some(u) = run.gpu_util {
-        let (sum, n) = run.gpu_util_sum;
-        gpu.spans.push(Span::raw(format!(
-            "  util {u:.0}% (mean {:.0}%)",
-            sum / n.max(1) as f64
-        )));
-    }
-    lines.push(gpu);
+    lines.push(gauge_line(
+        "GPU used",
+        &run.gpu,
+        gpu_full,
+        width,
+        Color::Yellow,
+    ));
+    // How busy the card is (NVML) under how full it is: "why is my GPU
+    // idle?" now, over the run and in the phase open.
+    lines.extend(busy_line(run, width));
     lines.extend(bus_line(run));
     lines.extend(category_lines(state, width));
     lines.push(forecast_line(state));

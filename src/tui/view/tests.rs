@@ -308,6 +308,7 @@ fn a_device_run_shows_its_bus_and_launches_as_they_go() {
                 device_to_host_bytes: down,
                 kernels: Some(kernels),
                 phase: Some(phase.into()),
+                compiled: Some(kernels / 100),
             }),
             ..Default::default()
         },
@@ -323,9 +324,49 @@ fn a_device_run_shows_its_bus_and_launches_as_they_go() {
     for want in [
         "↑ 500.0 MiB 400.0 MiB/s",
         "↓ 8.000 KiB 4.000 KiB/s",
-        "2000 kernels 1000/s",
+        "2000 kernels 1000/s, 20 compiled",
         "in probe_backward",
     ] {
         assert!(line.contains(want), "missing {want:?} in {line}");
     }
+}
+
+/// NVML's utilisation in the live view: the latest reading, the run's
+/// mean and, on a device run, the open phase's mean, so a user sees which
+/// phase keeps the GPU idle while it runs.
+#[test]
+fn the_gpu_line_gives_the_open_phases_utilisation() {
+    let mut s = state();
+    let reading = |t: f64, util: f32, phase: &str| Event::Sample {
+        snapshot: MemorySnapshot {
+            label: "sample".into(),
+            elapsed_s: t,
+            gpu_used: Some(900 * M),
+            gpu_total: Some(8000 * M),
+            gpu_util_percent: Some(util),
+            bus: Some(crate::memory::BusReading {
+                phase: Some(phase.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        },
+    };
+    s.apply(&reading(1.0, 10.0, "load_layer"));
+    s.apply(&reading(2.0, 60.0, "prune"));
+    s.apply(&reading(3.0, 80.0, "prune"));
+    let text = screen(&s, 140, 40);
+    let line = text
+        .lines()
+        .find(|l| l.contains("GPU busy"))
+        .unwrap_or_else(|| panic!("no GPU busy line in\n{text}"));
+    assert!(line.contains("80%  mean 50%  prune 70%"), "{line}");
+    // Its bar is the latest reading's share of 100%.
+    let cells = line.chars().filter(|c| *c == '█').count();
+    let all = cells + line.chars().filter(|c| *c == '░').count();
+    assert_eq!(cells, (all as f64 * 0.8).round() as usize, "{line}");
+    // The narrowest terminal keeps the phase's figure.
+    let narrow = screen(&s, 80, 40);
+    assert!(narrow.contains("prune 70%"), "{narrow}");
+    // No reading, no line.
+    assert!(!screen(&state(), 140, 40).contains("GPU busy"));
 }

@@ -134,7 +134,7 @@ impl OnDevice for DsnotAgainstHost {
 #[test]
 fn the_dsnot_kernel_swaps_as_the_host_loop() {
     let start = Tally::now();
-    let results = wgpu().run(DsnotAgainstHost);
+    let results = device_under_test().run(DsnotAgainstHost);
     let used = Tally::now().since(&start);
     let mut swapped = 0;
     for (case, differ, same, report) in &results {

@@ -83,7 +83,7 @@ impl OnDevice for ReallocAgainstHost {
 #[test]
 fn the_reallocation_kernels_add_as_the_host() {
     let start = Tally::now();
-    let results = wgpu().run(ReallocAgainstHost);
+    let results = device_under_test().run(ReallocAgainstHost);
     let used = Tally::now().since(&start);
     for (case, sums, scores, differ, kept) in &results {
         println!(

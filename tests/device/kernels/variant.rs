@@ -131,7 +131,7 @@ impl OnDevice for VariantAgainstHost {
 #[test]
 fn the_variant_kernels_sort_and_add_as_the_host() {
     let start = Tally::now();
-    let results = wgpu().run(VariantAgainstHost);
+    let results = device_under_test().run(VariantAgainstHost);
     let used = Tally::now().since(&start);
     for r in &results {
         println!(
