@@ -10,13 +10,11 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
-
 /// The phase a device reading was taken outside every phase in.
 pub const NO_PHASE: &str = "other";
 
 /// A mean of utilisation readings (percent).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Mean {
     pub sum: f64,
     pub samples: u64,
