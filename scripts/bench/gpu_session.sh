@@ -33,7 +33,7 @@ echo "kernels cached at start: $(find "$PRUNEMEM_KERNEL_CACHE" -type f | wc -l) 
 [ -x /tmp/bin/select_rate ] && [ -n "${WITH_SELECT:-}" ] && export SELECT_BIN=/tmp/bin/select_rate
 # The device tests read their fixtures where they were built: that path
 # points at this checkout.
-if [ -x /tmp/bin/device_tests ] && [ -n "${WITH_DEVICE_TESTS:-}" ]; then
+if [ -x /tmp/bin/device_tests ] && [ -n "${WITH_DEVICE_TESTS:-}" ] && [ -s "$g/device_tests.root" ]; then
   root=$(cat "$g/device_tests.root")
   if [ ! -e "$root" ]; then mkdir -p "$(dirname "$root")" && ln -s "$PWD" "$root"; fi
   export DEVICE_TESTS_BIN=/tmp/bin/device_tests
