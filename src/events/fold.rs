@@ -25,7 +25,7 @@ use std::collections::BTreeMap;
 mod bus;
 mod busy;
 
-pub use bus::{BusNow, BusRates};
+pub use bus::{BusNow, BusRates, compiles};
 pub use busy::{GpuBusy, Mean, NO_PHASE, idlest};
 
 use super::{Event, RunPlan, RunSummary, stages};
@@ -379,6 +379,12 @@ impl RunFold {
     /// The stage rows that are not per-layer rows (the run's outline).
     pub fn outline(&self) -> impl Iterator<Item = &StageRow> {
         self.stages.iter().filter(|s| !stages::is_layer(s.label()))
+    }
+
+    /// Where the run's plan kept compiled kernels (`off`: nowhere); `None`
+    /// where the plan does not say (a CPU run, an older log).
+    pub fn kernel_cache(&self) -> Option<&str> {
+        self.plan.as_ref()?.settings.get("kernel_cache")?.as_str()
     }
 
     /// The stage row whose window reached the highest RSS.

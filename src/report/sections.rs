@@ -230,11 +230,7 @@ pub fn device(s: &mut String, run: &RunData) {
 /// launches compiling (NVRTC on CUDA), a later run loads them. Nothing
 /// where they were not counted (older logs).
 fn compiles(s: &mut String, run: &RunData, transfers: &serde_json::Map<String, serde_json::Value>) {
-    let count = |k: &str| -> Option<u64> {
-        let known: Vec<u64> = transfers.values().filter_map(|p| p[k].as_u64()).collect();
-        (!known.is_empty()).then(|| known.iter().sum())
-    };
-    let (Some(compiled), Some(loaded)) = (count("compiled"), count("from_cache")) else {
+    let Some((compiled, loaded)) = crate::events::fold::compiles(transfers) else {
         return;
     };
     let by_phase: Vec<String> =
@@ -243,12 +239,7 @@ fn compiles(s: &mut String, run: &RunData, transfers: &serde_json::Map<String, s
             .filter_map(|(p, v)| Some((p, v["compiled"].as_u64().filter(|n| *n > 0)?)))
             .map(|(p, n)| format!("{p} {n}"))
             .collect();
-    let cache = run
-        .plan
-        .as_ref()
-        .and_then(|p| p.settings.get("kernel_cache"))
-        .and_then(|v| v.as_str())
-        .unwrap_or("off");
+    let cache = run.kernel_cache().unwrap_or("off");
     let _ = write!(
         s,
         "The run compiled {compiled} kernels and loaded {loaded} from the kernel cache (`{cache}`)"

@@ -127,8 +127,7 @@ impl StageTable {
             out += &kernels_line(k);
         }
         if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
-            let cache = summary_plan_cache(&self.fold);
-            out += &compiled_line(t, cache.as_deref()).unwrap_or_default();
+            out += &compiled_line(t, self.fold.kernel_cache()).unwrap_or_default();
             out += "Bus traffic      phase: host→device / device→host / kernels\n";
             let phases = t.iter().map(|(k, v)| (k.as_str(), v));
             for (phase, p) in crate::timing::in_run_order(phases) {
@@ -235,12 +234,6 @@ fn kernels_line(k: &serde_json::Map<String, serde_json::Value>) -> String {
     format!("{:<16} {ran} ran; {back}\n", "Own kernels")
 }
 
-/// The plan's kernel cache (`off`, or its folder).
-fn summary_plan_cache(fold: &RunFold) -> Option<String> {
-    let v = fold.plan.as_ref()?.settings.get("kernel_cache")?;
-    v.as_str().map(str::to_string)
-}
-
 /// How many kernels the run compiled and how many it loaded from the
 /// kernel cache (`transfers`' `compiled` and `from_cache`, summed over the
 /// phases): a first run of a build pays its compiles, which the next run
@@ -249,11 +242,7 @@ pub fn compiled_line(
     transfers: &serde_json::Map<String, serde_json::Value>,
     cache: Option<&str>,
 ) -> Option<String> {
-    let sum = |k: &str| -> Option<u64> {
-        let known: Vec<u64> = transfers.values().filter_map(|p| p[k].as_u64()).collect();
-        (!known.is_empty()).then(|| known.iter().sum())
-    };
-    let (compiled, loaded) = (sum("compiled")?, sum("from_cache")?);
+    let (compiled, loaded) = crate::events::fold::compiles(transfers)?;
     let where_ = match cache {
         Some("off") | None => "no kernel cache: every run compiles".to_string(),
         Some(dir) if compiled > 0 => format!("the next run loads them from {dir}"),

@@ -63,6 +63,18 @@ impl BusNow {
     }
 }
 
+/// The kernels a run compiled and those it loaded from the kernel cache,
+/// summed over the phases of its `transfers` (a finished run's results)
+/// that counted them; `None` where none did (launches not counted, older
+/// logs).
+pub fn compiles(transfers: &serde_json::Map<String, serde_json::Value>) -> Option<(u64, u64)> {
+    let sum = |k: &str| -> Option<u64> {
+        let known: Vec<u64> = transfers.values().filter_map(|p| p[k].as_u64()).collect();
+        (!known.is_empty()).then(|| known.iter().sum())
+    };
+    Some((sum("compiled")?, sum("from_cache")?))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
