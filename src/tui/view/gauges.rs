@@ -90,12 +90,12 @@ fn bus_line(run: &crate::events::fold::RunFold) -> Option<Line<'static>> {
 fn busy_line(run: &crate::events::fold::RunFold, width: usize) -> Option<Line<'static>> {
     let b = &run.gpu_busy;
     let now = b.now?;
-    let filled = ((now as f64 / 100.0) * width as f64)
-        .round()
-        .clamp(0.0, width as f64) as usize;
-    let bar: String = (0..width)
-        .map(|i| if i < filled { '█' } else { '░' })
-        .collect();
+    // NVML reads whole percents: the gauges' bar on a scale of 100.
+    let reading = Reading {
+        now: Some(now as u64),
+        ..Default::default()
+    };
+    let bar = bar(&reading, 100, width);
     let mean = b
         .run
         .percent()
