@@ -11,6 +11,7 @@ pub mod charts_area;
 #[cfg(feature = "charts")]
 pub mod charts_stacked;
 pub mod compare;
+pub mod compare_text;
 pub mod estimate;
 pub mod load;
 mod sections;
@@ -155,7 +156,7 @@ pub fn write_compare(runs: &[RunData], out: &Path) -> Result<Written, ReportErro
         written.files.push(p);
         charts.push(("compare_stages".into(), svg));
     }
-    let md = text::compare_markdown(runs, !charts.is_empty());
+    let md = compare_text::compare_markdown(runs, !charts.is_empty());
     let p = out.join("compare.md");
     write(&p, &md)?;
     written.files.push(p);

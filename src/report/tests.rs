@@ -130,7 +130,7 @@ fn bad_inputs_are_errors_or_marked_partial() {
     let md = text::markdown(&run, None, false, None);
     assert!(md.contains("partial report"));
     let whole = load(&fixture()).unwrap();
-    let cmp = text::compare_markdown(&[whole, run], false);
+    let cmp = compare_text::compare_markdown(&[whole, run], false);
     assert!(cmp.contains("partial report"), "compare marks the torn log");
     let csvdir = tempfile::tempdir().unwrap();
     std::fs::write(csvdir.path().join("memory_log.csv"), "a,b,c\n1,2,3\n").unwrap();
@@ -458,7 +458,7 @@ fn the_report_says_where_the_gpu_idled() {
     assert_eq!(windows, ["0%", "5%", "75%", "n/a"], "{md}");
     // Beside another run (a watched script without NVML readings): each
     // run's mean, unknown where it had none.
-    let cmp = text::compare_markdown(&[run(true), run(false)], false);
+    let cmp = compare_text::compare_markdown(&[run(true), run(false)], false);
     assert!(
         cmp.contains("| **GPU busy (mean)** | 27.5% | n/a |"),
         "{cmp}"
