@@ -26,7 +26,7 @@ mod bus;
 mod busy;
 
 pub use bus::{BusNow, BusRates, compiles};
-pub use busy::{GpuBusy, Mean, NO_PHASE, idlest};
+pub use busy::{GpuBusy, Mean, idlest, phase_of};
 
 use super::{Event, RunPlan, RunSummary, stages};
 use crate::memory::MemorySnapshot;
@@ -319,11 +319,8 @@ impl RunFold {
             self.device.update(s.device_allocated, s.device_peak);
         }
         self.gpu.update(s.gpu_used, None);
-        let phase = s
-            .bus
-            .as_ref()
-            .map(|b| b.phase.as_deref().unwrap_or(NO_PHASE));
-        self.gpu_busy.observe(s.gpu_util_percent, phase);
+        self.gpu_busy
+            .observe(s.gpu_util_percent, phase_of(s.bus.as_ref()));
         if s.gpu_total.is_some() {
             self.gpu.total = s.gpu_total;
         }

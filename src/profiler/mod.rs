@@ -409,17 +409,17 @@ impl Inner {
             self.device.read()
         };
         let gpu = self.gpu_index.and_then(gpu::read);
+        let bus = (!self.device.is_host_heap()).then(|| self.bus());
         let (heap_peak, rss_peak, device_peak) = match self.peaks.lock() {
             Ok(mut p) => {
                 p.rss.observe(proc_reading.rss);
                 p.observe_device(&device);
-                // The phase as the snapshot's bus reading names it.
-                let phase = (!self.device.is_host_heap()).then(|| {
-                    crate::timing::current_phase()
-                        .map_or(crate::events::fold::NO_PHASE, |p| p.name())
-                });
-                p.gpu_busy
-                    .observe(gpu.as_ref().and_then(|g| g.utilization_percent), phase);
+                // Under the phase the snapshot's bus reading names, as
+                // the log's fold counts it.
+                p.gpu_busy.observe(
+                    gpu.as_ref().and_then(|g| g.utilization_percent),
+                    crate::events::fold::phase_of(bus.as_ref()),
+                );
                 (p.heap.run_peak(), p.rss.run_peak(), p.device.run_peak())
             }
             Err(_) => (None, None, None),
@@ -458,7 +458,7 @@ impl Inner {
                 .map(memory::held::named)
                 .unwrap_or_default(),
             window_device_peak_categories: Default::default(),
-            bus: (!self.device.is_host_heap()).then(|| self.bus()),
+            bus,
         }
     }
 

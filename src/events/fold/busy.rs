@@ -13,6 +13,13 @@ use std::collections::BTreeMap;
 /// The phase a device reading was taken outside every phase in.
 pub const NO_PHASE: &str = "other";
 
+/// The phase a reading counts under: the one its bus reading names
+/// ([`NO_PHASE`] between phases); `None` without a bus reading (the CPU
+/// backend, a watched process).
+pub fn phase_of(bus: Option<&crate::memory::BusReading>) -> Option<&str> {
+    bus.map(|b| b.phase.as_deref().unwrap_or(NO_PHASE))
+}
+
 /// A mean of utilisation readings (percent).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct Mean {
