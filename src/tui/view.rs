@@ -35,24 +35,23 @@ pub fn draw(frame: &mut Frame, state: &UiState) {
         frame.render_widget(Paragraph::new(text).wrap(Wrap { trim: true }), area);
         return;
     }
-    let message_rows = if area.height >= 32 { 6 } else { 3 };
-    // A device run's pool has a gauge more than the heap's reserve, and
-    // its bus a line; NVML's utilisation a line where it reads.
-    let gauge_rows = 9
-        + u16::from(state.run.on_device())
-        + u16::from(state.run.bus.is_some())
-        + u16::from(state.run.gpu_busy.now.is_some());
+    // A short terminal (the usual 80×24 among them) gets the compact
+    // memory block, and the stage table gives up rows before it does.
+    let compact = area.height < 32;
+    let message_rows = if compact { 3 } else { 6 };
+    let gauge_lines = gauges::lines(state, area.width.saturating_sub(2) as usize, compact);
+    let gauge_rows = gauge_lines.len() as u16 + 2;
     let [header, gauges, middle, progress, messages, keys] = Layout::vertical([
         Constraint::Length(4),
         Constraint::Length(gauge_rows),
-        Constraint::Min(7),
+        Constraint::Min(if compact { 4 } else { 7 }),
         Constraint::Length(3),
         Constraint::Length(message_rows),
         Constraint::Length(1),
     ])
     .areas(area);
     draw_header(frame, header, state);
-    gauges::draw_gauges(frame, gauges, state);
+    gauges::draw_gauges(frame, gauges, gauge_lines);
     if middle.width >= STAGE_TABLE_WIDTH + 30 {
         let [chart, table] =
             Layout::horizontal([Constraint::Min(30), Constraint::Length(STAGE_TABLE_WIDTH)])

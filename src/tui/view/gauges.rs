@@ -27,59 +27,153 @@ pub fn bar(r: &Reading, full: u64, width: usize) -> String {
         .collect()
 }
 
-fn gauge_line<'a>(name: &'a str, r: &Reading, full: u64, width: usize, color: Color) -> Line<'a> {
-    let text = |v: Option<u64>| v.map_or("n/a".to_string(), format_bytes);
+/// What a gauge's bar shows: one reading on a scale, or a part within a
+/// whole (the pool's bytes in use within its reserve, the heap within the
+/// resident set) as two fills on one scale, the whole's peak marked.
+enum Fill {
+    One(Reading, u64),
+    Within(Reading, Reading, u64),
+}
+
+/// One gauge line before its bar's width is known: its name, its bar and
+/// the figures after the bar, so the bars can share the width the longest
+/// figures leave.
+struct Gauge {
+    name: &'static str,
+    fill: Fill,
+    figures: String,
+    color: Color,
+}
+
+fn text(v: Option<u64>) -> String {
+    v.map_or("n/a".to_string(), format_bytes)
+}
+
+fn one(name: &'static str, r: &Reading, full: u64, color: Color) -> Gauge {
     let total = r
         .total
         .map_or(String::new(), |t| format!(" of {}", format_bytes(t)));
-    Line::from(vec![
-        Span::raw(format!("{name:<10}")),
-        Span::styled(bar(r, full, width), Style::new().fg(color)),
-        Span::raw(format!(
-            " {:>10}{total}  peak {}",
-            text(r.now),
-            text(r.peak)
-        )),
-    ])
+    Gauge {
+        name,
+        fill: Fill::One(*r, full),
+        figures: format!(" {:>10}{total}  peak {}", text(r.now), text(r.peak)),
+        color,
+    }
+}
+
+/// `part` within `whole` on one bar: "heap 200.0 MiB / RSS 300.0 MiB
+/// peak 305.0 MiB", the peak being the whole's.
+fn within(
+    name: &'static str,
+    [part_name, whole_name]: [&str; 2],
+    [part, whole]: [&Reading; 2],
+    full: u64,
+    color: Color,
+) -> Gauge {
+    Gauge {
+        name,
+        fill: Fill::Within(*part, *whole, full),
+        figures: format!(
+            " {part_name} {} / {whole_name} {}  peak {}",
+            text(part.now),
+            text(whole.now),
+            text(whole.peak)
+        ),
+        color,
+    }
+}
+
+/// `part` as `█` within `whole` as `▒` on a scale of `full`, `│` at the
+/// whole's peak.
+fn bar_within(part: &Reading, whole: &Reading, full: u64, width: usize) -> String {
+    let outer = bar(whole, full, width);
+    let inner = bar(
+        &Reading {
+            now: part.now,
+            ..Default::default()
+        },
+        full,
+        width,
+    );
+    (outer.chars().zip(inner.chars()))
+        .map(|(o, i)| match (o, i) {
+            ('│', _) => '│',
+            (_, '█') => '█',
+            ('█', _) => '▒',
+            _ => '░',
+        })
+        .collect()
+}
+
+impl Gauge {
+    fn line(self, width: usize) -> Line<'static> {
+        let bar = match self.fill {
+            Fill::One(r, full) => bar(&r, full, width),
+            Fill::Within(part, whole, full) => bar_within(&part, &whole, full, width),
+        };
+        Line::from(vec![
+            Span::raw(format!("{:<10}", self.name)),
+            Span::styled(bar, Style::new().fg(self.color)),
+            Span::raw(self.figures),
+        ])
+    }
 }
 
 /// A device run's bus: bytes up and down and kernels launched so far, each
 /// with its rate over the last second, and the phase open ("is the GPU
 /// waiting on copies?"); nothing without a bus reading (the CPU backend).
-fn bus_line(run: &crate::events::fold::RunFold) -> Option<Line<'static>> {
+/// Where the line is wider than `width`, it gives up the bytes' rates, then
+/// the launches' total (their rate says more about a GPU waiting on its
+/// host), then the phase (the header names the pass).
+fn bus_line(run: &crate::events::fold::RunFold, width: usize) -> Option<Line<'static>> {
     let bus = run.bus.as_ref()?;
     let b = &bus.latest;
     let rates = bus.rates();
-    let rate =
-        |r: Option<f64>| r.map_or(String::new(), |r| format!(" {}/s", format_bytes(r as u64)));
-    let kernels = match (b.kernels, rates.and_then(|r| r.kernels)) {
-        (Some(k), Some(r)) => format!("{k} kernels {r:.0}/s"),
-        (Some(k), None) => format!("{k} kernels"),
-        (None, _) => "kernels n/a".into(),
-    };
     // A first run of a build compiles as it launches: say so, since those
     // seconds are not the GPU's work and the next run will not pay them.
     let compiled = b
         .compiled
         .filter(|n| *n > 0)
         .map_or(String::new(), |n| format!(", {n} compiled"));
-    let phase = b
-        .phase
-        .as_deref()
-        .map_or(String::new(), |p| format!("  in {p}"));
+    let form = |byte_rates: bool, launches: bool, phase: bool| {
+        let rate = |r: Option<f64>| match r {
+            Some(r) if byte_rates => format!(" {}/s", format_bytes(r as u64)),
+            _ => String::new(),
+        };
+        let traffic = format!(
+            "↑ {}{}  ↓ {}{}",
+            format_bytes(b.host_to_device_bytes),
+            rate(rates.map(|r| r.host_to_device)),
+            format_bytes(b.device_to_host_bytes),
+            rate(rates.map(|r| r.device_to_host)),
+        );
+        let kernels = match (b.kernels, rates.and_then(|r| r.kernels)) {
+            (Some(k), Some(r)) if launches => format!("{k} kernels {r:.0}/s"),
+            (_, Some(r)) => format!("{r:.0} kernels/s"),
+            (Some(k), None) => format!("{k} kernels"),
+            (None, None) => "kernels n/a".into(),
+        };
+        let phase = match b.phase.as_deref() {
+            Some(p) if phase => format!("  in {p}"),
+            _ => String::new(),
+        };
+        (traffic, format!("  {kernels}{compiled}{phase}"))
+    };
+    let forms = [
+        (true, true, true),
+        (false, true, true),
+        (false, false, true),
+    ];
+    let fits =
+        |(t, rest): &(String, String)| 10 + t.chars().count() + rest.chars().count() <= width;
+    let (traffic, rest) = (forms.into_iter())
+        .map(|(r, l, p)| form(r, l, p))
+        .find(fits)
+        .unwrap_or_else(|| form(false, false, false));
     Some(Line::from(vec![
         Span::raw(format!("{:<10}", "bus")),
-        Span::styled(
-            format!(
-                "↑ {}{}  ↓ {}{}",
-                format_bytes(b.host_to_device_bytes),
-                rate(rates.map(|r| r.host_to_device)),
-                format_bytes(b.device_to_host_bytes),
-                rate(rates.map(|r| r.device_to_host)),
-            ),
-            Style::new().fg(Color::LightBlue),
-        ),
-        Span::raw(format!("  {kernels}{compiled}{phase}")),
+        Span::styled(traffic, Style::new().fg(Color::LightBlue)),
+        Span::raw(rest),
     ]))
 }
 
@@ -87,15 +181,9 @@ fn bus_line(run: &crate::events::fold::RunFold) -> Option<Line<'static>> {
 /// mean and, on a device run, the open phase's ("80%  mean 50%  prune
 /// 70%"), so the view says which part of the run keeps the GPU idle;
 /// nothing without a reading.
-fn busy_line(run: &crate::events::fold::RunFold, width: usize) -> Option<Line<'static>> {
+fn busy_gauge(run: &crate::events::fold::RunFold) -> Option<Gauge> {
     let b = &run.gpu_busy;
     let now = b.now?;
-    // NVML reads whole percents: the gauges' bar on a scale of 100.
-    let reading = Reading {
-        now: Some(now as u64),
-        ..Default::default()
-    };
-    let bar = bar(&reading, 100, width);
     let mean = b
         .run
         .percent()
@@ -106,11 +194,17 @@ fn busy_line(run: &crate::events::fold::RunFold, width: usize) -> Option<Line<'s
         .and_then(|bus| bus.latest.phase.as_deref())
         .and_then(|p| Some(format!("  {p} {:.0}%", b.in_phase(p)?)))
         .unwrap_or_default();
-    Some(Line::from(vec![
-        Span::raw(format!("{:<10}", "GPU busy")),
-        Span::styled(bar, Style::new().fg(Color::Yellow)),
-        Span::raw(format!(" {now:>9.0}%{mean}{phase}")),
-    ]))
+    // NVML reads whole percents: the gauges' bar on a scale of 100.
+    let reading = Reading {
+        now: Some(now as u64),
+        ..Default::default()
+    };
+    Some(Gauge {
+        name: "GPU busy",
+        fill: Fill::One(reading, 100),
+        figures: format!(" {now:>9.0}%{mean}{phase}"),
+        color: Color::Yellow,
+    })
 }
 
 /// A heap category's colour, the same as in the report's charts.
@@ -123,8 +217,8 @@ pub fn category_color(name: &str) -> Color {
 /// now, and at its peak so far (the highest stage window's composition
 /// while the run goes, the run's own figure once it has finished). On a
 /// device run that is the device pool (`memory::held`), else the heap.
-/// Both bars share one scale.
-fn category_lines(state: &UiState, width: usize) -> [Line<'static>; 2] {
+/// Both bars share one scale; a compact view keeps the peak's.
+fn category_lines(state: &UiState, width: usize, compact: bool) -> Vec<Line<'static>> {
     let none = Default::default();
     let run = &state.run;
     let (now, peak, what) = match run.device_peak_composition() {
@@ -136,10 +230,11 @@ fn category_lines(state: &UiState, width: usize) -> [Line<'static>; 2] {
         ),
     };
     let full = now.values().sum::<u64>().max(peak.values().sum::<u64>());
-    [
-        category_bar("by kind", now, what[0], full, width),
-        category_bar("at peak", peak, what[1], full, width),
-    ]
+    let at_peak = category_bar("at peak", peak, what[1], full, width);
+    match compact {
+        true => vec![at_peak],
+        false => vec![category_bar("by kind", now, what[0], full, width), at_peak],
+    }
 }
 
 fn category_bar(
@@ -223,52 +318,78 @@ fn forecast_line(state: &UiState) -> Line<'static> {
     Line::from(spans)
 }
 
-pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, state: &UiState) {
-    // Host series share one scale (the largest peak), so bars compare.
-    let host_full = [
-        state.run.rss.peak,
-        state.run.heap.peak,
-        state.run.reserved.peak,
-    ]
-    .into_iter()
-    .flatten()
-    .max()
-    .unwrap_or(1);
-    let width = (area.width as usize).saturating_sub(48).clamp(10, 60);
-    let gpu_full = state.run.gpu.total.or(state.run.gpu.peak).unwrap_or(1);
+/// The memory block's lines for an inner width of `width` cells. A
+/// `compact` view (a short terminal) draws a device run's heap within its
+/// resident set and the pool's bytes in use within its reserve on one bar
+/// each, keeps the categories at the peak only and leaves out a GPU line
+/// that has no reading, so that the utilisation, the bus and the forecast
+/// still show in 24 rows.
+pub(super) fn lines(state: &UiState, width: usize, compact: bool) -> Vec<Line<'static>> {
     let run = &state.run;
-    let mut lines = match run.on_device() {
+    let mut gauges = match (run.on_device(), compact) {
         // The device pool on its own scale (its reserved bytes), beside the
         // host's resident set and heap.
-        true => {
+        (true, _) => {
             let host_full = run.rss.peak.max(run.heap.peak).unwrap_or(1);
             let pool_full = run.reserved.peak.max(run.device.peak).unwrap_or(1);
+            match compact {
+                true => vec![
+                    within(
+                        "host",
+                        ["heap", "RSS"],
+                        [&run.heap, &run.rss],
+                        host_full,
+                        Color::Green,
+                    ),
+                    within(
+                        "device",
+                        ["in use", "reserved"],
+                        [&run.device, &run.reserved],
+                        pool_full,
+                        Color::Cyan,
+                    ),
+                ],
+                false => vec![
+                    one("RSS", &run.rss, host_full, Color::Green),
+                    one("heap", &run.heap, host_full, Color::Blue),
+                    one("device", &run.device, pool_full, Color::Cyan),
+                    one("reserved", &run.reserved, pool_full, Color::Magenta),
+                ],
+            }
+        }
+        // Host series share one scale (the largest peak), so bars compare.
+        (false, _) => {
+            let host_full = [run.rss.peak, run.heap.peak, run.reserved.peak]
+                .into_iter()
+                .flatten()
+                .max()
+                .unwrap_or(1);
             vec![
-                gauge_line("RSS", &run.rss, host_full, width, Color::Green),
-                gauge_line("heap", &run.heap, host_full, width, Color::Blue),
-                gauge_line("device", &run.device, pool_full, width, Color::Cyan),
-                gauge_line("reserved", &run.reserved, pool_full, width, Color::Magenta),
+                one("RSS", &run.rss, host_full, Color::Green),
+                one("allocated", &run.heap, host_full, Color::Blue),
+                one("reserved", &run.reserved, host_full, Color::Magenta),
             ]
         }
-        false => vec![
-            gauge_line("RSS", &run.rss, host_full, width, Color::Green),
-            gauge_line("allocated", &run.heap, host_full, width, Color::Blue),
-            gauge_line("reserved", &run.reserved, host_full, width, Color::Magenta),
-        ],
     };
-    lines.push(gauge_line(
-        "GPU used",
-        &run.gpu,
-        gpu_full,
-        width,
-        Color::Yellow,
-    ));
+    let gpu = &run.gpu;
+    if !compact || gpu.now.or(gpu.peak).or(gpu.total).is_some() {
+        let gpu_full = gpu.total.or(gpu.peak).unwrap_or(1);
+        gauges.push(one("GPU used", gpu, gpu_full, Color::Yellow));
+    }
     // How busy the card is (NVML) under how full it is: "why is my GPU
     // idle?" now, over the run and in the phase open.
-    lines.extend(busy_line(run, width));
-    lines.extend(bus_line(run));
-    lines.extend(category_lines(state, width));
+    gauges.extend(busy_gauge(run));
+    // The bars share the width the longest figures leave.
+    let figures = gauges.iter().map(|g| g.figures.chars().count()).max();
+    let bar_width = width.saturating_sub(10 + figures.unwrap_or(0)).clamp(8, 60);
+    let mut lines: Vec<Line<'static>> = gauges.into_iter().map(|g| g.line(bar_width)).collect();
+    lines.extend(bus_line(run, width));
+    lines.extend(category_lines(state, bar_width, compact));
     lines.push(forecast_line(state));
+    lines
+}
+
+pub(super) fn draw_gauges(frame: &mut Frame, area: Rect, lines: Vec<Line<'static>>) {
     let title = " memory (│ = peak) ";
     frame.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(title)),

@@ -370,3 +370,85 @@ fn the_gpu_line_gives_the_open_phases_utilisation() {
     // No reading, no line.
     assert!(!screen(&state(), 140, 40).contains("GPU busy"));
 }
+
+/// A device run in a terminal's default 80×24: the pool (in use within its
+/// reserve), the card, its utilisation, the bus and the forecast all show,
+/// none cut at the right edge, and the latest stage keeps a row.
+#[test]
+fn a_device_run_fits_80_by_24() {
+    let mut s = state();
+    s.apply(&Event::RunStarted {
+        plan: crate::events::RunPlan {
+            command: "prune".into(),
+            device: "cuda".into(),
+            ..Default::default()
+        },
+    });
+    let reading = |t: f64, k: u64| Event::Sample {
+        snapshot: MemorySnapshot {
+            label: "sample".into(),
+            elapsed_s: t,
+            rss: Some(300 * M),
+            heap_allocated: Some(200 * M),
+            device_allocated: Some(100 * M * k),
+            device_reserved: Some(120 * M * k),
+            gpu_used: Some(900 * M * k),
+            gpu_total: Some(81_559 * M),
+            gpu_util_percent: Some(40.0 * k as f32),
+            bus: Some(crate::memory::BusReading {
+                host_to_device_bytes: 700 * M * k,
+                device_to_host_bytes: 8192 * k,
+                kernels: Some(10_000 * k),
+                phase: Some("stats_pass".into()),
+                compiled: Some(120 * k),
+            }),
+            ..Default::default()
+        },
+    };
+    s.apply(&reading(10.0, 1));
+    s.apply(&reading(11.0, 2));
+    let text = screen(&s, 80, 24);
+    let line = |start: &str| {
+        text.lines()
+            .find(|l| l.trim_start_matches('│').starts_with(start))
+            .unwrap_or_else(|| panic!("no {start:?} line in\n{text}"))
+            .to_string()
+    };
+    // Each figure whole: a line that ran past the edge loses its end.
+    for (start, end) in [
+        ("host", "peak 305.0 MiB"),
+        (
+            "device",
+            "in use 200.0 MiB / reserved 240.0 MiB  peak 240.0 MiB",
+        ),
+        ("GPU used", "1.758 GiB of 79.65 GiB  peak 1.758 GiB"),
+        ("GPU busy", "80%  mean 60%  stats_pass 60%"),
+        ("bus", "10000 kernels/s, 240 compiled"),
+        ("forecast", "n/a (no estimate for this plan)"),
+    ] {
+        let l = line(start);
+        assert!(l.trim_end_matches([' ', '│']).ends_with(end), "{l}\n{text}");
+    }
+    // The pool's bar: in use (█) within the reserve (▒), on one scale.
+    let device = line("device");
+    let used = device.chars().filter(|c| *c == '█').count();
+    let reserved = used + device.chars().filter(|c| *c == '▒').count() + 1;
+    assert!(used > 0 && reserved > used, "{device}");
+    // The bus gives up its bytes' rates and the launches' total (the busy
+    // line names the phase); the bytes stay.
+    assert!(line("bus").contains("↑ 1.367 GiB  ↓ 16.00 KiB  "), "{text}");
+    assert!(text.contains("04_after_pruning"), "{text}");
+    // A tall terminal keeps the separate gauges and both category lines.
+    let tall = screen(&s, 140, 40);
+    for want in [
+        "│RSS ",
+        "│heap ",
+        "│reserved ",
+        "│by kind",
+        "│at peak",
+        "700.0 MiB/s",
+        "20000 kernels 10000/s, 240 compiled  in stats_pass",
+    ] {
+        assert!(tall.contains(want), "missing {want:?} in\n{tall}");
+    }
+}
