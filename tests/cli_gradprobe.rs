@@ -298,6 +298,22 @@ fn iterative_steps_are_evaluated_as_their_layers_are_zeroed() {
     );
     let step6 = support::phase_of(&cmp, "step 6");
     assert!(step6["measured"].as_u64().is_some(), "{cmp}");
+    // The last step holds the positions the steps before it pruned: the
+    // estimate counts them at the sparsity the step before reached.
+    let earlier = summary_sparsity(&inline_events, a.len() - 2);
+    let held = format!("(sparsity {earlier:.3}) held throughout");
+    assert!(
+        notes.iter().any(|n| n.as_str().unwrap().contains(&held)),
+        "{held}: {cmp}"
+    );
+}
+
+/// Step `i`'s sparsity, as the run's results record it.
+fn summary_sparsity(events: &str, i: usize) -> f64 {
+    let summary: serde_json::Value = serde_json::from_str(events.lines().last().unwrap()).unwrap();
+    summary["summary"]["results"]["iterations"][i]["sparsity"]
+        .as_f64()
+        .unwrap()
 }
 
 #[test]

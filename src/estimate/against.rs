@@ -300,9 +300,9 @@ pub fn rank_checks(cmp: &Comparison, ranks: &[crate::events::ranks::RankRun]) ->
 }
 
 /// GradProbe's `--iterative` steps as the run's results record them: how
-/// many, and the last one's target sparsity; `None` for a run that did not
-/// iterate.
-fn iterations(run: &RunFold) -> Option<(usize, f64)> {
+/// many, the last one's target sparsity and the sparsity the steps before
+/// it reached (0 for one step); `None` for a run that did not iterate.
+fn iterations(run: &RunFold) -> Option<(usize, f64, f64)> {
     let steps = run
         .summary
         .as_ref()?
@@ -310,7 +310,10 @@ fn iterations(run: &RunFold) -> Option<(usize, f64)> {
         .get("iterations")?
         .as_array()?;
     let target = steps.last()?.get("target")?.as_f64()?;
-    Some((steps.len(), target))
+    let earlier = (steps.len().checked_sub(2))
+        .and_then(|i| steps[i].get("sparsity")?.as_f64())
+        .unwrap_or(0.0);
+    Some((steps.len(), target, earlier))
 }
 
 /// Estimates a finished run and compares.
@@ -335,18 +338,20 @@ pub fn compare(events: &[Event]) -> Result<Comparison, EstimateError> {
             s.results.get("gradprobe_layers").and_then(|v| v.as_str()) == Some("device");
     }
     let steps = iterations(&run);
-    if let Some((_, target)) = steps {
+    if let Some((_, target, earlier)) = steps {
         workload.sparsity = target;
+        workload.earlier_sparsity = earlier;
+        workload.iterative = true;
     }
     let mut est = estimate(&arch, &workload)?;
     // An iterating run repeats its stages once a step: its phases are its
     // last step's, the largest target's.
     let run = match steps {
-        Some((n, target)) => {
+        Some((n, target, earlier)) => {
             est.notes.push(format!(
                 "an --iterative run of {n} steps: its phases are compared on its last step \
-                 (target sparsity {target:.3}); the earlier steps' masks it still holds are \
-                 not estimated"
+                 (target sparsity {target:.3}), with the positions the steps before it pruned \
+                 (sparsity {earlier:.3}) held throughout"
             ));
             run.last_of_each_stage()
         }

@@ -285,6 +285,14 @@ pub struct Workload {
     /// The saved (pruning) or loaded (inference) checkpoint's sparse
     /// layout; `sparsity` is its decoder linears' sparsity.
     pub compressed: Option<crate::model::compressed::SparseFormat>,
+    /// GradProbe `--iterative`: the probed linears' sparsity the earlier
+    /// steps reached, whose positions (u32) the step estimated holds
+    /// throughout (0 for one step; `estimate --against` reads it from the
+    /// run's `iterations`).
+    pub earlier_sparsity: f64,
+    /// GradProbe `--iterative`: each step evaluates its model inside its
+    /// step 6, the head's evaluation included (no separate eval phase).
+    pub iterative: bool,
 }
 
 impl Workload {
@@ -335,6 +343,8 @@ impl Workload {
             group: 4,
             matmul_workspace: crate::model::matmul::workspace_bytes(),
             compressed: None,
+            earlier_sparsity: 0.0,
+            iterative: false,
         }
     }
 }

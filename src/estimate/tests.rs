@@ -1,6 +1,7 @@
 //! The estimator's own invariants: every component has a measured category,
 //! and a phase's categories sum to its total; the run machine's matmul
-//! workspace is counted.
+//! workspace is counted; an `--iterative` GradProbe step holds its earlier
+//! steps' positions.
 
 use super::*;
 
@@ -98,4 +99,31 @@ fn the_run_machines_matmul_workspace_is_counted() {
     };
     assert_eq!(peak("wanda", large) - peak("wanda", small), large - small);
     assert_eq!(peak("magnitude", large), peak("magnitude", small));
+}
+
+/// An `--iterative` GradProbe step holds the positions the steps before it
+/// pruned (u32, once) in every phase of the step, and evaluates its model
+/// inside step 6, the head included: that phase is no smaller than the
+/// one-step estimate's evaluation with the step's positions held.
+#[test]
+fn an_iterative_step_holds_the_earlier_steps_positions() {
+    let arch = presets::all().into_iter().next().expect("a preset");
+    let mut w = Workload::new(Task::GradProbe);
+    (w.eval_windows, w.eval_inline, w.sparsity, w.num_batches) = (8, true, 0.5, 2);
+    let one = estimate(&arch, &w).unwrap();
+    (w.iterative, w.earlier_sparsity) = (true, 0.3);
+    let it = estimate(&arch, &w).unwrap();
+    let held = (arch.layers as f64 * arch.layer_linear_params() as f64 * 0.3) as u64 * 4;
+    let total = |e: &Estimate, name: &str| {
+        (e.phases.iter().find(|p| p.name == name))
+            .unwrap_or_else(|| panic!("no {name}"))
+            .total()
+    };
+    for phase in ["modified pass", "end of the modified pass"] {
+        assert_eq!(total(&it, phase) - total(&one, phase), held, "{phase}");
+    }
+    assert!(total(&it, "step 6") >= total(&one, "eval") + held);
+    assert!(total(&it, "step 6") >= total(&one, "step 6") + held);
+    // The step's evaluation is inside step 6: no phase of its own.
+    assert!(it.phases.iter().all(|p| p.name != "eval"));
 }

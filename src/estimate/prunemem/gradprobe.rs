@@ -11,14 +11,41 @@ use crate::events::stages;
 /// evaluation of the pruned model, as a sequential method's. (Its write
 /// step copies what it does not prune straight from the mapping and holds
 /// less: 138.3 MiB measured on SmolLM2.)
+///
+/// An `--iterative` step holds the earlier steps' positions throughout
+/// (one copy, `prune::gradprobe::iterate`), and evaluates its model inside
+/// its step 6, the head after the layers: that phase is the larger of the
+/// two moments.
 pub(super) fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let sh = Shape::uncalibrated(a, w, 0, notes);
+    let earlier = earlier_positions(a, w);
+    let held = |p: Phase| match earlier {
+        0 => p,
+        b => p.add("earlier steps' pruned positions (u32)", b),
+    };
     let mut out: Vec<Phase> = crate::estimate::reference::gradprobe_prunemem(a, w, notes)
         .into_iter()
-        .map(|p| sh.base(p).add("compute workspace", compute_workspace(w)))
+        .map(|p| held(sh.base(p).add("compute workspace", compute_workspace(w))))
         .collect();
     if evaluates_inline(w) {
-        out.push(gradprobe_step6(a, w, &sh));
+        let layers = held(gradprobe_step6(a, w, &sh));
+        out.push(match w.iterative {
+            true => {
+                let stages = [stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED];
+                let head = eval_phase(a, w, &sh, "step 6", &stages, w.resident, 0)
+                    .add("pruned positions (u32)", pruned_positions(a, w) * 4);
+                let head = held(head);
+                if head.total() > layers.total() {
+                    head
+                } else {
+                    layers
+                }
+            }
+            false => layers,
+        });
+        if w.iterative {
+            return out;
+        }
     }
     if w.eval_windows > 0 {
         let stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
@@ -45,8 +72,7 @@ fn gradprobe_step6(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("load transient", 0));
-    let probed = a.layers * a.layer_linear_params();
-    let pruned = (probed as f64 * w.sparsity) as u64;
+    let pruned = pruned_positions(a, w);
     sh.base(Phase::new(
         "step 6",
         &[stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED],
@@ -68,4 +94,16 @@ fn gradprobe_step6(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
         "runtime: the evaluation forward's freed buffers, cached between batches",
         eval_forward,
     )
+}
+
+/// The positions one step prunes, at most (every candidate: the probe
+/// restores a share no estimate can know).
+fn pruned_positions(a: &Arch, w: &Workload) -> u64 {
+    (a.layers as f64 * a.layer_linear_params() as f64 * w.sparsity) as u64
+}
+
+/// Bytes of the positions an `--iterative` step holds from the steps
+/// before it, at the sparsity they reached.
+fn earlier_positions(a: &Arch, w: &Workload) -> u64 {
+    (a.layers as f64 * a.layer_linear_params() as f64 * w.earlier_sparsity) as u64 * 4
 }

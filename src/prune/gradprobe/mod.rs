@@ -307,8 +307,8 @@ impl<'a, B: Compute> GradProbe<'a, B> {
         })
     }
 
-    fn state(&mut self, pruned: &Masks, precision: GradPrecision) -> State {
-        State::new(pruned.clone(), self.norms.take(), precision)
+    fn state<'m>(&mut self, pruned: &'m Masks, precision: GradPrecision) -> State<'m> {
+        State::new(pruned, self.norms.take(), precision)
     }
 
     fn input(&self) -> pass::Input<'_, B> {

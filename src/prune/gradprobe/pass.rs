@@ -161,9 +161,10 @@ pub struct Input<'a, B: Compute> {
 }
 
 /// What the passes carry between them.
-pub struct State {
-    /// Already zero (earlier iterative steps): applied on every load.
-    pub pruned: Masks,
+pub struct State<'a> {
+    /// Already zero (earlier iterative steps): applied on every load,
+    /// borrowed from the iteration, which holds them anyway.
+    pub pruned: &'a Masks,
     pub tentative: Masks,
     pub original: BTreeMap<String, StoredGrads>,
     pub decided: Masks,
@@ -171,8 +172,8 @@ pub struct State {
     precision: GradPrecision,
 }
 
-impl State {
-    pub fn new(pruned: Masks, norms: Option<Norms>, precision: GradPrecision) -> Self {
+impl<'a> State<'a> {
+    pub fn new(pruned: &'a Masks, norms: Option<Norms>, precision: GradPrecision) -> Self {
         Self {
             pruned,
             tentative: Masks::new(),
@@ -202,7 +203,7 @@ impl State {
         c.insert("pruned positions (u32)".into(), positions(&self.decided));
         c.insert(
             "earlier steps' pruning (u32)".into(),
-            positions(&self.pruned),
+            positions(self.pruned),
         );
         c
     }
@@ -211,7 +212,7 @@ impl State {
     /// steps pruned it, or the modified pass reduces its candidates).
     pub(super) fn changes(&self, which: Which, name: &str) -> bool {
         let some = |m: &Masks| m.get(name).is_some_and(|p| !p.is_empty());
-        some(&self.pruned) || (which == Which::Modified && some(&self.tentative))
+        some(self.pruned) || (which == Which::Modified && some(&self.tentative))
     }
 
     /// Zeroes already-pruned weights of `name`, and in the modified pass
