@@ -122,20 +122,32 @@ fn draw_header(frame: &mut Frame, area: Rect, state: &UiState) {
         .run
         .eta_s()
         .map_or(String::new(), |e| format!("   ETA {} ({pass})", clock(e)));
+    let width = area.width.saturating_sub(2) as usize;
+    let what = format!(
+        "model {}   method {}",
+        or_dash(&state.model),
+        or_dash(&state.method)
+    );
+    let time = format!("elapsed {}{eta}", clock(state.run.elapsed_s));
+    let status = Span::styled(status, Style::new().fg(color));
+    // Where the line does not fit, the run's status and time come first
+    // and the model's name is what the edge cuts (the command above
+    // names it too).
+    let room = width.saturating_sub(time.chars().count() + status.width() + 6);
+    let second = match what.chars().count() <= room {
+        true => vec![Span::raw(format!("{what}   {time}   ")), status],
+        false => vec![
+            status,
+            Span::raw(format!("   {time}   ")),
+            Span::raw(truncate(&what, room)),
+        ],
+    };
     let lines = vec![
         Line::from(Span::styled(
             truncate(&state.command, area.width.saturating_sub(3) as usize),
             Style::new().add_modifier(Modifier::BOLD),
         )),
-        Line::from(vec![
-            Span::raw(format!(
-                "model {}   method {}   ",
-                or_dash(&state.model),
-                or_dash(&state.method)
-            )),
-            Span::raw(format!("elapsed {}{eta}   ", clock(state.run.elapsed_s))),
-            Span::styled(status, Style::new().fg(color)),
-        ]),
+        Line::from(second),
     ];
     frame.render_widget(
         Paragraph::new(lines).block(Block::bordered().title(" run ")),

@@ -381,6 +381,13 @@ fn a_device_run_fits_80_by_24() {
         plan: crate::events::RunPlan {
             command: "prune".into(),
             device: "cuda".into(),
+            method: Some("wanda".into()),
+            model: Some(crate::events::ModelInfo {
+                source: "/data/models/llama-3.2-1b-instruct".into(),
+                layers: 16,
+                hidden: 2048,
+                ..Default::default()
+            }),
             ..Default::default()
         },
     });
@@ -438,9 +445,20 @@ fn a_device_run_fits_80_by_24() {
     // line names the phase); the bytes stay.
     assert!(line("bus").contains("↑ 1.367 GiB  ↓ 16.00 KiB  "), "{text}");
     assert!(text.contains("04_after_pruning"), "{text}");
+    // The header keeps the run's status and time; the edge cuts the
+    // model's name, which the command line names too.
+    let header = line("running");
+    assert!(header.contains("elapsed 00:00:11   ETA "), "{header}");
+    assert!(
+        header
+            .trim_end_matches('│')
+            .ends_with("model models/llama-3.2-…"),
+        "{header}"
+    );
     // A tall terminal keeps the separate gauges and both category lines.
     let tall = screen(&s, 140, 40);
     for want in [
+        "model models/llama-3.2-1b-instruct (16 layers, hidden 2048)   method wanda",
         "│RSS ",
         "│heap ",
         "│reserved ",
