@@ -318,18 +318,15 @@ fn forecast_line(state: &UiState) -> Line<'static> {
     Line::from(spans)
 }
 
-/// The memory block's lines for an inner width of `width` cells. A
-/// `compact` view (a short terminal) draws a device run's heap within its
-/// resident set and the pool's bytes in use within its reserve on one bar
-/// each, keeps the categories at the peak only and leaves out a GPU line
-/// that has no reading, so that the utilisation, the bus and the forecast
-/// still show in 24 rows.
-pub(super) fn lines(state: &UiState, width: usize, compact: bool) -> Vec<Line<'static>> {
-    let run = &state.run;
-    let mut gauges = match (run.on_device(), compact) {
+/// The gauges of the pool and the host: on a device run the pool on its
+/// own scale (its reserved bytes) beside the host's resident set and heap,
+/// each pair on one bar in a `compact` view; else the host's series on
+/// one scale.
+fn memory_gauges(run: &crate::events::fold::RunFold, compact: bool) -> Vec<Gauge> {
+    match run.on_device() {
         // The device pool on its own scale (its reserved bytes), beside the
         // host's resident set and heap.
-        (true, _) => {
+        true => {
             let host_full = run.rss.peak.max(run.heap.peak).unwrap_or(1);
             let pool_full = run.reserved.peak.max(run.device.peak).unwrap_or(1);
             match compact {
@@ -358,7 +355,7 @@ pub(super) fn lines(state: &UiState, width: usize, compact: bool) -> Vec<Line<'s
             }
         }
         // Host series share one scale (the largest peak), so bars compare.
-        (false, _) => {
+        false => {
             let host_full = [run.rss.peak, run.heap.peak, run.reserved.peak]
                 .into_iter()
                 .flatten()
@@ -370,7 +367,18 @@ pub(super) fn lines(state: &UiState, width: usize, compact: bool) -> Vec<Line<'s
                 one("reserved", &run.reserved, host_full, Color::Magenta),
             ]
         }
-    };
+    }
+}
+
+/// The memory block's lines for an inner width of `width` cells. A
+/// `compact` view (a short terminal) draws a device run's heap within its
+/// resident set and the pool's bytes in use within its reserve on one bar
+/// each, keeps the categories at the peak only and leaves out a GPU line
+/// that has no reading, so that the utilisation, the bus and the forecast
+/// still show in 24 rows.
+pub(super) fn lines(state: &UiState, width: usize, compact: bool) -> Vec<Line<'static>> {
+    let run = &state.run;
+    let mut gauges = memory_gauges(run, compact);
     let gpu = &run.gpu;
     if !compact || gpu.now.or(gpu.peak).or(gpu.total).is_some() {
         let gpu_full = gpu.total.or(gpu.peak).unwrap_or(1);
