@@ -18,7 +18,7 @@ use crate::events::stages;
 /// two moments.
 pub(super) fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
     let sh = Shape::uncalibrated(a, w, 0, notes);
-    let earlier = earlier_positions(a, w);
+    let earlier = positions_at(a, w.earlier_sparsity) * 4;
     let held = |p: Phase| match earlier {
         0 => p,
         b => p.add("earlier steps' pruned positions (u32)", b),
@@ -29,21 +29,20 @@ pub(super) fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) 
         .collect();
     if evaluates_inline(w) {
         let layers = held(gradprobe_step6(a, w, &sh));
-        out.push(match w.iterative {
-            true => {
-                let stages = [stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED];
-                let head = eval_phase(a, w, &sh, "step 6", &stages, w.resident, 0)
-                    .add("pruned positions (u32)", pruned_positions(a, w) * 4);
-                let head = held(head);
-                if head.total() > layers.total() {
-                    head
-                } else {
-                    layers
-                }
-            }
-            false => layers,
-        });
-        if w.iterative {
+        if !w.iterative {
+            out.push(layers);
+        } else {
+            // The step's evaluation, the head after the layers, is inside
+            // its step 6: no evaluation phase of its own.
+            let stages = [stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED];
+            let head = eval_phase(a, w, &sh, "step 6", &stages, w.resident, 0)
+                .add("pruned positions (u32)", positions_at(a, w.sparsity) * 4);
+            let head = held(head);
+            out.push(if head.total() > layers.total() {
+                head
+            } else {
+                layers
+            });
             return out;
         }
     }
@@ -72,7 +71,7 @@ fn gradprobe_step6(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     .into_iter()
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("load transient", 0));
-    let pruned = pruned_positions(a, w);
+    let pruned = positions_at(a, w.sparsity);
     sh.base(Phase::new(
         "step 6",
         &[stages::GP_FINAL_MASKS, stages::GP_PRUNING_APPLIED],
@@ -96,14 +95,9 @@ fn gradprobe_step6(a: &Arch, w: &Workload, sh: &Shape) -> Phase {
     )
 }
 
-/// The positions one step prunes, at most (every candidate: the probe
-/// restores a share no estimate can know).
-fn pruned_positions(a: &Arch, w: &Workload) -> u64 {
-    (a.layers as f64 * a.layer_linear_params() as f64 * w.sparsity) as u64
-}
-
-/// Bytes of the positions an `--iterative` step holds from the steps
-/// before it, at the sparsity they reached.
-fn earlier_positions(a: &Arch, w: &Workload) -> u64 {
-    (a.layers as f64 * a.layer_linear_params() as f64 * w.earlier_sparsity) as u64 * 4
+/// The probed linears' positions at `sparsity`: a step's pruned ones at
+/// most (every candidate: the probe restores a share no estimate can
+/// know), or those the steps before an `--iterative` step reached.
+fn positions_at(a: &Arch, sparsity: f64) -> u64 {
+    (a.layers as f64 * a.layer_linear_params() as f64 * sparsity) as u64
 }
