@@ -12,6 +12,7 @@
 pub mod against;
 pub mod bounds;
 pub mod catalog;
+mod component;
 pub mod device_pool;
 pub mod fit;
 pub mod forecast;
@@ -26,6 +27,8 @@ pub mod reference;
 pub mod saved;
 mod tokenizer;
 pub mod training;
+
+pub use component::{Component, category_of};
 
 use crate::memory::tag::Category;
 use serde::Serialize;
@@ -346,47 +349,6 @@ impl Workload {
             earlier_sparsity: 0.0,
             iterative: false,
         }
-    }
-}
-
-/// One named amount of memory, and the measured category
-/// (`memory::tag`) it belongs to, so predictions and measurements compare
-/// category by category.
-#[derive(Debug, Clone, PartialEq, Serialize)]
-pub struct Component {
-    pub name: String,
-    pub category: Category,
-    pub bytes: u64,
-}
-
-/// The category of an estimator component, by its name: the buffers the
-/// name describes and the tag the engine holds while it allocates them
-/// (`prune::engine`, `model::perplexity`, `model::checkpoint`). Runtime takes
-/// what is not the heap (binary, stacks, arenas, CUDA context) and the base
-/// heap.
-pub fn category_of(name: &str) -> Category {
-    let has = |k: &str| name.contains(k);
-    let activations = ["activation", "calibration", "hidden", "rotary", "KV cache"];
-    if has("runtime") || has("CUDA context") || has("workspace") || has("reserve") {
-        Category::Runtime
-    } else if has("text and tokens") || has("tokenizer") {
-        Category::Tokenizer
-    } else if has("optimizer") {
-        Category::Optimizer
-    } else if has("logit") {
-        Category::Logits
-    } else if has("maxima") || has("statistic") || has("OBS") {
-        Category::Statistics
-    } else if has("gradient") || has("backward") {
-        Category::Gradients
-    } else if has("mask") || has("positions") || has("pruning transient") {
-        Category::Masks
-    } else if has("weight") || has("embedding") || has("load") || has("saved values") {
-        Category::Weights
-    } else if activations.map(has).contains(&true) {
-        Category::Activations
-    } else {
-        Category::Untagged
     }
 }
 
