@@ -384,6 +384,16 @@ impl RunFold {
         self.plan.as_ref()?.settings.get("kernel_cache")?.as_str()
     }
 
+    /// The older builds' folders the run removed from the kernel cache's
+    /// root (`exec::kernel_cache`): how many, and their bytes; `None`
+    /// where it removed none.
+    pub fn kernel_cache_removed(&self) -> Option<(usize, u64)> {
+        let settings = &self.plan.as_ref()?.settings;
+        let list = settings.get("kernel_cache_removed")?.as_array()?;
+        let bytes = list.iter().filter_map(|r| r["bytes"].as_u64()).sum();
+        (!list.is_empty()).then_some((list.len(), bytes))
+    }
+
     /// The stage row whose window reached the highest RSS.
     pub fn peak_stage(&self) -> Option<usize> {
         self.stages

@@ -30,7 +30,7 @@
 //! (`PRUNEMEM_COUNT_KERNELS=0`), launches are not counted and show as
 //! unknown.
 
-use std::sync::Once;
+use std::sync::{Once, OnceLock};
 
 use burn::cubecl::config::cache::CacheConfig;
 use burn::cubecl::config::memory::PersistentMemory;
@@ -46,8 +46,11 @@ pub(super) fn configure() {
         // A cubecl.toml / burn.toml and CUBECL_* variables still apply.
         let mut config = CubeClRuntimeConfig::from_current_dir().override_from_env();
         config.memory.persistent_memory = PersistentMemory::Enforced;
-        if config.compilation.cache.is_none() {
-            config.compilation.cache = kernel_cache().map(CacheConfig::File);
+        // Kept where a cubecl.toml puts cubecl's cache, else in this
+        // build's folder (decided once: the plan names the same place).
+        let place = PLACE.get_or_init(|| place_of(config.compilation.cache.as_ref()));
+        if let super::kernel_cache::Place::Build(folder) = place {
+            config.compilation.cache = Some(CacheConfig::File(folder.clone()));
         }
         // PRUNEMEM_COUNT_KERNELS=0 turns the count off (each launch then
         // skips formatting its name: about a microsecond on the launching
@@ -68,6 +71,40 @@ pub(super) fn configure() {
             super::transfer::counting_kernels();
         }
     });
+}
+
+/// Where this process's compiled kernels are kept, decided once: by
+/// [`configure`] from the configuration it sets, or here where no device
+/// has been opened yet.
+static PLACE: OnceLock<super::kernel_cache::Place> = OnceLock::new();
+
+/// Where this process's compiled kernels are kept: where a `cubecl.toml`
+/// or `burn.toml` (in the working directory or above it) puts cubecl's
+/// cache, which [`configure`] leaves in force, else this build's folder
+/// ([`kernel_cache`]), else nowhere.
+pub fn cache_place() -> super::kernel_cache::Place {
+    PLACE
+        .get_or_init(|| {
+            place_of(
+                CubeClRuntimeConfig::from_current_dir()
+                    .compilation
+                    .cache
+                    .as_ref(),
+            )
+        })
+        .clone()
+}
+
+/// [`cache_place`] given cubecl's own setting (`None`: none set).
+fn place_of(cubecl: Option<&CacheConfig>) -> super::kernel_cache::Place {
+    use super::kernel_cache::Place;
+    match cubecl {
+        Some(CacheConfig::File(path)) => {
+            Place::Cubecl(format!("{} (cubecl.toml's)", path.display()))
+        }
+        Some(other) => Place::Cubecl(format!("cubecl's {other:?} cache (cubecl.toml's)")),
+        None => kernel_cache().map_or(Place::Off, Place::Build),
+    }
 }
 
 /// Where compiled kernels are kept between runs: under

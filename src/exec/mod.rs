@@ -31,6 +31,7 @@ mod cube_variant;
 mod cube_compute;
 pub mod defaults;
 pub mod dist;
+pub mod kernel_cache;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod kernels;
 pub mod launch;
@@ -56,14 +57,14 @@ pub use backends::{Cpu, CpuAutodiff};
 pub use compute::Compute;
 pub use spec::{DeviceSpec, WgpuSelect};
 
-/// Where this build keeps its compiled kernels between runs
-/// (`cube::kernel_cache`); `None` where nothing is kept, or where the
-/// build has no device backend.
-pub fn kernel_cache() -> Option<std::path::PathBuf> {
+/// Where a device run keeps its compiled kernels between runs
+/// (`cube::cache_place`); `Off` where nothing is kept, or where the build
+/// has no device backend.
+pub fn kernel_cache_place() -> kernel_cache::Place {
     #[cfg(any(feature = "wgpu", feature = "cuda"))]
-    return cube::kernel_cache();
+    return cube::cache_place();
     #[cfg(not(any(feature = "wgpu", feature = "cuda")))]
-    None
+    kernel_cache::Place::Off
 }
 
 /// Why a device cannot be used.

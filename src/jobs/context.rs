@@ -73,6 +73,94 @@ impl Default for RunOptions {
     }
 }
 
+/// A device run's plan: what runs where on the device (each setting is
+/// what an estimate or a view reads back), and the kernel cache, marked as
+/// used and tidied ([`kernel_cache_settings`]). Returns the cache's
+/// warning, if any.
+fn device_settings(
+    plan: &mut RunPlan,
+    exec: &Exec,
+    device: DeviceSpec,
+    cap: Option<u64>,
+) -> Option<String> {
+    // SparseGPT's Hinv is factored on the device
+    // (`prune::factor_device`; the estimate's `factor_on_device`).
+    plan.settings.insert("factor".into(), "device".into());
+    // DSnoT's SparseGPT saliency too (`prune::factor_device::Saliency`;
+    // the estimate's `saliency_on_device`).
+    plan.settings
+        .insert("dsnot_saliency".into(), "device".into());
+    plan.settings
+        .insert("adapter".into(), exec.adapter().into());
+    // The attention kernel the run will take (the pool's pages
+    // depend on it: `estimate::device_pool`).
+    let f16 = plan.settings.get("dtype").and_then(|v| v.as_str()) == Some("f16");
+    let cuda = matches!(device, DeviceSpec::Cuda(_));
+    plan.settings.insert(
+        "attention".into(),
+        crate::exec::attention::planned(cuda, f16).into(),
+    );
+    // The linears' weights as the reader leaves them
+    // (`model::prefetch::stored_layout`: as stored on CUDA).
+    let layout = match crate::model::prefetch::stored_layout() {
+        true => "stored",
+        false => "burn",
+    };
+    plan.settings.insert("weight_layout".into(), layout.into());
+    // How the large copies cross the bus (`exec::copies`): Burn's,
+    // or through page-locked staging (CUDA's default,
+    // `exec::defaults`; PRUNEMEM_TRANSFERS names either).
+    plan.settings
+        .insert("transfers".into(), crate::exec::copies::name().into());
+    // The head's product (`exec::matmul::times_rows`): the
+    // device's measured strategy (`double_tma_mma` on CUDA with
+    // TMA, else Burn's matmul) unless PRUNEMEM_HEAD_MATMUL names one.
+    plan.settings.insert(
+        "head_matmul".into(),
+        crate::exec::matmul::head_name().into(),
+    );
+    // The MLP's gate (written over the gate's buffer), Wanda's
+    // norms and the RMS norm run prunemem's kernels on every cube
+    // device.
+    for (kernel, how) in [
+        ("swiglu", "in_place"),
+        ("norms", "kernel"),
+        ("rms_norm", "kernel"),
+    ] {
+        plan.settings.insert(kernel.into(), how.into());
+    }
+    // DSnoT's cycles: one launch a linear, unless PRUNEMEM_DSNOT=ops.
+    plan.settings
+        .insert("dsnot".into(), crate::exec::swap_loop::name().into());
+    if let Some(cap) = cap {
+        plan.settings.insert("device_memory".into(), cap.into());
+    }
+    kernel_cache_settings(plan)
+}
+
+/// Where this build's compiled kernels are kept between runs
+/// (`kernel_cache`, `off`: compiled in every run; `transfers`' `compiled`
+/// and `from_cache` say how many this run compiled and loaded), and the
+/// older builds' folders this run removed (`kernel_cache_removed`:
+/// `exec::kernel_cache`); where a cubecl.toml names cubecl's cache, that
+/// instead, untouched. Returns why the cache could not be tidied.
+fn kernel_cache_settings(plan: &mut RunPlan) -> Option<String> {
+    use crate::exec::kernel_cache::Place;
+    let place = crate::exec::kernel_cache_place();
+    plan.settings
+        .insert("kernel_cache".into(), place.setting().into());
+    // cubecl's own setting is the user's to keep: nothing marked or removed.
+    let Place::Build(folder) = place else {
+        return None;
+    };
+    let prepared = crate::exec::kernel_cache::prepare(&folder);
+    if !prepared.removed.is_empty() {
+        let removed = serde_json::to_value(&prepared.removed).unwrap_or_default();
+        plan.settings.insert("kernel_cache_removed".into(), removed);
+    }
+    prepared.warning
+}
+
 /// A run in progress.
 pub struct Run {
     pub profiler: Profiler,
@@ -114,67 +202,12 @@ impl Run {
         // A streamed embedding reads its windows' rows, not the table
         // (`model::vocab`; the estimate's `embedding_rows`).
         plan.settings.insert("embedding".into(), "rows".into());
-        if exec.is_device() {
-            // SparseGPT's Hinv is factored on the device
-            // (`prune::factor_device`; the estimate's `factor_on_device`).
-            plan.settings.insert("factor".into(), "device".into());
-            // DSnoT's SparseGPT saliency too (`prune::factor_device::Saliency`;
-            // the estimate's `saliency_on_device`).
-            plan.settings
-                .insert("dsnot_saliency".into(), "device".into());
+        let cache_warning = if exec.is_device() {
             options.profiler.device = exec.probe();
-            plan.settings
-                .insert("adapter".into(), exec.adapter().into());
-            // The attention kernel the run will take (the pool's pages
-            // depend on it: `estimate::device_pool`).
-            let f16 = plan.settings.get("dtype").and_then(|v| v.as_str()) == Some("f16");
-            let cuda = matches!(options.device, DeviceSpec::Cuda(_));
-            plan.settings.insert(
-                "attention".into(),
-                crate::exec::attention::planned(cuda, f16).into(),
-            );
-            // The linears' weights as the reader leaves them
-            // (`model::prefetch::stored_layout`: as stored on CUDA).
-            let layout = match crate::model::prefetch::stored_layout() {
-                true => "stored",
-                false => "burn",
-            };
-            plan.settings.insert("weight_layout".into(), layout.into());
-            // How the large copies cross the bus (`exec::copies`): Burn's,
-            // or through page-locked staging (CUDA's default,
-            // `exec::defaults`; PRUNEMEM_TRANSFERS names either).
-            plan.settings
-                .insert("transfers".into(), crate::exec::copies::name().into());
-            // The head's product (`exec::matmul::times_rows`): the
-            // device's measured strategy (`double_tma_mma` on CUDA with
-            // TMA, else Burn's matmul) unless PRUNEMEM_HEAD_MATMUL names one.
-            plan.settings.insert(
-                "head_matmul".into(),
-                crate::exec::matmul::head_name().into(),
-            );
-            // The MLP's gate (written over the gate's buffer), Wanda's
-            // norms and the RMS norm run prunemem's kernels on every cube
-            // device.
-            for (kernel, how) in [
-                ("swiglu", "in_place"),
-                ("norms", "kernel"),
-                ("rms_norm", "kernel"),
-            ] {
-                plan.settings.insert(kernel.into(), how.into());
-            }
-            // DSnoT's cycles: one launch a linear, unless PRUNEMEM_DSNOT=ops.
-            plan.settings
-                .insert("dsnot".into(), crate::exec::swap_loop::name().into());
-            // Where this build's compiled kernels are kept between runs
-            // (`off`: compiled in every run); `transfers`' `compiled` and
-            // `from_cache` say how many this run compiled and loaded.
-            let cache =
-                crate::exec::kernel_cache().map_or("off".into(), |p| p.display().to_string());
-            plan.settings.insert("kernel_cache".into(), cache.into());
-            if let Some(cap) = cap {
-                plan.settings.insert("device_memory".into(), cap.into());
-            }
-        }
+            device_settings(&mut plan, &exec, options.device, cap)
+        } else {
+            None
+        };
         // A distributed run's views and printed results are rank 0's; every
         // other rank computes silently and logs into `LOGDIR/rank-R/`
         // (`events::ranks` folds the ranks' logs).
@@ -217,6 +250,9 @@ impl Run {
         }
         emitter.emit(Event::RunStarted { plan: plan.clone() });
         profiler.warn_unavailable_probes();
+        if let Some(w) = cache_warning {
+            profiler.message(crate::events::Level::Warn, w);
+        }
         if options.handle_signals {
             install_signal_handler(profiler.clone()).map_err(RunError::Signal)?;
         }

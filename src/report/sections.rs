@@ -252,6 +252,16 @@ fn compiles(s: &mut String, run: &RunData, transfers: &serde_json::Map<String, s
             by_phase.join(", ")
         ),
     };
+    if let Some((n, bytes)) = run.kernel_cache_removed() {
+        let _ = writeln!(
+            s,
+            "Before its first launch the run removed {} ({}), \
+             the least recently used past the builds kept (`PRUNEMEM_KERNEL_CACHE_KEEP`, {} unless set).\n",
+            crate::sinks::summary::older_builds(n),
+            crate::units::format_bytes(bytes),
+            crate::exec::kernel_cache::DEFAULT_KEEP
+        );
+    }
 }
 
 /// NVML's utilisation over the run (the log's readings), and the phase

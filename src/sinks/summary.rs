@@ -128,6 +128,7 @@ impl StageTable {
         }
         if let Some(t) = r.get("transfers").and_then(|v| v.as_object()) {
             out += &compiled_line(t, self.fold.kernel_cache()).unwrap_or_default();
+            out += &removed_line(self.fold.kernel_cache_removed()).unwrap_or_default();
             out += "Bus traffic      phase: host→device / device→host / kernels\n";
             let phases = t.iter().map(|(k, v)| (k.as_str(), v));
             for (phase, p) in crate::timing::in_run_order(phases) {
@@ -254,6 +255,26 @@ pub fn compiled_line(
     ))
 }
 
+/// The older builds' kernel folders the run removed, least recently used
+/// past `PRUNEMEM_KERNEL_CACHE_KEEP` (4 unless set); `None` where none.
+pub fn removed_line(removed: Option<(usize, u64)>) -> Option<String> {
+    let (n, bytes) = removed?;
+    Some(format!(
+        "{:<16} removed {} ({}), the least recently used (PRUNEMEM_KERNEL_CACHE_KEEP: how many builds are kept)\n",
+        "",
+        older_builds(n),
+        format_bytes(bytes)
+    ))
+}
+
+/// "1 older build's kernel folder", "2 older builds' kernel folders".
+pub fn older_builds(n: usize) -> String {
+    match n {
+        1 => "1 older build's kernel folder".into(),
+        n => format!("{n} older builds' kernel folders"),
+    }
+}
+
 /// `gpu_util`'s line: the mean over the run, then each phase's in the
 /// order the run went through them ("38.7% mean over 120 samples; by
 /// phase: load_layer 5%, prune 41%, eval 85%"); `None` without a mean.
@@ -302,6 +323,12 @@ mod tests {
         // An older log, or launches not counted: no line.
         let old = serde_json::json!({"prune": {"kernels": 90}});
         assert!(compiled_line(old.as_object().unwrap(), None).is_none());
+        assert_eq!(
+            super::removed_line(Some((2, 3 << 20))).unwrap(),
+            "                 removed 2 older builds' kernel folders (3.000 MiB), the least recently used (PRUNEMEM_KERNEL_CACHE_KEEP: how many builds are kept)\n"
+        );
+        assert!(super::removed_line(None).is_none());
+        assert_eq!(super::older_builds(1), "1 older build's kernel folder");
     }
 
     #[test]
