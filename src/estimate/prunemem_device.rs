@@ -436,12 +436,6 @@ fn prune_phase(
     // mask as the keys go); otherwise the host's pruned weight goes up
     // beside the one it replaces.
     let moment = match (m, w.dsnot) {
-        // The report's kept metric, a slice of whole groups at a time
-        // (`prune::reallocation_device`): half a byte a weight more.
-        (Method::Ria, false) if w.reallocation => (
-            "selection: f32 metric (reallocated mask)",
-            a.largest_linear() * 9 / 2,
-        ),
         // Wanda's α-variant (`prune::variant_device`): the f32 metric
         // beside its sorted tables.
         (Method::Wanda, false) if w.use_variant => (
@@ -535,22 +529,17 @@ fn variant_tables(a: &Arch) -> u64 {
 }
 
 /// What the pool keeps freed beside RIA's reallocation on the device
-/// (`prune::reallocation_device`), past direct N:M's: a byte a weight of
-/// the largest linear (the kept metric's slices: their keys, mask and
-/// masked copy), and with `--lsa` the widest input's assignment scores
-/// (`(in / m)²` f32). Its widest moment otherwise, the f32 metric beside
-/// its permutation, is no wider than RIA's metric itself. Measured on
-/// lavapipe at 192/512, 256/704 and 384/1024 wide, 2:4 and 4:8: within
-/// 0.1% of the reserved and in-use peaks.
+/// (`prune::reallocation_device`), past direct N:M's: with `--lsa` the
+/// widest input's assignment scores (`(in / m)²` f32). The report's kept
+/// metric is one kernel's per-output sums (`Compute::nm_kept_sums`), where
+/// Burn's ops on slices of the metric kept a byte a weight more and held
+/// half a byte a weight more in use. Its widest moment otherwise, the f32
+/// metric beside its permutation, is no wider than RIA's metric itself.
 fn reallocation_kept(a: &Arch, w: &Workload) -> u64 {
-    if !w.reallocation {
+    if !w.reallocation || !w.lsa {
         return 0;
     }
-    let scores = match w.lsa {
-        true => (a.hidden.max(a.intermediate) / w.group.max(1)).pow(2) * 4,
-        false => 0,
-    };
-    a.largest_linear() + scores
+    (a.hidden.max(a.intermediate) / w.group.max(1)).pow(2) * 4
 }
 
 /// What the pool reserves in the prune phase: at the statistics pass, what

@@ -208,6 +208,21 @@ pub trait Compute: Backend {
         Err(x)
     }
 
+    /// What N:M (`n` of every `m` inputs pruned) keeps of `metric`
+    /// (`[in, out]`, f32, `in` a multiple of `m`), summed per output in f32
+    /// (`[out]`): the reallocation report's kept metric without a mask or
+    /// a masked copy. `Err` gives `metric` back where the backend has no
+    /// such kernel, `m` is past its local array or the layout is another
+    /// (the caller masks slices with Burn's ops).
+    fn nm_kept_sums(
+        metric: Tensor<Self, 2>,
+        n: usize,
+        m: usize,
+    ) -> Result<Tensor<Self, 1>, Tensor<Self, 2>> {
+        let _ = (n, m);
+        Err(metric)
+    }
+
     /// RIA's assignment scores of slot `slot` (`[groups, groups]`, f32:
     /// target, source) over `p`, the permuted metric as the host lays it
     /// out (`[out, in]`, row-major), summed in the host's order

@@ -204,6 +204,14 @@ macro_rules! cube_obs_sweep {
     }};
 }
 
+/// The strides of a `[rows, cols]` tensor laid out whole, row-major
+/// (`(cols, 1)`) or as the transpose of a row-major one (`(1, rows)`): the
+/// two layouts prunemem's 2-D kernels index; `None` for any other.
+pub(super) fn laid_out_2d(strides: &[usize], rows: usize, cols: usize) -> Option<(usize, usize)> {
+    let strides = (strides[0], strides[1]);
+    (strides == (cols, 1) || strides == (1, rows)).then_some(strides)
+}
+
 /// A selection kernel on a cube backend (`exec::kernels`): `$launch` runs
 /// on the keys' own buffer (read in its layout, `[in, out]` or its
 /// transpose) and writes i32 flags into a new contiguous tensor, handed
@@ -216,14 +224,12 @@ macro_rules! cube_select {
         let [rows, cols] = keys.dims();
         let device = keys.device();
         let prim = keys.into_primitive();
-        let strides = {
-            let s = prim.meta.strides();
-            (s[0], s[1])
-        };
-        let laid_out = strides == (cols, 1) || strides == (1, rows);
+        let layout = crate::exec::cube_compute::laid_out_2d(prim.meta.strides(), rows, cols);
         let fits = rows < i32::MAX as usize && rows * cols < u32::MAX as usize;
+        let Some(strides) = layout else {
+            return Err(Tensor::from_primitive(prim));
+        };
         if prim.dtype != DType::I32
-            || !laid_out
             || !prim.is_contiguous_buffer()
             || !fits
             || !$takes
@@ -500,6 +506,17 @@ macro_rules! cube_compute {
                 crate::exec::tally::counted(
                     crate::exec::tally::Kernel::RowSums,
                     (|| cube_ordered_row_sums!($runtime, x))(),
+                )
+            }
+
+            fn nm_kept_sums(
+                metric: burn::tensor::Tensor<Self, 2>,
+                n: usize,
+                m: usize,
+            ) -> Result<burn::tensor::Tensor<Self, 1>, burn::tensor::Tensor<Self, 2>> {
+                crate::exec::tally::counted(
+                    crate::exec::tally::Kernel::KeptSums,
+                    (|| cube_nm_kept_sums!($runtime, metric, n, m))(),
                 )
             }
 

@@ -21,13 +21,12 @@ macro_rules! cube_variant_tables {
         let [inp, out] = metric.dims();
         let device = metric.device();
         let mp = metric.clone().into_primitive().tensor();
-        let strides = {
-            let s = mp.meta.strides();
-            (s[0], s[1])
+        let Some(strides) = crate::exec::cube_compute::laid_out_2d(mp.meta.strides(), inp, out)
+        else {
+            return Err(metric);
         };
         let p = inp.next_power_of_two();
         let ok = mp.dtype == DType::F32
-            && (strides == (out, 1) || strides == (1, inp))
             && crate::exec::cube_variant::unsliced(&mp.handle, inp * out * 4)
             && inp > 0
             && out > 0

@@ -47,6 +47,8 @@ pub enum Kernel {
     RowSums,
     /// RIA's reallocation: one slot's assignment scores.
     SlotScores,
+    /// RIA's reallocation report: the metric N:M keeps, per output.
+    KeptSums,
     /// Wanda's α-variant: each output's metric sorted and summed.
     VariantPrefix,
     /// Wanda's α-variant: one α's thresholds and counts.
@@ -57,7 +59,7 @@ pub enum Kernel {
     PinnedDownload,
 }
 
-const KERNELS: [Kernel; 17] = [
+const KERNELS: [Kernel; 18] = [
     Kernel::Matmul,
     Kernel::Attention,
     Kernel::Swiglu,
@@ -71,6 +73,7 @@ const KERNELS: [Kernel; 17] = [
     Kernel::Dsnot,
     Kernel::RowSums,
     Kernel::SlotScores,
+    Kernel::KeptSums,
     Kernel::VariantPrefix,
     Kernel::VariantRows,
     Kernel::PinnedUpload,
@@ -95,6 +98,7 @@ impl Kernel {
             Kernel::Dsnot => "dsnot_swaps",
             Kernel::RowSums => "ordered_row_sums",
             Kernel::SlotScores => "slot_scores",
+            Kernel::KeptSums => "nm_kept_sums",
             Kernel::VariantPrefix => "variant_prefix",
             Kernel::VariantRows => "variant_rows",
             Kernel::PinnedUpload => "pinned_upload",

@@ -12,10 +12,12 @@
 //! backend has no such kernel (or `m` is past its local array), the metric
 //! comes back and the host adds: slower, the same numbers. The report's
 //! kept metric is a device sum in f32, where the host's is an f64 one
-//! (they agree to about 1e-6 of the total), taken an eighth of the
-//! inputs at a time so its mask and masked copy stay small: the widest
-//! moment is the metric beside its permutation (8 bytes a weight of the
-//! linear, where direct N:M's mask takes the metric's own buffer).
+//! (they agree to about 1e-6 of the total): one kernel that sorts each
+//! group and adds what N:M keeps (`Compute::nm_kept_sums`, no mask), else
+//! Burn's ops an eighth of the inputs at a time so their mask and masked
+//! copy stay small. The widest moment is the metric beside its
+//! permutation (8 bytes a weight of the linear, where direct N:M's mask
+//! takes the metric's own buffer).
 
 use burn::prelude::*;
 use burn::tensor::Bool;
@@ -85,8 +87,19 @@ fn upload<B: Compute>(index: &[usize], device: &B::Device) -> Tensor<B, 1, Int> 
 const KEPT_SLICES: usize = 8;
 
 /// The metric direct N:M keeps of `metric` (`[in, out]`, `in` a multiple
-/// of `m`): one f32 back, summed a slice of whole groups at a time.
+/// of `m`): one f32 back, per output in one launch where the backend has
+/// the kernel, else summed a slice of whole groups at a time.
 fn kept<B: Compute>(metric: &Tensor<B, 2>, n: usize, m: usize) -> f64 {
+    let total = match B::nm_kept_sums(metric.clone(), n, m) {
+        Ok(sums) => crate::exec::reduce::sum_all(sums).reshape([1]),
+        Err(metric) => kept_in_slices(&metric, n, m),
+    };
+    read_floats(total).first().map_or(0.0, |v| *v as f64)
+}
+
+/// [`kept`] with Burn's ops, a slice of whole groups at a time: the
+/// slice's keys, its mask and its masked copy.
+fn kept_in_slices<B: Compute>(metric: &Tensor<B, 2>, n: usize, m: usize) -> Tensor<B, 1> {
     let [inp, _] = metric.dims();
     let step = (inp.div_ceil(KEPT_SLICES).div_ceil(m) * m).max(m);
     let mut total: Option<Tensor<B, 1>> = None;
@@ -102,7 +115,7 @@ fn kept<B: Compute>(metric: &Tensor<B, 2>, n: usize, m: usize) -> f64 {
             None => sum,
         });
     }
-    total.map_or(0.0, |t| read_floats(t).first().map_or(0.0, |v| *v as f64))
+    total.unwrap_or_else(|| Tensor::zeros([1], &metric.device()))
 }
 
 /// Each input's summed metric, in the host's order (`in` f32 back; where

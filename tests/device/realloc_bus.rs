@@ -83,6 +83,12 @@ fn ria_reallocation_on_a_device_reads_back_sums_and_scores() {
             (Some(7 * layers), Some(0)),
             "{kernels}"
         );
+        // The report's kept metric, before and after, one launch a linear.
+        assert_eq!(
+            ran("nm_kept_sums"),
+            (Some(2 * 7 * layers), Some(0)),
+            "{kernels}"
+        );
         match lsa {
             true => assert_eq!(ran("slot_scores"), (Some(7 * layers * m as u64), Some(0))),
             false => assert_eq!(ran("slot_scores").0, None, "{kernels}"),

@@ -46,7 +46,9 @@ pub use dsnot_launch::{Buf, SwapBuffers, SwapShape, launch_dsnot_nm, launch_dsno
 pub use group::launch_smallest_per_group;
 pub use nll::launch_row_nll;
 pub use obs_sweep::launch_obs_sweep;
-pub use realloc::{MAX_M as REALLOC_MAX_M, launch_ordered_row_sums, launch_slot_scores};
+pub use realloc::{
+    MAX_M as REALLOC_MAX_M, launch_nm_kept_sums, launch_ordered_row_sums, launch_slot_scores,
+};
 pub use rms_norm::launch_rms_norm;
 pub use select::{launch_kth_smallest, launch_smallest_per_column, takes_selection_cubes};
 pub use squares::{launch_column_squares, slabs as square_slabs};

@@ -12,6 +12,10 @@
 //! the permuted metric laid out as the host's (`[out, in]`, row-major),
 //! its rows in order; per row the target's other slots sorted in a local
 //! array of [`MAX_M`], then the host's merge of the `n` smallest.
+//! `nm_kept_sums`: the report's metric kept by N:M, one unit per output of
+//! Burn's `[in, out]` metric (either layout), each group's `m` inputs
+//! sorted in the same local array and all but its `n` smallest added, so
+//! no mask or masked copy of the metric is made.
 
 use cubecl::prelude::*;
 
@@ -114,6 +118,84 @@ pub(super) fn slot_scores(
             total += sum + v - small;
         }
         scores[id] = total;
+    }
+}
+
+/// `sums[c]`: the metric N:M (`n` of every `m` pruned) keeps in column
+/// `c` of `metric` (`[rows, cols]`, element `(r, c)` at `r · row_stride +
+/// c · col_stride`; `rows` a multiple of `m`): per group of `m` rows,
+/// its values sorted ascending and all but the `n` smallest added, in
+/// f32, group after group. Ties do not matter: equal values add the same.
+#[cube(launch_unchecked)]
+#[allow(clippy::too_many_arguments)]
+pub(super) fn nm_kept_sums(
+    metric: &Array<f32>,
+    sums: &mut Array<f32>,
+    rows: u32,
+    cols: u32,
+    row_stride: u32,
+    col_stride: u32,
+    n: u32,
+    m: u32,
+) {
+    let cube = CUBE_POS_Y * CUBE_COUNT_X + CUBE_POS_X;
+    let col = (cube * UNITS + UNIT_POS) as usize;
+    if col < cols as usize {
+        let mm = m as usize;
+        let (rs, cs) = (row_stride as usize, col_stride as usize);
+        let mut sorted = Array::<f32>::new(MAX_M);
+        let mut acc = f32::new(0.0);
+        for g in 0..(rows as usize) / mm {
+            for j in 0..mm {
+                let x = metric[(g * mm + j) * rs + col * cs];
+                let mut i = j;
+                while i > 0 {
+                    let prev = sorted[i - 1];
+                    if prev <= x {
+                        break;
+                    }
+                    sorted[i] = prev;
+                    i -= 1;
+                }
+                sorted[i] = x;
+            }
+            for i in n as usize..mm {
+                acc += sorted[i];
+            }
+        }
+        sums[col] = acc;
+    }
+}
+
+/// Launches [`nm_kept_sums`] over `metric` (its buffer's `len` f32, the
+/// `[rows, cols]` laid out by `strides`) into the `cols` f32 of `sums`
+/// (`1 <= n < m <= MAX_M`, `rows` a multiple of `m`, `len < u32::MAX`).
+pub fn launch_nm_kept_sums<R: Runtime>(
+    client: &ComputeClient<R>,
+    (metric, len): (cubecl::server::Handle, usize),
+    sums: cubecl::server::Handle,
+    (rows, cols): (usize, usize),
+    strides: (usize, usize),
+    (n, m): (usize, usize),
+) {
+    // SAFETY: unit `c < cols` reads `metric[r · row_stride + c ·
+    // col_stride]` for `r < rows` (inside its `len`, which the caller
+    // checked against the layout) and writes `sums[c]` only; its local
+    // array is indexed below `m <= MAX_M`.
+    unsafe {
+        nm_kept_sums::launch_unchecked(
+            client,
+            super::grid(cols, UNITS),
+            CubeDim::new_1d(UNITS),
+            ArrayArg::from_raw_parts(metric, len),
+            ArrayArg::from_raw_parts(sums, cols),
+            rows as u32,
+            cols as u32,
+            strides.0 as u32,
+            strides.1 as u32,
+            n as u32,
+            m as u32,
+        );
     }
 }
 
