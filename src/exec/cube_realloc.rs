@@ -87,7 +87,7 @@ macro_rules! cube_nm_kept_sums {
         let (metric, n, m) = ($metric, $n, $m);
         let [rows, cols] = metric.dims();
         let prim = metric.clone().into_primitive().tensor();
-        let Some(strides) = crate::exec::cube_compute::laid_out_2d(prim.meta.strides(), rows, cols)
+        let Some(strides) = crate::exec::cube_select::laid_out_2d(prim.meta.strides(), rows, cols)
         else {
             return Err(metric);
         };

@@ -21,7 +21,7 @@ macro_rules! cube_variant_tables {
         let [inp, out] = metric.dims();
         let device = metric.device();
         let mp = metric.clone().into_primitive().tensor();
-        let Some(strides) = crate::exec::cube_compute::laid_out_2d(mp.meta.strides(), inp, out)
+        let Some(strides) = crate::exec::cube_select::laid_out_2d(mp.meta.strides(), inp, out)
         else {
             return Err(metric);
         };

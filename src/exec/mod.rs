@@ -26,6 +26,9 @@ mod cube_dsnot;
 mod cube_realloc;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 #[macro_use]
+mod cube_select;
+#[cfg(any(feature = "wgpu", feature = "cuda"))]
+#[macro_use]
 mod cube_variant;
 #[cfg(any(feature = "wgpu", feature = "cuda"))]
 mod cube_compute;
