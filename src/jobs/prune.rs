@@ -128,6 +128,9 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         run.result("saved_bytes", b);
         run.result("save_format", json!(job.save_format));
     }
+    // What the run freed goes back before its last stage: a library
+    // caller's process (the Python module's) goes on after the run.
+    crate::memory::alloc::trim();
     p.stage(closing[2]);
     let device = run.exec.spec().to_string();
     let (summary, sink_errors) = run.finish(RunStatus::Ok);
