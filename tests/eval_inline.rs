@@ -175,9 +175,10 @@ fn keep_pruned_device_on_the_cpu_is_warned_about_and_runs_inline() {
 /// The evaluation gives back what it freed when it ends: its logits
 /// chunks and the head's table are large blocks the allocator caches, and
 /// before 2026-12-07 the resident set stayed at the evaluation's peak to
-/// the end of the run (a library caller's process goes on after it) (SmolLM2 Wanda, 8 windows of 256: 220.6 MiB
-/// resident after the evaluation for 12.3 MiB live). Checked on what is
-/// resident beside the live heap, before and after the evaluation.
+/// the end of the run, which a library caller's process outlives (SmolLM2
+/// Wanda, 8 windows of 256: 220.6 MiB resident after the evaluation for
+/// 12.3 MiB live). Checked on what is resident beside the live heap,
+/// before the evaluation, after it and at the run's end.
 #[test]
 fn the_evaluation_gives_back_what_it_freed() {
     use prunemem::model::synthetic::SyntheticSpec;
@@ -215,11 +216,7 @@ fn the_evaluation_gives_back_what_it_freed() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let events: Vec<Event> = std::fs::read_to_string(log.join("events.jsonl"))
-        .unwrap()
-        .lines()
-        .map(|l| serde_json::from_str(l).unwrap())
-        .collect();
+    let events = prunemem::estimate::against::read_events(&log).unwrap();
     let stage = |label: &str| {
         events
             .iter()
