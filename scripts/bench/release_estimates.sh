@@ -46,6 +46,12 @@ ln -s "$PWD/$MODEL/model.safetensors" "$PWD/$MODEL/tokenizer.json" "$LOGS/cut/"
 json.dump(c, open(sys.argv[2], "w"))' "$MODEL/config.json" "$LOGS/cut/config.json"
 
 for run in $RUNS; do args_of "$run" > /dev/null; done  # unknown names before any run
+# The binary's pages out of the page cache (written back first), so that the
+# runs map it as a binary read back from disk does: one just written (a
+# build, the wheel's install) maps more of itself (tests/support/grid.rs,
+# `settle`). Best effort where dd lacks GNU's nocache flag.
+sync "$BIN" 2>/dev/null || true
+dd if="$BIN" iflag=nocache count=0 status=none 2>/dev/null || true
 for run in $RUNS; do
   echo "== $run" >&2
   # shellcheck disable=SC2046  # the arguments hold no spaces

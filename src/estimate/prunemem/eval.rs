@@ -5,6 +5,7 @@
 
 use super::{LOGIT_CHUNK_ELEMS, Shape, compute_workspace, forward, load_transient, rope_tables};
 use crate::estimate::{Arch, Phase, Workload};
+use crate::events::stages;
 
 /// An evaluation phase: weights (resident, or the layer streamed with the
 /// embeddings and head), the hidden states of every window, rotary tables,
@@ -31,12 +32,7 @@ pub(super) fn eval_phase(
         (false, false) => (embed + head, 0),
         (false, true) => (0, embed),
     };
-    // A chunk's f32 logits twice (the tensor and the host vector
-    // `window_nll` reads it into: 2 × 31.9 MiB measured on SmolLM2, `eval
-    // --seqlen 512`, 2026-11-25), and in a 16-bit dtype the chunk before its
-    // cast.
-    let chunk = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab);
-    let logits = chunk * 8 + if c == 4 { 0 } else { chunk * c };
+    let logits = logits_chunk(a, w);
     // Streamed, a batch's residual input is one of the hidden states
     // already counted (the batches go through a layer one after the other,
     // each output replacing its input); resident, the windows' hidden
@@ -66,10 +62,7 @@ pub(super) fn eval_phase(
     // untied head is a linear, loaded as a layer's are (its stored bytes
     // and its transposed copy beside it: 60 MiB of weights for a 20 MiB
     // f32 head at sparsegpt-eval-h640-l3's evaluation peak, 2026-11-29).
-    let head_load = match (at_head, a.tied) {
-        (0, _) | (_, true) => 0,
-        _ => a.embedding_params() * (w.stored_bytes + c),
-    };
+    let head_load = head_load(a, w, resident);
     let head = match head_load > logits {
         true => ("head load transient", head_load),
         false => ("logits chunk", logits),
@@ -104,4 +97,51 @@ pub(super) fn eval_phase(
         )
         .add("compute workspace", compute_workspace(w))
         .add(t_name, t)
+}
+
+/// A chunk's f32 logits twice (the tensor and the host vector
+/// `window_nll` reads it into: 2 × 31.9 MiB measured on SmolLM2, `eval
+/// --seqlen 512`, 2026-11-25), and in a 16-bit dtype the chunk before its
+/// cast.
+fn logits_chunk(a: &Arch, w: &Workload) -> u64 {
+    let chunk = LOGIT_CHUNK_ELEMS.min(w.seqlen * a.vocab);
+    chunk * 8
+        + if w.dtype.size() == 4 {
+            0
+        } else {
+            chunk * w.dtype.size()
+        }
+}
+
+/// An untied head read from the checkpoint after the layers (streamed,
+/// with `embedding_rows`): a linear, loaded as a layer's are, its stored
+/// bytes and its transposed copy beside it.
+fn head_load(a: &Arch, w: &Workload, resident: bool) -> u64 {
+    match !a.tied && w.embedding_rows && !resident {
+        true => a.embedding_params() * (w.stored_bytes + w.dtype.size()),
+        false => 0,
+    }
+}
+
+/// The evaluation inside a prune (`model::inline_eval`): the layers ran in
+/// the prune, and the evaluation trims before its head, so its phase is the
+/// head alone, with only what the head step frees in the allocator's cache
+/// (`memory::mapping`): its load transient, and each batch's hidden states
+/// once their normed copy replaces them. Both stay cached beside the logits
+/// chunks, within the room the heap's high-water mark (`high`, the phases
+/// before) leaves. Measured on sparsegpt-eval-h640-l3 (2026-12-07): 59.8 MiB
+/// cached beside 52.5 MiB live while the logits ran (the 40 MiB load
+/// transient, a 7.5 MiB batch, a 12 MiB logits copy); the phase had been
+/// estimated with the layers' cached blocks, which the trim gives back
+/// (+13.6%).
+pub(super) fn inline_eval_phase(a: &Arch, w: &Workload, sh: &Shape, high: u64) -> Phase {
+    let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
+    let p = eval_phase(a, w, sh, "eval", &stages, false, 0);
+    let batch = w.batch_size.min(w.eval_windows) * w.seqlen * a.hidden * w.dtype.size();
+    let freed = head_load(a, w, false).min(logits_chunk(a, w)) + batch;
+    let heap = super::heap(&p);
+    p.add(
+        "runtime: the head step's freed blocks (its load, each batch's input) cached beside the logits",
+        freed.min(high.max(heap) - heap),
+    )
 }
