@@ -91,7 +91,7 @@ impl OnDevice for Steps {
                 let v: Vec<f32> = t.clone().into_data().into_vec().unwrap();
                 assert_eq!(v.len(), n);
             } else {
-                let _ = t.clone().slice([0..1]).into_data();
+                let _ = t.clone().slice(0..1).into_data();
             }
             drop(t);
             println!(

@@ -30,7 +30,7 @@ struct Rates {
 /// synchronised by reading one value back.
 fn per_call<B: Compute, const D: usize>(call: impl Fn() -> Tensor<B, D>, calls: usize) -> f64 {
     let sync = |y: Tensor<B, D>| {
-        let _ = y.flatten::<1>(0, D - 1).slice([0..1]).into_data();
+        let _ = y.flatten::<1>(0, D - 1).slice(0..1).into_data();
     };
     for _ in 0..2 {
         sync(call());

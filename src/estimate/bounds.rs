@@ -44,7 +44,8 @@ fn envelope(arch: &Arch, w: &Workload) -> [(f64, &'static str); 8] {
 /// flag that drives it.
 pub fn check(arch: &Arch, w: &Workload) -> Result<(), EstimateError> {
     for (bytes, driver) in envelope(arch, w) {
-        if !(bytes <= MAX_BYTES) {
+        // NaN (an overflowed product) is refused too.
+        if bytes.is_nan() || bytes > MAX_BYTES {
             return Err(EstimateError::TooLarge(format!(
                 "this workload needs more than 64 PiB (driven by {driver}): no machine holds it"
             )));

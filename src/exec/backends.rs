@@ -130,8 +130,8 @@ pub(super) fn open(spec: &DeviceSpec) -> Result<Opened, ExecError> {
 pub(super) fn caught_on_this_thread<T>(f: impl FnOnce() -> T) -> Result<T, String> {
     use std::sync::{Arc, Mutex};
     let me = std::thread::current().id();
-    let previous: Arc<Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>> =
-        Arc::new(std::panic::take_hook());
+    type Hook = Box<dyn Fn(&std::panic::PanicHookInfo<'_>) + Send + Sync>;
+    let previous: Arc<Hook> = Arc::new(std::panic::take_hook());
     let forward = Arc::clone(&previous);
     let elsewhere: Arc<Mutex<Option<String>>> = Arc::default();
     let seen = Arc::clone(&elsewhere);

@@ -149,7 +149,7 @@ struct HostLayer {
 }
 
 enum Layer<B: Compute> {
-    Device(DecoderLayer<B>),
+    Device(Box<DecoderLayer<B>>),
     Host(HostLayer),
 }
 
@@ -166,7 +166,7 @@ pub struct Kept<B: Compute> {
 /// rebuilt (uploaded) where it waits on the host.
 pub enum LayerRef<'a, B: Compute> {
     Borrowed(&'a DecoderLayer<B>),
-    Owned(DecoderLayer<B>),
+    Owned(Box<DecoderLayer<B>>),
 }
 
 impl<B: Compute> std::ops::Deref for LayerRef<'_, B> {
@@ -214,7 +214,7 @@ impl<B: Compute> Kept<B> {
             Place::Device => {
                 let bytes = layer_bytes(&layer);
                 self.held.set(self.held.bytes() + bytes);
-                self.layers.push(Layer::Device(layer));
+                self.layers.push(Layer::Device(Box::new(layer)));
             }
             _ => {
                 let _tag = crate::memory::tag::tag(Category::Weights);
@@ -283,7 +283,7 @@ impl<B: Compute> Kept<B> {
                         "model.layers.{i}: restoring a kept layer: {e}"
                     )));
                 }
-                Ok(LayerRef::Owned(layer))
+                Ok(LayerRef::Owned(Box::new(layer)))
             }
             None => Err(ModelError::Checkpoint(format!(
                 "model.layers.{i} was not kept"

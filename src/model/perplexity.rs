@@ -155,7 +155,7 @@ fn device_window_nll<B: Compute>(
             let skip = counted - row;
             let _tag = tag::tag(Category::Logits);
             let logits = head.logits(hj.clone().slice([row..end, 0..d]));
-            let chunk_targets = targets.clone().slice([row..end]);
+            let chunk_targets = targets.clone().slice(row..end);
             let nll = match in_vocab {
                 // One launch over the chunk in its own dtype
                 // (`exec::kernels`): no f32 copy, no reductions in pieces.
@@ -546,13 +546,13 @@ impl<B: Compute> Layers<'_, B> {
         let bytes = c.layer_param_count() * self.dtype.size();
         let layer = match (self.kept, ready) {
             (Some(k), _) => k.layer(i, c, self.device)?,
-            (None, ready) => LayerRef::Owned(prefetch::load_layer::<B>(
+            (None, ready) => LayerRef::Owned(Box::new(prefetch::load_layer::<B>(
                 self.ckpt,
                 i,
                 ready,
                 self.dtype,
                 self.device,
-            )?),
+            )?)),
         };
         if self.kept.is_none() && B::is_device() {
             crate::exec::transfer::uploaded(bytes);

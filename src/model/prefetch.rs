@@ -179,7 +179,7 @@ pub fn upload_layer<B: crate::exec::Compute>(
             TensorSnapshot::from_closure(
                 data_fn,
                 dtype,
-                shape.into(),
+                shape,
                 path.split('.').map(str::to_string).collect(),
                 Vec::new(),
                 burn::module::ParamId::new(),

@@ -111,25 +111,13 @@ pub fn fasterprune(
         let hinv1: Vec<f32> = (0..count * count)
             .map(|t| hinv[(i1 + t / count) * cols + i1 + t % count])
             .collect();
-        let diag1: Vec<f32> = (0..count).map(|i| hinv1[i * count + i]).collect();
-        // Unstructured: one threshold for the whole block.
-        let block_thresh = match pattern {
-            Pattern::Unstructured => {
-                let mut tmp: Vec<f32> = (0..rows * count)
-                    .map(|t| {
-                        let v = w[(t / count) * cols + i1 + t % count];
-                        let d = diag1[t % count];
-                        v * v / (d * d)
-                    })
-                    .collect();
-                let k = ((tmp.len() as f64) * sparsity) as usize;
-                if k >= tmp.len() {
-                    Some(f32::INFINITY)
-                } else {
-                    let (_, t, _) = tmp.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
-                    Some(*t)
-                }
-            }
+        let block = Block {
+            cols: i1..i2,
+            diag1: (0..count).map(|i| hinv1[i * count + i]).collect(),
+            hinv1,
+        };
+        let threshold = match pattern {
+            Pattern::Unstructured => Some(block.threshold(&w, rows, cols, sparsity)),
             Pattern::NM { .. } => None,
         };
         // Each row sweeps its block's columns independently; Err1 is kept
@@ -138,78 +126,135 @@ pub fn fasterprune(
         let losses: f64 = w
             .par_chunks_mut(cols)
             .zip(err1.par_chunks_mut(count))
-            .map(|(row, err_row)| {
-                let w1 = &mut row[i1..i2];
-                let mut mask = vec![false; count];
-                if let Some(th) = block_thresh {
-                    for (i, m) in mask.iter_mut().enumerate() {
-                        let d = diag1[i];
-                        *m = w1[i] * w1[i] / (d * d) <= th;
-                    }
-                }
-                let mut loss = 0f64;
-                for i in 0..count {
-                    if let Pattern::NM { n, m } = pattern
-                        && i % m == 0
-                    {
-                        let end = (i + m).min(count);
-                        let mut idx: Vec<usize> = (i..end).collect();
-                        let key = |j: usize| w1[j] * w1[j] / (diag1[j] * diag1[j]);
-                        idx.sort_by(|a, b| key(*a).total_cmp(&key(*b)));
-                        for &j in idx.iter().take(n) {
-                            mask[j] = true;
-                        }
-                    }
-                    let wv = w1[i];
-                    let q = if mask[i] { 0.0 } else { wv };
-                    let d = diag1[i];
-                    loss += ((wv - q) as f64).powi(2) / (d as f64).powi(2);
-                    let e = (wv - q) / d;
-                    // W1[:, i:] -= err1 * Hinv1[i, i:] (column i becomes q).
-                    let hrow = &hinv1[i * count..(i + 1) * count];
-                    for j in i..count {
-                        w1[j] -= e * hrow[j];
-                    }
-                    w1[i] = q;
-                    err_row[i] = e;
-                }
-                loss / 2.0
-            })
+            .map(|(row, err_row)| block.sweep(&mut row[i1..i2], err_row, threshold, pattern))
             .sum();
         error += losses;
-        // Lazy batch update of the remaining columns.
         if i2 < cols {
-            let rest = cols - i2;
-            let wp = w.as_mut_ptr();
-            // SAFETY: W[:, i2..] (dst, row stride cols), Err1 and Hinv rows
-            // i1..i2 from column i2 are disjoint live buffers of these sizes.
-            unsafe {
-                gemm::gemm(
-                    rows,
-                    rest,
-                    count,
-                    wp.add(i2),
-                    1,
-                    cols as isize,
-                    true,
-                    err1.as_ptr(),
-                    1,
-                    count as isize,
-                    hinv.as_ptr().add(i1 * cols + i2),
-                    1,
-                    cols as isize,
-                    1.0,
-                    -1.0,
-                    false,
-                    false,
-                    false,
-                    gemm::Parallelism::Rayon(0),
-                );
-            }
+            lazy_update(&mut w, rows, cols, &block.cols, &err1, &hinv);
         }
         i1 = i2;
     }
     Ok(SparseGptResult { weight: w, error })
+}
+
+/// One block of columns of the sweep: `Hinv[i1:i2, i1:i2]` and its
+/// diagonal.
+struct Block {
+    cols: std::ops::Range<usize>,
+    hinv1: Vec<f32>,
+    diag1: Vec<f32>,
+}
+
+impl Block {
+    /// Unstructured: one threshold for the whole block, the `sparsity`
+    /// quantile of `w² / d²` over its columns.
+    fn threshold(&self, w: &[f32], rows: usize, cols: usize, sparsity: f64) -> f32 {
+        let (i1, count) = (self.cols.start, self.cols.len());
+        let mut tmp: Vec<f32> = (0..rows * count)
+            .map(|t| {
+                let v = w[(t / count) * cols + i1 + t % count];
+                let d = self.diag1[t % count];
+                v * v / (d * d)
+            })
+            .collect();
+        let k = ((tmp.len() as f64) * sparsity) as usize;
+        if k >= tmp.len() {
+            f32::INFINITY
+        } else {
+            let (_, t, _) = tmp.select_nth_unstable_by(k, |a, b| a.total_cmp(b));
+            *t
+        }
+    }
+
+    /// One row's sweep over the block's columns `w1`: each column pruned
+    /// (below `threshold`, or the `n` smallest of its N:M group) or kept,
+    /// its error spread over the columns after it; `err_row` keeps the
+    /// errors for the lazy update. Returns the row's loss.
+    fn sweep(
+        &self,
+        w1: &mut [f32],
+        err_row: &mut [f32],
+        threshold: Option<f32>,
+        pattern: Pattern,
+    ) -> f64 {
+        let (count, diag1) = (self.cols.len(), &self.diag1);
+        let mut mask = vec![false; count];
+        if let Some(th) = threshold {
+            for (i, m) in mask.iter_mut().enumerate() {
+                let d = diag1[i];
+                *m = w1[i] * w1[i] / (d * d) <= th;
+            }
+        }
+        let mut loss = 0f64;
+        for i in 0..count {
+            if let Pattern::NM { n, m } = pattern
+                && i % m == 0
+            {
+                let end = (i + m).min(count);
+                let mut idx: Vec<usize> = (i..end).collect();
+                let key = |j: usize| w1[j] * w1[j] / (diag1[j] * diag1[j]);
+                idx.sort_by(|a, b| key(*a).total_cmp(&key(*b)));
+                for &j in idx.iter().take(n) {
+                    mask[j] = true;
+                }
+            }
+            let wv = w1[i];
+            let q = if mask[i] { 0.0 } else { wv };
+            let d = diag1[i];
+            loss += ((wv - q) as f64).powi(2) / (d as f64).powi(2);
+            let e = (wv - q) / d;
+            // W1[:, i:] -= err1 * Hinv1[i, i:] (column i becomes q).
+            let hrow = &self.hinv1[i * count..(i + 1) * count];
+            for j in i..count {
+                w1[j] -= e * hrow[j];
+            }
+            w1[i] = q;
+            err_row[i] = e;
+        }
+        loss / 2.0
+    }
+}
+
+/// Lazy batch update of the columns after `block`:
+/// `W[:, i2:] -= Err1 · Hinv[i1:i2, i2:]`.
+fn lazy_update(
+    w: &mut [f32],
+    rows: usize,
+    cols: usize,
+    block: &std::ops::Range<usize>,
+    err1: &[f32],
+    hinv: &[f32],
+) {
+    let (i1, i2, count) = (block.start, block.end, block.len());
+    let rest = cols - i2;
+    assert!(w.len() >= rows * cols && err1.len() >= rows * count && hinv.len() >= i2 * cols);
+    let wp = w.as_mut_ptr();
+    // SAFETY: W[:, i2..] (dst, row stride cols), Err1 and Hinv rows i1..i2
+    // from column i2 are disjoint live buffers of these sizes (checked
+    // above).
+    unsafe {
+        gemm::gemm(
+            rows,
+            rest,
+            count,
+            wp.add(i2),
+            1,
+            cols as isize,
+            true,
+            err1.as_ptr(),
+            1,
+            count as isize,
+            hinv.as_ptr().add(i1 * cols + i2),
+            1,
+            cols as isize,
+            1.0,
+            -1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::Rayon(0),
+        );
+    }
 }
 
 #[cfg(test)]

@@ -115,7 +115,8 @@ pub fn between(a: &RunData, b: &RunData) -> String {
             time(x),
             time(y)
         );
-        let readings: [&dyn Fn(&Stage) -> Option<u64>; 4] = [
+        type Reading<'a> = &'a dyn Fn(&Stage) -> Option<u64>;
+        let readings: [Reading; 4] = [
             &|t| t.point.allocated,
             &|t| t.point.reserved,
             &peak_of,

@@ -38,7 +38,7 @@ fn amount(text: &str) -> Option<u64> {
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
     let value: f64 = number.parse().ok()?;
-    let unit = unit.trim().split_whitespace().next().unwrap_or("");
+    let unit = unit.split_whitespace().next().unwrap_or("");
     let unit = unit.trim_end_matches([',', ';', '|']);
     let scale = match unit {
         "GB" | "GiB" | "G" => (1u64 << 30) as f64,

@@ -138,7 +138,7 @@ pub fn replay(
 ) -> Result<(), WatchError> {
     // Below a thousandth of real time a replay of a minute's run takes
     // most of a day: a typo, not a request.
-    if !(speed >= 1e-3 && speed <= 1e9) {
+    if !(1e-3..=1e9).contains(&speed) {
         return Err(WatchError::Invalid(format!(
             "--speed must be between 0.001 and 1e9, got {speed}"
         )));
