@@ -5,15 +5,14 @@
 //! Two ways to hold the model, same numbers: [`Weights::Resident`] runs each
 //! batch of windows through every layer; [`Weights::Streamed`] keeps the
 //! hidden states of all windows and loads one decoder layer at a time from
-//! the checkpoint, so only one layer is ever resident. Logits are computed in
-//! row chunks so a large vocabulary never materialises `[batch, seq, vocab]`.
+//! the checkpoint, so only one layer is ever resident. The logits and their
+//! losses, in row chunks, are [`nll`]'s.
 
-use crate::exec::{Compute, reduce};
+use crate::exec::Compute;
 use std::time::Instant;
 
 use crate::timing::{self, Work};
 use burn::prelude::*;
-use burn::tensor::{DType, FloatDType};
 
 use crate::memory::held::{self, Held};
 use crate::memory::tag::{self, Category};
@@ -24,6 +23,9 @@ use crate::model::prefetch;
 use crate::model::vocab::{self, LmHead};
 use crate::model::{Checkpoint, ComputeDtype, Llama, LlamaConfig, ModelError, Rope};
 use crate::profiler::Profiler;
+
+mod nll;
+pub use nll::{chunk_rows, device_chunk_rows, window_nll};
 
 /// Where the weights come from.
 pub enum Weights<'a, B: Compute> {
@@ -62,164 +64,6 @@ pub fn token_tensor<B: Compute>(windows: &[Vec<u32>], device: &B::Device) -> Ten
     Tensor::from_data(TensorData::new(ids, [windows.len(), s]), device)
 }
 
-/// Rows of logits per chunk: about 8 Mi f32 elements (32 MiB) at a time.
-pub fn chunk_rows(vocab: usize) -> usize {
-    ((1usize << 23) / vocab.max(1)).max(1)
-}
-
-/// Rows of logits per chunk on a device: 32 Mi f32 elements (128 MiB, the
-/// smallest largest-buffer among the devices prunemem meets: lavapipe's).
-/// Four times the host's chunk: on an H100 a 1B-shape window's 511 rows
-/// over 128 256 tokens went through the head in 8 chunks of 65 rows; in 2
-/// of 261 the products are wider and the launches fewer.
-pub fn device_chunk_rows(vocab: usize) -> usize {
-    ((1usize << 25) / vocab.max(1)).max(1)
-}
-
-/// Sum of next-token negative log-likelihoods per window, given final
-/// normed hidden states `h` `[b, s, d]` and the windows' tokens.
-pub fn window_nll<B: Compute>(
-    h: Tensor<B, 3>,
-    windows: &[Vec<u32>],
-    head: &Head<'_, B>,
-    vocab: usize,
-) -> Vec<f64> {
-    if B::is_device() {
-        return device_window_nll(h, windows, head, vocab);
-    }
-    let [b, s, d] = h.dims();
-    let chunk = chunk_rows(vocab);
-    let mut out = Vec::with_capacity(b);
-    for (j, tokens) in windows.iter().enumerate().take(b) {
-        let hj = h.clone().slice([j..j + 1, 0..s, 0..d]).reshape([s, d]);
-        let mut total = 0f64;
-        let mut row = 0;
-        while row < s - 1 {
-            let end = (row + chunk).min(s - 1);
-            let _tag = tag::tag(Category::Logits);
-            let logits = head.logits(hj.clone().slice([row..end, 0..d]));
-            let logits = if logits.dtype() == DType::F32 {
-                logits
-            } else {
-                let f32s = logits.clone().cast(FloatDType::F32);
-                // The chunk in both dtypes: the evaluation's high-water mark.
-                crate::exec::watch::after_op();
-                f32s
-            };
-            let _span = timing::work(Work::Logits);
-            let data = logits.into_data();
-            if B::is_device() {
-                crate::exec::transfer::read_back(data.bytes.len() as u64);
-            }
-            let mut values: Vec<f32> = data.into_vec().unwrap_or_default();
-            total += rows_nll(&mut values, vocab, &tokens[row + 1..end + 1]);
-            row = end;
-        }
-        out.push(total);
-    }
-    out
-}
-
-/// [`window_nll`] on a device: log-softmax, the target's logit and the
-/// sum stay on the device, chunk by chunk of the same rows as the host
-/// path; one f32 per window comes back, once per batch. Each chunk's
-/// losses are one kernel launch over the logits in their own dtype
-/// (`Compute::row_nll`), so a chunk's high-water mark is the chunk alone;
-/// a backend without the kernel takes Burn's ops ([`ops_nll`]: the chunk
-/// beside its f32 copy).
-fn device_window_nll<B: Compute>(
-    h: Tensor<B, 3>,
-    windows: &[Vec<u32>],
-    head: &Head<'_, B>,
-    vocab: usize,
-) -> Vec<f64> {
-    let [b, s, d] = h.dims();
-    let device = h.device();
-    // Every chunk has the same rows: the last one starts early and skips
-    // the rows already counted, so cubecl's pool, which reuses a freed
-    // buffer only for a tensor of its exact size, reuses one chunk's
-    // buffers for all of them instead of keeping a second set.
-    let chunk = device_chunk_rows(vocab).min(s - 1);
-    let mut totals = Vec::with_capacity(b);
-    for (j, tokens) in windows.iter().enumerate().take(b) {
-        let hj = h.clone().slice([j..j + 1, 0..s, 0..d]).reshape([s, d]);
-        let targets: Vec<i64> = tokens[1..s].iter().map(|t| *t as i64).collect();
-        crate::exec::transfer::uploaded(targets.len() as u64 * 4);
-        let targets = Tensor::<B, 1, Int>::from_data(TensorData::new(targets, [s - 1]), &device);
-        let in_vocab = fits_vocab(&tokens[1..s], vocab);
-        let mut total: Option<Tensor<B, 1>> = None;
-        let mut counted = 0;
-        while counted < s - 1 {
-            let row = counted.min(s - 1 - chunk);
-            let end = row + chunk;
-            let skip = counted - row;
-            let _tag = tag::tag(Category::Logits);
-            let logits = head.logits(hj.clone().slice([row..end, 0..d]));
-            let chunk_targets = targets.clone().slice(row..end);
-            let nll = match in_vocab {
-                // One launch over the chunk in its own dtype
-                // (`exec::kernels`): no f32 copy, no reductions in pieces.
-                true => match B::row_nll(logits, chunk_targets, skip) {
-                    Ok(rows) => {
-                        crate::exec::watch::after_op();
-                        Ok(reduce::sum_all(rows).reshape([1]))
-                    }
-                    Err(back) => Err(back),
-                },
-                false => Err((logits, chunk_targets)),
-            };
-            let nll = match nll {
-                Ok(nll) => nll,
-                Err((logits, chunk_targets)) => ops_nll(logits, chunk_targets, skip),
-            };
-            total = Some(match total {
-                Some(t) => t + nll,
-                None => nll,
-            });
-            counted = end;
-        }
-        totals.extend(total);
-    }
-    if totals.is_empty() {
-        return Vec::new();
-    }
-    let data = Tensor::cat(totals, 0).into_data();
-    crate::exec::transfer::read_back(data.bytes.len() as u64);
-    data.iter::<f32>().map(f64::from).collect()
-}
-
-/// Whether every token of `tokens` is a row of the vocabulary (a kernel
-/// reads the target's logit without a bounds check).
-fn fits_vocab(tokens: &[u32], vocab: usize) -> bool {
-    tokens.iter().all(|t| (*t as usize) < vocab)
-}
-
-/// The summed loss of the rows `skip..` of `logits` (`[rows, vocab]`) with
-/// Burn's ops, where the backend has no `row_nll` kernel: the chunk cast
-/// to f32, log-softmax over the vocabulary in pieces (cubecl's reductions
-/// stop short on axes past 65 532, `exec::reduce`), the targets gathered.
-fn ops_nll<B: Compute>(
-    logits: Tensor<B, 2>,
-    targets: Tensor<B, 1, Int>,
-    skip: usize,
-) -> Tensor<B, 1> {
-    let [rows, _] = logits.dims();
-    let logits = if logits.dtype() == DType::F32 {
-        logits
-    } else {
-        let f32s = logits.cast(FloatDType::F32);
-        // The chunk in both dtypes: this path's high-water mark.
-        crate::exec::watch::after_op();
-        f32s
-    };
-    let _span = timing::work(Work::Logits);
-    let picked = logits.clone().gather(1, targets.reshape([rows, 1]));
-    let max = reduce::max_dim(logits.clone(), 1);
-    let lse = reduce::sum_dim((logits - max.clone()).exp(), 1).log() + max;
-    let rows = (lse - picked).slice([skip..rows, 0..1]);
-    reduce::sum_all(rows).reshape([1])
-}
-
 /// Perplexity of `windows` (all of one length).
 pub fn perplexity<B: Compute>(
     weights: Weights<'_, B>,
@@ -241,64 +85,17 @@ pub fn perplexity<B: Compute>(
     let shared = crate::exec::dist::share_cow(windows);
     let windows = &shared[..];
     let t = Instant::now();
-    let mut before = 0.0;
     let _phase = timing::phase(timing::Phase::Eval);
     let bs = options.batch_size.max(1);
     let batches: Vec<&[Vec<u32>]> = windows.chunks(bs).collect();
-    let mut nll = Vec::with_capacity(windows.len());
-    match weights {
-        Weights::Resident(model, config) => {
-            let rope = Rope::new(config, seqlen, options.dtype.burn(), device);
-            for (k, batch) in batches.iter().enumerate() {
-                let h = {
-                    let _tag = tag::tag(Category::Activations);
-                    model.hidden(token_tensor(batch, device), &rope)
-                };
-                nll.extend(window_nll(h, batch, &model.head(), config.vocab_size));
-                if let Some(p) = profiler {
-                    p.device_tick(|| format!("eval batch {}", k + 1))?;
-                    p.progress(
-                        "evaluation",
-                        k,
-                        batches.len(),
-                        &format!("eval batch {}", k + 1),
-                    );
-                }
-            }
-        }
-        Weights::Streamed(ckpt) => {
-            nll = streamed_nll::<B>(ckpt, None, &batches, seqlen, options, device, profiler)?;
-        }
-        Weights::Kept(ckpt, kept) => {
-            let kept = Some(kept);
-            nll = streamed_nll::<B>(ckpt, kept, &batches, seqlen, options, device, profiler)?;
-        }
-        Weights::Evaluated(e) => {
-            let ran: Vec<&[Vec<u32>]> = e.batches.iter().map(Vec::as_slice).collect();
-            if ran != batches {
-                return Err(ModelError::Checkpoint(
-                    "the evaluation inside the prune ran other windows".into(),
-                ));
-            }
-            before = e.seconds;
-            // The layers' freed buffers (the prune's last layer's, cached
-            // by the allocator) go back before the head's table and
-            // logits, as in `streamed_nll`.
-            crate::memory::alloc::trim();
-            crate::exec::release_free::<B>(device);
-            let head = match e.table {
-                Some(data) => LmHead::from_host(data, options.dtype, device)?,
-                None => LmHead::load(e.ckpt, options.dtype, device)?,
-            };
-            let at_head = AtHead {
-                ckpt: e.ckpt,
-                dtype: options.dtype,
-                device,
-                profiler,
-            };
-            nll = at_head.nll(e.xs, e.held, head, &batches)?;
-        }
-    }
+    let run = Run {
+        batches: &batches,
+        seqlen,
+        options,
+        device,
+        profiler,
+    };
+    let (nll, before) = run.nll(weights)?;
     // The head's freed logits chunks and table go back when the evaluation
     // ends: cached, they kept the process's resident set at the
     // evaluation's peak after it (SmolLM2 Wanda, 8 windows of 256: 220.6
@@ -332,6 +129,86 @@ pub fn perplexity<B: Compute>(
     })
 }
 
+/// One evaluation's windows, in batches, and how to run them.
+struct Run<'r, B: Compute> {
+    batches: &'r [&'r [Vec<u32>]],
+    seqlen: usize,
+    options: &'r EvalOptions,
+    device: &'r B::Device,
+    profiler: Option<&'r Profiler>,
+}
+
+impl<B: Compute> Run<'_, B> {
+    /// Each window's summed negative log-likelihood through `weights`, and
+    /// the seconds an evaluation inside the prune already spent on them.
+    fn nll(&self, weights: Weights<'_, B>) -> Result<(Vec<f64>, f64), ModelError> {
+        let (batches, seqlen, options) = (self.batches, self.seqlen, self.options);
+        let (device, profiler) = (self.device, self.profiler);
+        Ok(match weights {
+            Weights::Resident(model, config) => (self.resident(model, config)?, 0.0),
+            Weights::Streamed(ckpt) => (
+                streamed_nll::<B>(ckpt, None, batches, seqlen, options, device, profiler)?,
+                0.0,
+            ),
+            Weights::Kept(ckpt, kept) => (
+                streamed_nll::<B>(ckpt, Some(kept), batches, seqlen, options, device, profiler)?,
+                0.0,
+            ),
+            Weights::Evaluated(e) => {
+                let before = e.seconds;
+                (self.evaluated(e)?, before)
+            }
+        })
+    }
+
+    /// A resident model: each batch through every layer and the head.
+    fn resident(&self, model: &Llama<B>, config: &LlamaConfig) -> Result<Vec<f64>, ModelError> {
+        let rope = Rope::new(config, self.seqlen, self.options.dtype.burn(), self.device);
+        let mut nll = Vec::new();
+        for (k, batch) in self.batches.iter().enumerate() {
+            let h = {
+                let _tag = tag::tag(Category::Activations);
+                model.hidden(token_tensor(batch, self.device), &rope)
+            };
+            nll.extend(window_nll(h, batch, &model.head(), config.vocab_size));
+            if let Some(p) = self.profiler {
+                p.device_tick(|| format!("eval batch {}", k + 1))?;
+                let name = format!("eval batch {}", k + 1);
+                p.progress("evaluation", k, self.batches.len(), &name);
+            }
+        }
+        Ok(nll)
+    }
+
+    /// The batches already through the pruned layers (inside the prune):
+    /// the final norm and the head are left.
+    fn evaluated(&self, e: Evaluated<'_, B>) -> Result<Vec<f64>, ModelError> {
+        let ran: Vec<&[Vec<u32>]> = e.batches.iter().map(Vec::as_slice).collect();
+        if ran != self.batches {
+            return Err(ModelError::Checkpoint(
+                "the evaluation inside the prune ran other windows".into(),
+            ));
+        }
+        // The layers' freed buffers (the prune's last layer's, cached by
+        // the allocator) go back before the head's table and logits, as in
+        // `streamed_nll`.
+        crate::memory::alloc::trim();
+        crate::exec::release_free::<B>(self.device);
+        let dtype = self.options.dtype;
+        let head = match e.table {
+            Some(data) => LmHead::from_host(data, dtype, self.device)?,
+            None => LmHead::load(e.ckpt, dtype, self.device)?,
+        };
+        let at_head = AtHead {
+            ckpt: e.ckpt,
+            dtype,
+            device: self.device,
+            profiler: self.profiler,
+        };
+        at_head.nll(e.xs, e.held, head, self.batches)
+    }
+}
+
 /// Perplexity of the model folder `dir`, streamed one layer at a time,
 /// inside an `eval` scope.
 pub fn of_folder<B: Compute>(
@@ -350,31 +227,6 @@ pub fn of_folder<B: Compute>(
         device,
         Some(profiler),
     )
-}
-
-/// Sum over rows of `logsumexp(row) - row[target]`, rows of `vocab`
-/// logits, in parallel, in f64 sums. Destroys `logits`. The rows are
-/// computed in parallel but added in order, so the same windows give the
-/// same perplexity to the last bit whatever the threads' timing (rayon's
-/// parallel `sum` groups its additions by work stealing).
-fn rows_nll(logits: &mut [f32], vocab: usize, targets: &[u32]) -> f64 {
-    use rayon::prelude::*;
-    logits
-        .par_chunks_mut(vocab)
-        .zip(targets.par_iter())
-        .map(|(row, t)| {
-            let picked = row[*t as usize] as f64;
-            let max = row.iter().fold(f32::NEG_INFINITY, |a, b| a.max(*b));
-            for v in row.iter_mut() {
-                *v -= max;
-            }
-            crate::model::cpu_attention::exp_in_place(row);
-            let sum: f64 = row.iter().map(|v| *v as f64).sum();
-            max as f64 + sum.ln() - picked
-        })
-        .collect::<Vec<f64>>()
-        .into_iter()
-        .sum()
 }
 
 /// The streamed evaluation: every batch embedded, each layer read once and
