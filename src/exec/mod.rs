@@ -168,6 +168,16 @@ pub fn release_free<B: burn::tensor::backend::Backend>(device: &B::Device) {
     B::memory_cleanup(device);
 }
 
+/// What a layer, a phase or an evaluation freed goes back: the host heap's
+/// cached blocks (`memory::alloc::trim`) and the device pool's free buffers
+/// ([`release_free`]). Where a step ends and the next would otherwise find
+/// the process's resident set (or `nvidia-smi`'s figure) at the last one's
+/// peak.
+pub fn give_back<B: burn::tensor::backend::Backend>(device: &B::Device) {
+    crate::memory::alloc::trim();
+    release_free::<B>(device);
+}
+
 /// Watches the batches of one pass and gives the pool's free buffers back
 /// when the batch shape changes (the shorter last batch, and the first
 /// full one after it): cubecl's persistent pool reuses a freed buffer

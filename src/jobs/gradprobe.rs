@@ -234,8 +234,7 @@ fn evaluate_step6<B: Compute>(
 ) -> Result<Perplexity, JobError> {
     // What the probing freed goes back to the system first: the
     // evaluation's peak is then its own, not the probe's leftovers.
-    crate::memory::alloc::trim();
-    crate::exec::release_free::<B>(device);
+    crate::exec::give_back::<B>(device);
     p.stage(stages::GP_BEFORE_EVAL);
     let r = match pruned {
         Step6::Kept(k) => iterate::evaluate_pruned::<B>(Weights::Kept(ckpt, k), wins, p, device)?,

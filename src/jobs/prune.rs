@@ -489,8 +489,7 @@ fn evaluate<B: Compute>(
 ) -> Result<Perplexity, JobError> {
     let p = run.profiler.clone();
     // What pruning freed goes back to the system before the evaluation.
-    crate::memory::alloc::trim();
-    crate::exec::release_free::<B>(device);
+    crate::exec::give_back::<B>(device);
     p.stage(stages::BEFORE_EVAL);
     let result = scoped_perplexity(job, weights, windows, &p, stages::EVAL_SCOPE, device)?;
     crate::exec::release_free::<B>(device);

@@ -100,8 +100,7 @@ pub fn perplexity<B: Compute>(
     // ends: cached, they kept the process's resident set at the
     // evaluation's peak after it (SmolLM2 Wanda, 8 windows of 256: 220.6
     // MiB resident for 12.3 MiB live, to the end of the run).
-    crate::memory::alloc::trim();
-    crate::exec::release_free::<B>(device);
+    crate::exec::give_back::<B>(device);
     // A perplexity of NaN is not an answer: finite weights can still
     // overflow the forward pass (f16's range ends at 65 504).
     if let Some(k) = nll.iter().position(|n| !n.is_finite()) {
@@ -192,8 +191,7 @@ impl<B: Compute> Run<'_, B> {
         // The layers' freed buffers (the prune's last layer's, cached by
         // the allocator) go back before the head's table and logits, as in
         // `streamed_nll`.
-        crate::memory::alloc::trim();
-        crate::exec::release_free::<B>(self.device);
+        crate::exec::give_back::<B>(self.device);
         let dtype = self.options.dtype;
         let head = match e.table {
             Some(data) => LmHead::from_host(data, dtype, self.device)?,
@@ -273,8 +271,7 @@ fn streamed_nll<B: Compute>(
         // The layers' freed buffers (one forward's, reused from layer to
         // layer since the batches keep their shapes) go back before the
         // head's table and logits.
-        crate::memory::alloc::trim();
-        crate::exec::release_free::<B>(device);
+        crate::exec::give_back::<B>(device);
         let head = match ahead {
             Some(read) => {
                 let data = timing::timed(Work::ReaderWait, || read.join()).map_err(|_| {

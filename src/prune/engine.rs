@@ -338,8 +338,7 @@ impl<B: Compute> LayerPass<'_, B> {
         let c = &ckpt.config;
         let layer_start = Instant::now();
         let traffic = crate::exec::dist::reducer().traffic();
-        crate::memory::alloc::trim();
-        crate::exec::release_free::<B>(device);
+        crate::exec::give_back::<B>(device);
         let _scope = profiler.scope(&stages::layer(i));
         let mut owned = None;
         let mut _held = None;
@@ -393,8 +392,7 @@ impl<B: Compute> LayerPass<'_, B> {
             let _phase = timing::phase(timing::Phase::Prune);
             prune_linears(layer, &target, stats, self.nsamples, writer.as_deref_mut())?
         };
-        crate::memory::alloc::trim();
-        crate::exec::release_free::<B>(device);
+        crate::exec::give_back::<B>(device);
         profiler.stage(&stages::layer_pruned(i));
         profiler.device_tick(|| format!("model.layers.{i} pruned"))?;
         if self.kind.is_some() && i + 1 < c.num_layers {

@@ -128,8 +128,7 @@ pub fn outlier_pass<B: Compute>(
     let mut ratios = Vec::with_capacity(c.num_layers);
     let ahead = matches!(source, Source::Streamed) && B::is_device();
     prefetch::for_each_layer(ckpt, config.dtype, ahead, |i, ready| {
-        crate::memory::alloc::trim();
-        crate::exec::release_free::<B>(device);
+        crate::exec::give_back::<B>(device);
         let owned;
         let mut _held = None;
         let layer = match source {

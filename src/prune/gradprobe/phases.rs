@@ -91,8 +91,7 @@ impl<'a, B: Compute> Pass<'a, B> {
     /// and the device pool's free buffers, so that what a pass reserves is
     /// what it holds and one layer's pages (`estimate::prunemem_device`).
     fn trim(&self) {
-        crate::memory::alloc::trim();
-        crate::exec::release_free::<B>(self.input.device);
+        crate::exec::give_back::<B>(self.input.device);
     }
 
     /// `on_device::prepare` of `layer`'s linear `name`: a kept layer's
