@@ -40,7 +40,7 @@ fn the_pool_holds_the_calibration_set_one_layer_and_its_statistics() {
     // product, a block column and its diagonal block.
     // (Here a 2048-token forward is wider still.) The pool keeps the
     // block's panel, its diagonal block and a row mask freed beside it.
-    let (in_use, reserved) = super::sparsegpt_moment(&a, &w);
+    let (in_use, reserved) = super::moments::sparsegpt_moment(&a, &w);
     assert_eq!(in_use, (2 * i * i + i * 128 + 128 * 128) * 4);
     assert_eq!(reserved - in_use, (i * 128 + 128 * 128 + i) * 4);
     // Logs from before it: the host factored `Hinv`; the gate and up
@@ -49,7 +49,7 @@ fn the_pool_holds_the_calibration_set_one_layer_and_its_statistics() {
     let mut host = w.clone();
     host.factor_on_device = false;
     let sweep = (i * i + h * h + 2 * h * i + 128 * (h + i)) * 4;
-    assert_eq!(super::sparsegpt_moment(&a, &host), (sweep, sweep));
+    assert_eq!(super::moments::sparsegpt_moment(&a, &host), (sweep, sweep));
     // The windows' rows go up, never the table; it did before
     // `embedding_rows`.
     assert_eq!(component(&e, "calibration", "embeddings"), 0);
@@ -182,9 +182,9 @@ fn dsnots_loop_in_one_launch_keeps_fewer_pages_at_n_m() {
     for (nm, fewer) in [(false, 0), (true, 2 * refined)] {
         w.nm = nm;
         w.dsnot_kernel = false;
-        let ops = super::dsnot_loop(&a, &w);
+        let ops = super::dsnot::dsnot_loop(&a, &w);
         w.dsnot_kernel = true;
-        let launch = super::dsnot_loop(&a, &w);
+        let launch = super::dsnot::dsnot_loop(&a, &w);
         // The widest moment in use is a window being picked either way.
         assert_eq!(ops.0, launch.0, "nm {nm}");
         assert_eq!(ops.1 - launch.1, fewer, "nm {nm}");
@@ -203,7 +203,7 @@ fn dsnot_from_sparsegpts_saliency_factors_where_the_hessians_are() {
     // In use: the down projection's factorisation step (its Hessian beside
     // an `i × i` product) or the widest linear's loop, with no Hessian
     // beside it; here the loop (34 bytes a weight unstructured on wgpu).
-    let (in_use, reserved) = super::saliency_moment(&a, &w);
+    let (in_use, reserved) = super::dsnot::saliency_moment(&a, &w);
     let factor = (2 * i * i + i * 128 + 128 * 128) * 4;
     assert_eq!(in_use, (h * i * 34).max(factor));
     // Reserved: the gate/up loop beside the down projection's Hessian,
