@@ -352,32 +352,12 @@ impl<B: Compute> LayerPass<'_, B> {
         };
         let mut stats = self.kind.map(LayerStats::<B>::new);
         if let Some(stats) = stats.as_mut() {
-            let _phase = timing::phase(timing::Phase::StatsPass);
-            let _tag = tag::tag(Category::Activations);
-            let mut shapes = crate::exec::BatchShapes::default();
-            for j in 0..inps.len() {
-                let x = inps.get(j);
-                shapes.next::<B>(&x.dims(), device);
-                let _ = layer.forward_traced(x, &self.rope, &mut |k, t| {
-                    let _tag = tag::tag(Category::Statistics);
-                    let _span = timing::work(Work::Statistics);
-                    stats.observe(k, t)
-                });
-                profiler.device_tick(|| format!("model.layers.{i} statistics pass"))?;
-            }
+            self.statistics_pass(i, layer, inps, stats)?;
         }
-        let mut comp = self.components.clone();
-        if self.streamed {
-            let bytes = c.layer_param_count() * config.dtype.size();
-            comp.insert("weights".to_string(), bytes);
-        }
-        if let Some(s) = &stats {
-            comp.insert("statistics".to_string(), s.bytes());
-            if config.dsnot.is_some() {
-                comp.insert("dsnot_moments".to_string(), s.moment_bytes());
-            }
-        }
-        profiler.components(&stages::layer_stats(i), comp);
+        profiler.components(
+            &stages::layer_stats(i),
+            self.components_with(stats.as_ref()),
+        );
         // What the pass freed goes back before the stage reads the pool
         // (`exec::cube`): reserved follows what is in use.
         crate::exec::release_free::<B>(device);
@@ -396,16 +376,7 @@ impl<B: Compute> LayerPass<'_, B> {
         profiler.stage(&stages::layer_pruned(i));
         profiler.device_tick(|| format!("model.layers.{i} pruned"))?;
         if self.kind.is_some() && i + 1 < c.num_layers {
-            let _phase = timing::phase(timing::Phase::OutputPass);
-            let _tag = tag::tag(Category::Activations);
-            let mut shapes = crate::exec::BatchShapes::default();
-            for j in 0..inps.len() {
-                let x = inps.get(j);
-                shapes.next::<B>(&x.dims(), device);
-                let y = layer.forward(x, &self.rope);
-                inps.set(j, y);
-                profiler.device_tick(|| format!("model.layers.{i} output pass"))?;
-            }
+            self.output_pass(i, layer, inps)?;
         }
         if let Some(w) = writer {
             let _phase = timing::phase(timing::Phase::Write);
@@ -430,5 +401,71 @@ impl<B: Compute> LayerPass<'_, B> {
             reduced_bytes: bytes - traffic.0,
             reduction_seconds: seconds - traffic.1,
         })
+    }
+
+    /// Layer `i`'s statistics pass: every calibration batch through the
+    /// layer, its linears' inputs observed by `stats`.
+    fn statistics_pass(
+        &self,
+        i: usize,
+        layer: &DecoderLayer<B>,
+        inps: &mut Activations<B>,
+        stats: &mut LayerStats<B>,
+    ) -> Result<(), PruneError> {
+        let _phase = timing::phase(timing::Phase::StatsPass);
+        let _tag = tag::tag(Category::Activations);
+        let mut shapes = crate::exec::BatchShapes::default();
+        for j in 0..inps.len() {
+            let x = inps.get(j);
+            shapes.next::<B>(&x.dims(), self.device);
+            let _ = layer.forward_traced(x, &self.rope, &mut |k, t| {
+                let _tag = tag::tag(Category::Statistics);
+                let _span = timing::work(Work::Statistics);
+                stats.observe(k, t)
+            });
+            self.profiler
+                .device_tick(|| format!("model.layers.{i} statistics pass"))?;
+        }
+        Ok(())
+    }
+
+    /// The run's components at a layer's statistics stage: the run-wide
+    /// ones, a streamed layer's weights and the layer's statistics.
+    fn components_with(&self, stats: Option<&LayerStats<B>>) -> BTreeMap<String, u64> {
+        let (c, config) = (&self.ckpt.config, self.config);
+        let mut comp = self.components.clone();
+        if self.streamed {
+            let bytes = c.layer_param_count() * config.dtype.size();
+            comp.insert("weights".to_string(), bytes);
+        }
+        if let Some(s) = stats {
+            comp.insert("statistics".to_string(), s.bytes());
+            if config.dsnot.is_some() {
+                comp.insert("dsnot_moments".to_string(), s.moment_bytes());
+            }
+        }
+        comp
+    }
+
+    /// Layer `i`'s output pass: every batch through the pruned layer, in
+    /// place in `inps`, the next layer's inputs.
+    fn output_pass(
+        &self,
+        i: usize,
+        layer: &DecoderLayer<B>,
+        inps: &mut Activations<B>,
+    ) -> Result<(), PruneError> {
+        let _phase = timing::phase(timing::Phase::OutputPass);
+        let _tag = tag::tag(Category::Activations);
+        let mut shapes = crate::exec::BatchShapes::default();
+        for j in 0..inps.len() {
+            let x = inps.get(j);
+            shapes.next::<B>(&x.dims(), self.device);
+            let y = layer.forward(x, &self.rope);
+            inps.set(j, y);
+            self.profiler
+                .device_tick(|| format!("model.layers.{i} output pass"))?;
+        }
+        Ok(())
     }
 }
