@@ -48,21 +48,7 @@ pub struct Outcome {
 pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError> {
     job.validate()?;
     let (ckpt, tok) = super::open_model(&job.model, &job.revision)?;
-    // Rank 0 alone writes the pruned model (every rank derives the same).
-    let mut writer = match &job.save {
-        Some(dir) if crate::exec::dist::is_writer() => {
-            Some(PrunedWriter::create(&ckpt, dir, job.overwrite)?)
-        }
-        _ => None,
-    };
-    // Logs default to SAVE/logs (written inside the partial folder, which is
-    // renamed into place at the end).
-    let asked_logs = options.log_dir.clone();
-    // Logs inside SAVE.partial are guarded by the save's own lock.
-    options.lock_logs = asked_logs.is_some();
-    options.log_dir = asked_logs
-        .clone()
-        .or_else(|| writer.as_ref().map(|w| w.partial_dir().join("logs")));
+    let (mut writer, asked_logs) = writer_and_logs(job, &ckpt, &mut options)?;
     let (seqlen, capped) = crate::data::windows::resolve_seqlen(
         job.requested_seqlen(),
         ckpt.config.max_position_embeddings,
@@ -114,12 +100,12 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
     let (saved, compressed) = match writer {
         Some(w) => {
             p.stage(closing[0]);
-            let written = match save(w, job, &opened.ckpt) {
+            let (dir, report) = match save(w, job, &opened.ckpt) {
                 Ok(written) => written,
                 Err(e) => return Err(run.fail(e.into())),
             };
             p.stage(closing[1]);
-            (Some(written.0), written.1)
+            (Some(dir), report)
         }
         None => (None, None),
     };
@@ -151,6 +137,29 @@ pub fn run(job: &PruneJob, mut options: RunOptions) -> Result<Outcome, JobError>
         fp32_model_bytes: opened.ckpt.config.param_count() * 4,
         device,
     })
+}
+
+/// The pruned model's writer (rank 0 alone writes it: every rank derives
+/// the same) and where the logs go: where asked (returned), else
+/// `SAVE/logs`, written inside the partial folder (guarded by the save's
+/// own lock) and renamed into place with it at the end.
+fn writer_and_logs(
+    job: &PruneJob,
+    ckpt: &Checkpoint,
+    options: &mut RunOptions,
+) -> Result<(Option<PrunedWriter>, Option<PathBuf>), JobError> {
+    let writer = match &job.save {
+        Some(dir) if crate::exec::dist::is_writer() => {
+            Some(PrunedWriter::create(ckpt, dir, job.overwrite)?)
+        }
+        _ => None,
+    };
+    let asked_logs = options.log_dir.clone();
+    options.lock_logs = asked_logs.is_some();
+    options.log_dir = asked_logs
+        .clone()
+        .or_else(|| writer.as_ref().map(|w| w.partial_dir().join("logs")));
+    Ok((writer, asked_logs))
 }
 
 /// Writes the pruned model: dense, or in the compressed-tensors layout the
