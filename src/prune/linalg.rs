@@ -16,7 +16,7 @@ const NB: usize = 96;
 /// `c[m×n] -= a[m×k] · b[k×n]` with explicit row strides (column stride 1),
 /// or `b` read transposed when `b_transposed` (then `b` is `n×k`).
 #[allow(clippy::too_many_arguments)]
-fn gemm_sub(
+pub(super) fn gemm_sub(
     m: usize,
     n: usize,
     k: usize,

@@ -228,33 +228,20 @@ fn lazy_update(
     let (i1, i2, count) = (block.start, block.end, block.len());
     let rest = cols - i2;
     assert!(w.len() >= rows * cols && err1.len() >= rows * count && hinv.len() >= i2 * cols);
-    let wp = w.as_mut_ptr();
-    // SAFETY: W[:, i2..] (dst, row stride cols), Err1 and Hinv rows i1..i2
-    // from column i2 are disjoint live buffers of these sizes (checked
-    // above).
-    unsafe {
-        gemm::gemm(
-            rows,
-            rest,
-            count,
-            wp.add(i2),
-            1,
-            cols as isize,
-            true,
-            err1.as_ptr(),
-            1,
-            count as isize,
-            hinv.as_ptr().add(i1 * cols + i2),
-            1,
-            cols as isize,
-            1.0,
-            -1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::Rayon(0),
-        );
-    }
+    // W[:, i2..] (row stride cols), Err1 and Hinv's rows i1..i2 from column
+    // i2 are disjoint live buffers of these sizes (checked above).
+    super::linalg::gemm_sub(
+        rows,
+        rest,
+        count,
+        w[i2..].as_mut_ptr(),
+        cols,
+        err1.as_ptr(),
+        count,
+        hinv[i1 * cols + i2..].as_ptr(),
+        cols,
+        false,
+    );
 }
 
 #[cfg(test)]
