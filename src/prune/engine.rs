@@ -412,21 +412,19 @@ impl<B: Compute> LayerPass<'_, B> {
         inps: &mut Activations<B>,
         stats: &mut LayerStats<B>,
     ) -> Result<(), PruneError> {
-        let _phase = timing::phase(timing::Phase::StatsPass);
-        let _tag = tag::tag(Category::Activations);
-        let mut shapes = crate::exec::BatchShapes::default();
-        for j in 0..inps.len() {
-            let x = inps.get(j);
-            shapes.next::<B>(&x.dims(), self.device);
-            let _ = layer.forward_traced(x, &self.rope, &mut |k, t| {
-                let _tag = tag::tag(Category::Statistics);
-                let _span = timing::work(Work::Statistics);
-                stats.observe(k, t)
-            });
-            self.profiler
-                .device_tick(|| format!("model.layers.{i} statistics pass"))?;
-        }
-        Ok(())
+        self.each_batch(
+            i,
+            inps,
+            (timing::Phase::StatsPass, "statistics pass"),
+            |x| {
+                let _ = layer.forward_traced(x, &self.rope, &mut |k, t| {
+                    let _tag = tag::tag(Category::Statistics);
+                    let _span = timing::work(Work::Statistics);
+                    stats.observe(k, t)
+                });
+                None
+            },
+        )
     }
 
     /// The run's components at a layer's statistics stage: the run-wide
@@ -455,16 +453,32 @@ impl<B: Compute> LayerPass<'_, B> {
         layer: &DecoderLayer<B>,
         inps: &mut Activations<B>,
     ) -> Result<(), PruneError> {
-        let _phase = timing::phase(timing::Phase::OutputPass);
+        self.each_batch(i, inps, (timing::Phase::OutputPass, "output pass"), |x| {
+            Some(layer.forward(x, &self.rope))
+        })
+    }
+
+    /// One pass of layer `i` over every batch of `inps`: `step`'s output,
+    /// where it gives one, replaces the batch. The pool's free buffers go
+    /// back when the batch shape changes (`exec::BatchShapes`).
+    fn each_batch(
+        &self,
+        i: usize,
+        inps: &mut Activations<B>,
+        (phase, what): (timing::Phase, &str),
+        mut step: impl FnMut(Tensor<B, 3>) -> Option<Tensor<B, 3>>,
+    ) -> Result<(), PruneError> {
+        let _phase = timing::phase(phase);
         let _tag = tag::tag(Category::Activations);
         let mut shapes = crate::exec::BatchShapes::default();
         for j in 0..inps.len() {
             let x = inps.get(j);
             shapes.next::<B>(&x.dims(), self.device);
-            let y = layer.forward(x, &self.rope);
-            inps.set(j, y);
+            if let Some(y) = step(x) {
+                inps.set(j, y);
+            }
             self.profiler
-                .device_tick(|| format!("model.layers.{i} output pass"))?;
+                .device_tick(|| format!("model.layers.{i} {what}"))?;
         }
         Ok(())
     }
