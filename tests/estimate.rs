@@ -74,8 +74,8 @@ fn grid_half_within_five_percent(part: usize) {
         failures.is_empty(),
         "estimates off by more than 5%: {failures:?} (transparent huge pages: {}; \
          the products' packing blocks: {} bytes per thread, {} in all; the binary's pages \
-         are dropped from the page cache before each run (grid::settle), and an incremental \
-         build still maps about 1.5 MiB more of itself than CI's CARGO_INCREMENTAL=0 one)",
+         are dropped from the page cache before each run (grid::settle); an incremental \
+         build may still map more of itself than CI's CARGO_INCREMENTAL=0 one)",
         thp.as_deref().map_or("n/a", str::trim),
         prunemem::model::matmul::thread_block_bytes(),
         prunemem::model::matmul::workspace_bytes()
