@@ -118,22 +118,25 @@ fn a_cpu_prune_evaluates_inline_with_the_scratch_checkpoints_perplexity() {
                     "{:<24} {place:<6} {name:<6} predicted {predicted:>10} measured {measured:>10} {err:+.1}%",
                     case.name
                 );
+                // The evaluation's own phase too: inside the prune it is
+                // the head after a trim (sparsegpt-eval read +15.1% while
+                // the estimate cached the layers' freed blocks into it).
+                assert!(
+                    name != "eval" || err.abs() <= 5.0,
+                    "{} {place}: eval phase off by {err:+.1}%",
+                    case.name
+                );
             }
+            assert!(
+                r.phases.iter().any(|p| p.0 == "eval"),
+                "{}: an eval phase",
+                case.name
+            );
             assert!(
                 r.peak_error.abs() <= 5.0,
                 "{} {place}: peak off by {:+.1}%",
                 case.name,
                 r.peak_error
-            );
-            // The evaluation's own phase too: inside the prune it is the
-            // head after a trim (sparsegpt-eval read +15.1% while the
-            // estimate cached the layers' freed blocks into it).
-            let (_, predicted, measured) = r.phases.iter().find(|p| p.0 == "eval").unwrap();
-            let err = (*predicted as f64 / *measured as f64 - 1.0) * 100.0;
-            assert!(
-                err.abs() <= 5.0,
-                "{} {place}: eval phase off by {err:+.1}%",
-                case.name
             );
         }
         // What the inline run adds to the prune phase, as predicted and as

@@ -141,18 +141,10 @@ impl<B: Compute> Run<'_, B> {
     /// Each window's summed negative log-likelihood through `weights`, and
     /// the seconds an evaluation inside the prune already spent on them.
     fn nll(&self, weights: Weights<'_, B>) -> Result<(Vec<f64>, f64), ModelError> {
-        let (batches, seqlen, options) = (self.batches, self.seqlen, self.options);
-        let (device, profiler) = (self.device, self.profiler);
         Ok(match weights {
             Weights::Resident(model, config) => (self.resident(model, config)?, 0.0),
-            Weights::Streamed(ckpt) => (
-                streamed_nll::<B>(ckpt, None, batches, seqlen, options, device, profiler)?,
-                0.0,
-            ),
-            Weights::Kept(ckpt, kept) => (
-                streamed_nll::<B>(ckpt, Some(kept), batches, seqlen, options, device, profiler)?,
-                0.0,
-            ),
+            Weights::Streamed(ckpt) => (self.streamed(ckpt, None)?, 0.0),
+            Weights::Kept(ckpt, kept) => (self.streamed(ckpt, Some(kept))?, 0.0),
             Weights::Evaluated(e) => {
                 let before = e.seconds;
                 (self.evaluated(e)?, before)
@@ -190,7 +182,7 @@ impl<B: Compute> Run<'_, B> {
         }
         // The layers' freed buffers (the prune's last layer's, cached by
         // the allocator) go back before the head's table and logits, as in
-        // `streamed_nll`.
+        // `Run::streamed`.
         crate::exec::give_back::<B>(self.device);
         let dtype = self.options.dtype;
         let head = match e.table {
@@ -227,69 +219,66 @@ pub fn of_folder<B: Compute>(
     )
 }
 
-/// The streamed evaluation: every batch embedded, each layer read once and
-/// run over every batch, then the head batch by batch. Returns each
-/// window's summed negative log-likelihood. The layers come from `kept`
-/// when given (a device prune's), else from the checkpoint. On a device,
-/// host threads read the next layer and the head's table while the device
-/// runs this one (`model::prefetch`, `LmHead::read_ahead`).
-fn streamed_nll<B: Compute>(
-    ckpt: &Checkpoint,
-    kept: Option<&Kept<B>>,
-    batches: &[&[Vec<u32>]],
-    seqlen: usize,
-    options: &EvalOptions,
-    device: &B::Device,
-    profiler: Option<&Profiler>,
-) -> Result<Vec<f64>, ModelError> {
-    let c = &ckpt.config;
-    let dtype = options.dtype;
-    let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
-    // Each batch's rows gathered on the host: the embedding table never
-    // goes up (`model::vocab`).
-    let activations = tag::tag(Category::Activations);
-    let xs = batches
-        .iter()
-        .map(|batch| vocab::embed_windows::<B>(ckpt, batch, dtype, device))
-        .collect::<Result<Vec<_>, _>>()?;
-    drop(activations);
-    let xs_held = Held::new(
-        Category::Activations,
-        xs.iter().map(held::tensor_bytes).sum(),
-    );
-    let layers = Layers {
-        ckpt,
-        kept,
-        rope: &rope,
-        dtype,
-        device,
-        profiler,
-    };
-    let (xs, head) = std::thread::scope(|scope| -> Result<_, ModelError> {
-        let ahead = LmHead::<B>::read_ahead(ckpt, dtype, device).map(|read| scope.spawn(read));
-        let xs = layers.run(xs)?;
-        // The layers' freed buffers (one forward's, reused from layer to
-        // layer since the batches keep their shapes) go back before the
-        // head's table and logits.
-        crate::exec::give_back::<B>(device);
-        let head = match ahead {
-            Some(read) => {
-                let data = timing::timed(Work::ReaderWait, || read.join()).map_err(|_| {
-                    ModelError::Checkpoint("reading the head's table failed".into())
-                })??;
-                LmHead::from_host(data, dtype, device)?
-            }
-            None => LmHead::load(ckpt, dtype, device)?,
+impl<B: Compute> Run<'_, B> {
+    /// The streamed evaluation: every batch embedded, each layer read once and
+    /// run over every batch, then the head batch by batch. Returns each
+    /// window's summed negative log-likelihood. The layers come from `kept`
+    /// when given (a device prune's), else from the checkpoint. On a device,
+    /// host threads read the next layer and the head's table while the device
+    /// runs this one (`model::prefetch`, `LmHead::read_ahead`).
+    fn streamed(&self, ckpt: &Checkpoint, kept: Option<&Kept<B>>) -> Result<Vec<f64>, ModelError> {
+        let (batches, seqlen, options) = (self.batches, self.seqlen, self.options);
+        let (device, profiler) = (self.device, self.profiler);
+        let c = &ckpt.config;
+        let dtype = options.dtype;
+        let rope = Rope::<B>::new(c, seqlen, dtype.burn(), device);
+        // Each batch's rows gathered on the host: the embedding table never
+        // goes up (`model::vocab`).
+        let activations = tag::tag(Category::Activations);
+        let xs = batches
+            .iter()
+            .map(|batch| vocab::embed_windows::<B>(ckpt, batch, dtype, device))
+            .collect::<Result<Vec<_>, _>>()?;
+        drop(activations);
+        let xs_held = Held::new(
+            Category::Activations,
+            xs.iter().map(held::tensor_bytes).sum(),
+        );
+        let layers = Layers {
+            ckpt,
+            kept,
+            rope: &rope,
+            dtype,
+            device,
+            profiler,
         };
-        Ok((xs, head))
-    })?;
-    let at_head = AtHead {
-        ckpt,
-        dtype,
-        device,
-        profiler,
-    };
-    at_head.nll(xs, xs_held, head, batches)
+        let (xs, head) = std::thread::scope(|scope| -> Result<_, ModelError> {
+            let ahead = LmHead::<B>::read_ahead(ckpt, dtype, device).map(|read| scope.spawn(read));
+            let xs = layers.run(xs)?;
+            // The layers' freed buffers (one forward's, reused from layer to
+            // layer since the batches keep their shapes) go back before the
+            // head's table and logits.
+            crate::exec::give_back::<B>(device);
+            let head = match ahead {
+                Some(read) => {
+                    let data =
+                        timing::timed(Work::ReaderWait, || read.join()).map_err(|_| {
+                            ModelError::Checkpoint("reading the head's table failed".into())
+                        })??;
+                    LmHead::from_host(data, dtype, device)?
+                }
+                None => LmHead::load(ckpt, dtype, device)?,
+            };
+            Ok((xs, head))
+        })?;
+        let at_head = AtHead {
+            ckpt,
+            dtype,
+            device,
+            profiler,
+        };
+        at_head.nll(xs, xs_held, head, batches)
+    }
 }
 
 /// The evaluation's last part: the final norm and the head over every

@@ -48,7 +48,7 @@ pub(super) fn eval_phase(
     .max_by_key(|(_, b)| *b)
     .unwrap_or(("activations", 0));
     // Streamed, the head's logits run after the last layer is freed
-    // (`model::perplexity::streamed_nll`): the phase peaks either at a
+    // (`model::perplexity`'s `Run::streamed`): the phase peaks either at a
     // layer (its weights and the largest of its transients) or at the head
     // (a logits chunk, no layer). Resident, the weights are there for both.
     let layer = match resident {
