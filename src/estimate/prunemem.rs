@@ -480,7 +480,8 @@ pub fn phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Vec<Phase> {
         // It trims before its head: the layers' freed blocks are not cached
         // into it, and the heap's high-water mark bounds what it caches.
         let high = out.iter().map(heap).max().unwrap_or(0);
-        out.push(eval::inline_eval_phase(a, w, &sh, high));
+        let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
+        out.push(eval::inline_eval_phase(a, w, &sh, &stages, high));
     }
     out
 }

@@ -441,23 +441,37 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
     } else {
         0
     };
+    // The head's moment: its table beside the logit blocks, or, where a
+    // layer is larger, beside the forward's last layer, freed and still
+    // cached (SmolLM2, 2 × 128: −0.7% so, 2026-12-07).
     let layer = a.layer_params() * 4;
-    let (t_name, t) = if block > layer {
-        ("logit blocks", block)
+    let head_moment = [
+        ("head weight (f32)", head),
+        if block > layer {
+            ("logit blocks", block)
+        } else {
+            ("runtime: the forward's last layer, freed and cached", layer)
+        },
+    ];
+    let layer_moment = gradprobe_backward_layer(a, tokens, w.num_batches.max(1));
+    let sum = |m: &[(&'static str, u64)]| m.iter().map(|(_, b)| b).sum::<u64>();
+    let moment: &[(&'static str, u64)] = if sum(&head_moment) >= sum(&layer_moment) {
+        &head_moment
     } else {
-        ("weights (one layer)", layer)
+        &layer_moment
     };
+    let pass = Phase::new(
+        "modified pass",
+        &[stages::GP_WEIGHTS_REDUCED, stages::GP_MODIFIED_GRADIENTS],
+    );
     vec![
-        Phase::new(
-            "modified pass",
-            &[stages::GP_WEIGHTS_REDUCED, stages::GP_MODIFIED_GRADIENTS],
-        )
-        .add("head weight (f32)", head)
-        .add(t_name, t)
-        .add("boundary activations", boundaries)
-        .add("candidate positions (u32)", tentative * 4)
-        .add("original gradient peaks (f16)", tentative * 2)
-        .add("embedding candidates' gradient peaks (f32)", embed_max),
+        moment
+            .iter()
+            .fold(pass, |p, (name, b)| p.add(name, *b))
+            .add("boundary activations", boundaries)
+            .add("candidate positions (u32)", tentative * 4)
+            .add("original gradient peaks (f16)", tentative * 2)
+            .add("embedding candidates' gradient peaks (f32)", embed_max),
         Phase::new(
             "end of the modified pass",
             &[stages::GP_MODIFIED_GRADIENTS, stages::GP_FINAL_MASKS],
@@ -465,5 +479,35 @@ pub fn gradprobe_prunemem(a: &Arch, w: &Workload, notes: &mut Vec<String>) -> Ve
         .add("candidate positions (u32)", tentative * 4)
         .add("pruned positions (u32)", tentative * 4)
         .add("embedding candidates' gradient peaks (f32)", embed_max),
+    ]
+}
+
+/// A layer's backward in prunemem's CPU GradProbe (`prune::gradprobe::phases`,
+/// `backward_layer`), per batch of `tokens`: the layer in f32, all its weight
+/// gradients alive at once, the widest one's contiguous copy read to the
+/// host, the upstream gradients (one a batch, and the new one), and the
+/// autodiff's saved forward and backward temporaries, three forwards' worth
+/// (fitted on five untied shapes, 2026-12-07: 2.5–3.2 on 512- to 1024-wide
+/// layers, 5.1 on a 4096-wide one, where the rest is 4% of the moment).
+/// The pass's largest moment where a layer outweighs the head: on the
+/// 4096-wide one (a Llama-2-7B layer, 2 × 128) the layer scopes rose by
+/// 1.76 GiB, estimated at 1.16 GiB from the head's moment before.
+fn gradprobe_backward_layer(a: &Arch, tokens: u64, batches: u64) -> [(&'static str, u64); 5] {
+    let widest = a.hidden * a.intermediate.max(a.q_dim());
+    [
+        ("weights (one layer)", a.layer_params() * 4),
+        ("weight gradients (one layer)", a.layer_linear_params() * 4),
+        (
+            "the widest weight gradient's copy read to the host",
+            widest * 4,
+        ),
+        (
+            "upstream gradients (each batch's, and the new one)",
+            (batches + 1) * tokens * a.hidden * 4,
+        ),
+        (
+            "autodiff: the layer's saved forward and backward temporaries",
+            3 * tokens * (2 * a.hidden + 2 * a.intermediate) * 4,
+        ),
     ]
 }

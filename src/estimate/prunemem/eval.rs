@@ -5,7 +5,6 @@
 
 use super::{LOGIT_CHUNK_ELEMS, Shape, compute_workspace, forward, load_transient, rope_tables};
 use crate::estimate::{Arch, Phase, Workload};
-use crate::events::stages;
 
 /// An evaluation phase: weights (resident, or the layer streamed with the
 /// embeddings and head), the hidden states of every window, rotary tables,
@@ -134,9 +133,14 @@ fn head_load(a: &Arch, w: &Workload, resident: bool) -> u64 {
 /// transient, a 7.5 MiB batch, a 12 MiB logits copy); the phase had been
 /// estimated with the layers' cached blocks, which the trim gives back
 /// (+13.6%).
-pub(super) fn inline_eval_phase(a: &Arch, w: &Workload, sh: &Shape, high: u64) -> Phase {
-    let stages = [stages::BEFORE_EVAL, stages::AFTER_EVAL];
-    let p = eval_phase(a, w, sh, "eval", &stages, false, 0);
+pub(super) fn inline_eval_phase(
+    a: &Arch,
+    w: &Workload,
+    sh: &Shape,
+    stages: &[&str],
+    high: u64,
+) -> Phase {
+    let p = eval_phase(a, w, sh, "eval", stages, false, 0);
     let batch = w.batch_size.min(w.eval_windows) * w.seqlen * a.hidden * w.dtype.size();
     let freed = head_load(a, w, false).min(logits_chunk(a, w)) + batch;
     let heap = super::heap(&p);
