@@ -170,16 +170,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         );
     }
     w.offload_activations = args.offload_activations;
-    // The attention kernel a run on this device would take
-    // (`PRUNEMEM_ATTENTION`, else what was measured there).
-    w.fused_attention = device.is_gpu()
-        && crate::exec::attention::planned(device == Device::Cuda, w.dtype == ComputeDtype::F16)
-            != "fallback";
-    w.swiglu_kernel = device.is_gpu();
-    w.swiglu_in_place = device.is_gpu();
-    w.norms_kernel = device.is_gpu();
-    w.rms_norm_kernel = device.is_gpu();
-    w.dsnot_kernel = device.is_gpu() && crate::exec::swap_loop::one_launch();
+    device_kernels(&mut w);
     w.stored_bytes = w.dtype.size();
     w.nsamples = args.nsamples;
     let (seqlen, warning) =
@@ -209,6 +200,41 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     w.sparsity = args.sparsity;
     w.num_batches = args.num_batches;
     w.include_embeddings = args.include_embeddings;
+    sparsity_pattern(args, &mut w)?;
+    // A streamed prune evaluates each layer as it is pruned where the
+    // run's own choice would (the memory unknown here).
+    w.eval_inline = w.inline_by_default(arch);
+    // The model's own tokenizer, beside its config.json.
+    w.tokenizer = args
+        .model
+        .as_deref()
+        .map(Path::new)
+        .and_then(|p| if p.is_dir() { Some(p) } else { p.parent() })
+        .map(|dir| dir.join("tokenizer.json"))
+        .filter(|t| t.is_file())
+        .and_then(|t| crate::model::tokenizer_size::TokenizerSize::read(&t).ok());
+    Ok(w)
+}
+
+/// The kernels a run on the workload's device and dtype would take: the
+/// attention kernel as `PRUNEMEM_ATTENTION` (else what was measured there)
+/// chooses, the others wherever there is a GPU.
+fn device_kernels(w: &mut Workload) {
+    let gpu = w.device.is_gpu();
+    w.fused_attention = gpu
+        && crate::exec::attention::planned(w.device == Device::Cuda, w.dtype == ComputeDtype::F16)
+            != "fallback";
+    w.swiglu_kernel = gpu;
+    w.swiglu_in_place = gpu;
+    w.norms_kernel = gpu;
+    w.rms_norm_kernel = gpu;
+    w.dsnot_kernel = gpu && crate::exec::swap_loop::one_launch();
+}
+
+/// The sparsity and its pattern (N:M sets both, and RIA's reallocation
+/// only applies there), the saved format, and a compressed model folder's
+/// own format, sparsity and stored width.
+fn sparsity_pattern(args: &EstimateArgs, w: &mut Workload) -> CliResult<()> {
     if !(0.0..1.0).contains(&w.sparsity) {
         return Err(format!("--sparsity must be in [0, 1), got {}", w.sparsity).into());
     }
@@ -225,7 +251,6 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
     w.lsa = w.reallocation && args.lsa;
     w.use_variant = args.use_variant && !w.nm;
     w.compressed = args.save_format.sparse_format(pattern, false);
-    // A compressed model folder: its own format and sparsity.
     if let Some(dir) = args.model.as_deref().map(Path::new).filter(|p| p.is_dir())
         && let Some(format) = crate::model::compressed::declared_format(dir)
     {
@@ -233,19 +258,7 @@ fn workload(args: &EstimateArgs, arch: &Arch, notes: &mut Vec<String>) -> CliRes
         w.sparsity = crate::model::compressed::declared_sparsity(dir).unwrap_or(w.sparsity);
         w.stored_bytes = crate::model::compressed::stored_width(dir).unwrap_or(w.stored_bytes);
     }
-    // A streamed prune evaluates each layer as it is pruned where the
-    // run's own choice would (the memory unknown here).
-    w.eval_inline = w.inline_by_default(arch);
-    // The model's own tokenizer, beside its config.json.
-    w.tokenizer = args
-        .model
-        .as_deref()
-        .map(Path::new)
-        .and_then(|p| if p.is_dir() { Some(p) } else { p.parent() })
-        .map(|dir| dir.join("tokenizer.json"))
-        .filter(|t| t.is_file())
-        .and_then(|t| crate::model::tokenizer_size::TokenizerSize::read(&t).ok());
-    Ok(w)
+    Ok(())
 }
 
 pub fn run(args: EstimateArgs) -> CliResult<i32> {

@@ -97,22 +97,30 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.text_bytes = num("expected_text_bytes", 0);
     w.tokenizer = get("tokenizer").and_then(|v| serde_json::from_value(v.clone()).ok());
     w.sparsity = get("sparsity").and_then(|v| v.as_f64()).unwrap_or(0.5);
-    w.num_batches = num("num_batches", 1);
-    w.include_embeddings = get("include_embeddings")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    w.grad_accum = num("grad_accum", 1);
-    w.optimizer = match get("optimizer").and_then(|v| v.as_str()) {
-        Some("sgd") if get("momentum").and_then(|v| v.as_f64()).unwrap_or(0.0) == 0.0 => {
-            Optimizer::Sgd
-        }
-        _ => Optimizer::AdamW,
+    method_options(&mut w, &plan.settings);
+    training_options(&mut w, &plan.settings);
+    kernels(&mut w, &plan.settings);
+    // Where the pruned layers would wait, as asked (`keep_pruned`; logs
+    // from before it name none: none ran inline on the CPU). A finished
+    // run's `pruned_layers_kept` replaces it (`compare`).
+    w.eval_inline = match get("keep_pruned").and_then(|v| v.as_str()) {
+        Some("inline") => w.can_evaluate_inline(),
+        Some("auto") => w.inline_by_default(&arch),
+        _ => false,
     };
-    w.checkpointing = get("checkpointing")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    w.trainable_params = get("trainable_params").and_then(|v| v.as_u64());
-    w.first_trainable_layer = num("first_trainable_layer", 0);
+    Ok((arch, w))
+}
+
+/// A run plan's settings, by name.
+type Settings = BTreeMap<String, serde_json::Value>;
+
+/// The pruning method's options a plan records (GradProbe's batches and
+/// embeddings, OWL, DSnoT, the N:M pattern, RIA's reallocation).
+fn method_options(w: &mut Workload, settings: &Settings) {
+    let get = |k: &str| settings.get(k);
+    let flag = |name: &str| get(name).and_then(|v| v.as_bool()).unwrap_or(false);
+    w.num_batches = get("num_batches").and_then(|v| v.as_u64()).unwrap_or(1);
+    w.include_embeddings = flag("include_embeddings");
     w.owl = get("owl_lambda").is_some();
     w.dsnot = get("dsnot_max_cycles").is_some();
     let pattern = get("sparsity_type").and_then(|v| v.as_str()).unwrap_or("");
@@ -124,14 +132,42 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
         .and_then(|v| v.as_str())
         .and_then(|v| v.parse().ok())
         .unwrap_or(crate::prune::dsnot::DsnotSkip::Mlp);
+    w.reallocation = w.nm && flag("reallocation");
+    w.lsa = w.reallocation && flag("lsa");
+    w.use_variant = !w.nm && flag("use_variant");
+}
+
+/// A training run's options (`prunemem train`).
+fn training_options(w: &mut Workload, settings: &Settings) {
+    let get = |k: &str| settings.get(k);
+    w.grad_accum = get("grad_accum").and_then(|v| v.as_u64()).unwrap_or(1);
+    w.optimizer = match get("optimizer").and_then(|v| v.as_str()) {
+        Some("sgd") if get("momentum").and_then(|v| v.as_f64()).unwrap_or(0.0) == 0.0 => {
+            Optimizer::Sgd
+        }
+        _ => Optimizer::AdamW,
+    };
+    w.checkpointing = get("checkpointing")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+    w.trainable_params = get("trainable_params").and_then(|v| v.as_u64());
+    w.first_trainable_layer = get("first_trainable_layer")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    w.offload_activations = get("offload_activations")
+        .and_then(|v| v.as_bool())
+        .unwrap_or(false);
+}
+
+/// Which of prunemem's kernels the run used, and where its work ran.
+fn kernels(w: &mut Workload, settings: &Settings) {
+    let get = |k: &str| settings.get(k);
+    let setting = |name: &str| get(name).and_then(|v| v.as_str());
     // Logs from before the flash kernel name none: Burn's attention ran.
-    w.fused_attention = get("attention")
-        .and_then(|v| v.as_str())
-        .is_some_and(|n| n != "fallback");
+    w.fused_attention = setting("attention").is_some_and(|n| n != "fallback");
     // Logs from before a kernel name none: Burn's ops ran. The SwiGLU's
     // kernel wrote a new tensor (`kernel`) before it wrote over the gate
     // (`in_place`).
-    let setting = |name: &str| get(name).and_then(|v| v.as_str());
     let kernel = |name: &str| matches!(setting(name), Some("kernel" | "in_place"));
     w.swiglu_kernel = kernel("swiglu");
     w.swiglu_in_place = setting("swiglu") == Some("in_place");
@@ -142,22 +178,6 @@ pub fn workload_of(plan: &RunPlan) -> Result<(Arch, Workload), EstimateError> {
     w.embedding_rows = setting("embedding") == Some("rows");
     w.factor_on_device = setting("factor") == Some("device");
     w.saliency_on_device = setting("dsnot_saliency") == Some("device");
-    let flag = |name: &str| get(name).and_then(|v| v.as_bool()).unwrap_or(false);
-    w.reallocation = w.nm && flag("reallocation");
-    w.lsa = w.reallocation && flag("lsa");
-    w.use_variant = !w.nm && flag("use_variant");
-    w.offload_activations = get("offload_activations")
-        .and_then(|v| v.as_bool())
-        .unwrap_or(false);
-    // Where the pruned layers would wait, as asked (`keep_pruned`; logs
-    // from before it name none: none ran inline on the CPU). A finished
-    // run's `pruned_layers_kept` replaces it (`compare`).
-    w.eval_inline = match setting("keep_pruned") {
-        Some("inline") => w.can_evaluate_inline(),
-        Some("auto") => w.inline_by_default(&arch),
-        _ => false,
-    };
-    Ok((arch, w))
 }
 
 /// One phase: predicted vs measured, in total and by category.

@@ -118,31 +118,7 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
     let mut config = job.config.clone();
     config.seqlen = seqlen;
     config.validate()?;
-    let mut plan = base_plan("train", job.argv.clone());
-    let stored = crate::model::dtype::stored_name(ckpt.stored_dtype());
-    plan.model = Some(ckpt.config.model_info(&job.model, &stored));
-    plan.method = Some("train".into());
-    let c = &config;
-    let s = &mut plan.settings;
-    s.insert("dtype".into(), json!(c.dtype.name()));
-    s.insert("batch_size".into(), json!(c.batch_size));
-    s.insert("grad_accum".into(), json!(c.grad_accum));
-    s.insert("seqlen".into(), json!(seqlen));
-    s.insert("optimizer".into(), json!(c.optimizer.kind.name()));
-    s.insert("lr".into(), json!(c.lr));
-    s.insert("weight_decay".into(), json!(c.optimizer.weight_decay));
-    s.insert("checkpointing".into(), json!(c.checkpointing));
-    s.insert("epochs".into(), json!(c.epochs));
-    if let Some(n) = c.steps {
-        s.insert("steps".into(), json!(n));
-    }
-    s.insert(
-        "train_text".into(),
-        json!(job.text.path.display().to_string()),
-    );
-    let (trainable, first) = trainable_of(&ckpt.config, &c.freeze)?;
-    s.insert("trainable_params".into(), json!(trainable));
-    s.insert("first_trainable_layer".into(), json!(first));
+    let mut plan = plan_of(job, &ckpt, &config)?;
     let text_path = Some(job.text.path.as_path());
     super::preflight(&mut plan, &tok, text_path, None, None, seqlen, job.force)?;
     let mut run = Run::start(plan, options)?;
@@ -173,24 +149,7 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
         Err(e) => return Err(run.fail(e)),
     };
     p.stage(stages::TRAIN_END);
-    let first = outcome.steps.first().map(|r| r.loss);
-    let last = outcome.steps.last().map(|r| r.loss);
-    run.result("steps", outcome.steps.len());
-    // The text tokenised (the selected lines), for `estimate --against`.
-    run.result("text_bytes", text_bytes);
-    run.result("first_loss", json!(first));
-    run.result("last_loss", json!(last));
-    run.result(
-        "losses",
-        json!(outcome.steps.iter().map(|r| r.loss).collect::<Vec<_>>()),
-    );
-    run.result(
-        "step_seconds",
-        json!(outcome.steps.iter().map(|r| r.seconds).collect::<Vec<_>>()),
-    );
-    run.result("params", outcome.params);
-    run.result("trainable_params", outcome.trainable_params);
-    run.result("steps_per_epoch", outcome.steps_per_epoch);
+    record(&mut run, &outcome, text_bytes);
     let gap = analysis::analyze(&outcome.stages);
     if let Some(g) = &gap {
         run.result("training_gap", json!(g));
@@ -207,4 +166,61 @@ pub fn run(job: &TrainJob, options: RunOptions) -> Result<Outcome, JobError> {
         sink_errors,
         logs,
     })
+}
+
+/// The run's plan: the model, and the training settings
+/// `estimate --against` rebuilds the workload from.
+fn plan_of(
+    job: &TrainJob,
+    ckpt: &Checkpoint,
+    c: &TrainConfig,
+) -> Result<crate::events::RunPlan, JobError> {
+    let mut plan = base_plan("train", job.argv.clone());
+    let stored = crate::model::dtype::stored_name(ckpt.stored_dtype());
+    plan.model = Some(ckpt.config.model_info(&job.model, &stored));
+    plan.method = Some("train".into());
+    let s = &mut plan.settings;
+    s.insert("dtype".into(), json!(c.dtype.name()));
+    s.insert("batch_size".into(), json!(c.batch_size));
+    s.insert("grad_accum".into(), json!(c.grad_accum));
+    s.insert("seqlen".into(), json!(c.seqlen));
+    s.insert("optimizer".into(), json!(c.optimizer.kind.name()));
+    s.insert("lr".into(), json!(c.lr));
+    s.insert("weight_decay".into(), json!(c.optimizer.weight_decay));
+    s.insert("checkpointing".into(), json!(c.checkpointing));
+    s.insert("epochs".into(), json!(c.epochs));
+    if let Some(n) = c.steps {
+        s.insert("steps".into(), json!(n));
+    }
+    s.insert(
+        "train_text".into(),
+        json!(job.text.path.display().to_string()),
+    );
+    let (trainable, first) = trainable_of(&ckpt.config, &c.freeze)?;
+    s.insert("trainable_params".into(), json!(trainable));
+    s.insert("first_trainable_layer".into(), json!(first));
+    Ok(plan)
+}
+
+/// The finished loop's results: its losses and step times, the model's
+/// sizes, and the text tokenised (the selected lines, for
+/// `estimate --against`).
+fn record(run: &mut Run, outcome: &Trained, text_bytes: u64) {
+    let first = outcome.steps.first().map(|r| r.loss);
+    let last = outcome.steps.last().map(|r| r.loss);
+    run.result("steps", outcome.steps.len());
+    run.result("text_bytes", text_bytes);
+    run.result("first_loss", json!(first));
+    run.result("last_loss", json!(last));
+    run.result(
+        "losses",
+        json!(outcome.steps.iter().map(|r| r.loss).collect::<Vec<_>>()),
+    );
+    run.result(
+        "step_seconds",
+        json!(outcome.steps.iter().map(|r| r.seconds).collect::<Vec<_>>()),
+    );
+    run.result("params", outcome.params);
+    run.result("trainable_params", outcome.trainable_params);
+    run.result("steps_per_epoch", outcome.steps_per_epoch);
 }

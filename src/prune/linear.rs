@@ -25,6 +25,9 @@ use crate::model::save::PrunedWriter;
 use crate::model::{Checkpoint, ComputeDtype};
 use crate::timing::{self, Work};
 
+mod group;
+use group::Group;
+
 /// Where a layer's linears come from and go.
 pub(super) struct LayerTarget<'a, B: Compute> {
     pub ckpt: &'a Checkpoint,
@@ -61,78 +64,23 @@ pub(super) fn prune_linears<B: Compute>(
             .first()
             .and_then(|n| layer.linear(n))
             .map_or(0, |l| l.weight.dims()[0]);
-        if B::is_device() && on_device::handles(config, inputs) {
-            let moments = match config.dsnot {
-                Some(_) => stats
-                    .as_mut()
-                    .and_then(|s| s.finish_moments(input, nsamples)),
-                None => None,
-            };
-            // The Hessian first: the norms take what is left of the input's sums.
-            let saliency = match config.method {
-                LayerMethod::SparseGpt => {
-                    let first = format!("model.layers.{}.{}.weight", t.index, input.linears()[0]);
-                    let _stats = tag::tag(Category::Statistics);
-                    let _factor = timing::work(Work::Sweep);
-                    Some(saliency(stats.as_mut(), input, nsamples, config, &first)?)
-                }
-                _ => None,
-            };
-            let norms = stats.as_mut().and_then(|s| s.finish_norms(input, nsamples));
-            let stat = DeviceStat {
-                norms: norms.as_ref(),
-                moments: moments.as_ref(),
-                saliency: saliency.as_ref(),
-            };
-            for name in input.linears() {
-                let full = format!("model.layers.{}.{name}.weight", t.index);
-                let w = writer.as_deref_mut();
-                let report = prune_on_device(layer, name, &full, &stat, config, w, t.ckpt)?;
-                linears.push(report);
-                // Each linear's selection has its own shapes: what it freed
-                // goes back before the next one allocates (`exec::cube`).
-                crate::exec::release_free::<B>(t.device);
-            }
-            continue;
-        }
-        if B::is_device() && config.method == LayerMethod::SparseGpt && config.dsnot.is_none() {
-            // One factorisation per input: q/k/v and gate/up share theirs.
-            let first = format!("model.layers.{}.{}.weight", t.index, input.linears()[0]);
-            let hinv = {
-                let _stats = tag::tag(Category::Statistics);
-                let _sweep = timing::work(Work::Sweep);
-                factored(stats.as_mut(), input, nsamples, config)
-                    .ok_or_else(|| {
-                        PruneError::Invalid(format!("{first}: no statistics were collected"))
-                    })?
-                    .map_err(|e| not_positive_definite(&first, e))?
-            };
-            for name in input.linears() {
-                let full = format!("model.layers.{}.{name}.weight", t.index);
-                let w = writer.as_deref_mut();
-                linears.push(sparsegpt_on_device(
-                    layer, name, &full, &hinv, config, w, t.ckpt,
-                )?);
-                crate::exec::release_free::<B>(t.device);
-            }
-            continue;
-        }
-        let stat = stats.as_mut().and_then(|s| s.finish(input, nsamples));
-        for name in input.linears() {
-            let full = format!("model.layers.{}.{name}.weight", t.index);
-            let w = writer.as_deref_mut();
-            let report = prune_linear(
-                layer,
-                name,
-                &full,
-                stat.as_ref(),
-                config,
-                t.device,
-                w,
-                t.ckpt,
-            )?;
-            linears.push(report);
-        }
+        let group = Group {
+            input,
+            config,
+            nsamples,
+        };
+        let w = writer.as_deref_mut();
+        let reports = if B::is_device() && on_device::handles(config, inputs) {
+            group.on_device(layer, t, stats.as_mut(), w)?
+        } else if B::is_device()
+            && config.method == LayerMethod::SparseGpt
+            && config.dsnot.is_none()
+        {
+            group.sparsegpt_on_device(layer, t, stats.as_mut(), w)?
+        } else {
+            group.on_host(layer, t, stats.as_mut(), w)?
+        };
+        linears.extend(reports);
     }
     Ok(linears)
 }

@@ -28,12 +28,21 @@ fn plain(b: i64) -> String {
 /// The section's markdown.
 pub fn gap_text(g: &Gap) -> String {
     let mut o = String::new();
-    let s = &g.single_step;
     let mem = g.memory();
     let _ = writeln!(
         o,
         "\n## Training memory: one step vs the epoch peak ({mem})\n"
     );
+    one_step(&mut o, g, mem);
+    epoch_peaks(&mut o, g, mem);
+    the_gap(&mut o, g, mem);
+    accumulation_and_reserve(&mut o, g);
+    o
+}
+
+/// Approach 1: one step's components, each a measured change.
+fn one_step(o: &mut String, g: &Gap, mem: &str) {
+    let s = &g.single_step;
     let _ = writeln!(
         o,
         "**Approach 1 — one step** (a fresh optimizer, one micro-batch's forward and backward): {mem} peak **{}** (in the window ending at `{}`).\n",
@@ -71,6 +80,10 @@ pub fn gap_text(g: &Gap) -> String {
     for (k, v) in rows {
         let _ = writeln!(o, "| {k} | {v} |");
     }
+}
+
+/// Approach 2: each epoch's peak, where it was, and RSS in its window.
+fn epoch_peaks(o: &mut String, g: &Gap, mem: &str) {
     let _ = writeln!(
         o,
         "\n**Approach 2 — the epoch peak** (`reset_peak_memory_stats()` at the epoch's start, `max_memory_allocated()` at its end):\n"
@@ -88,6 +101,10 @@ pub fn gap_text(g: &Gap) -> String {
             p.stage
         );
     }
+}
+
+/// The gap between the two, factor by factor.
+fn the_gap(o: &mut String, g: &Gap, mem: &str) {
     let _ = writeln!(
         o,
         "\n**The gap: {}**, split by what the {mem} held at each peak:\n",
@@ -102,6 +119,11 @@ pub fn gap_text(g: &Gap) -> String {
         "| unexplained (small allocations, runtime, untagged) | {} | no named mechanism |",
         signed(g.unexplained)
     );
+}
+
+/// Whether accumulation grew the gradients, and what RSS held beyond the
+/// heap.
+fn accumulation_and_reserve(o: &mut String, g: &Gap) {
     match g.accumulation_growth {
         Some(b) => {
             let _ = writeln!(
@@ -134,7 +156,6 @@ pub fn gap_text(g: &Gap) -> String {
         }
         None => {}
     }
-    o
 }
 
 /// One cell of the comparison: a figure of one run's analysis.
