@@ -65,20 +65,21 @@ pub(super) fn prune_linears<B: Compute>(
             .and_then(|n| layer.linear(n))
             .map_or(0, |l| l.weight.dims()[0]);
         let group = Group {
+            target: t,
             input,
             config,
             nsamples,
         };
         let w = writer.as_deref_mut();
         let reports = if B::is_device() && on_device::handles(config, inputs) {
-            group.on_device(layer, t, stats.as_mut(), w)?
+            group.on_device(layer, stats.as_mut(), w)?
         } else if B::is_device()
             && config.method == LayerMethod::SparseGpt
             && config.dsnot.is_none()
         {
-            group.sparsegpt_on_device(layer, t, stats.as_mut(), w)?
+            group.sparsegpt_on_device(layer, stats.as_mut(), w)?
         } else {
-            group.on_host(layer, t, stats.as_mut(), w)?
+            group.on_host(layer, stats.as_mut(), w)?
         };
         linears.extend(reports);
     }

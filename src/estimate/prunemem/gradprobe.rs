@@ -61,9 +61,8 @@ pub(super) fn gradprobe_phases(a: &Arch, w: &Workload, notes: &mut Vec<String>) 
 /// 2026-12-07): −5.8% without them.
 fn final_eval_phase(a: &Arch, w: &Workload, sh: &Shape, before: &[Phase]) -> Phase {
     let stages = [stages::GP_BEFORE_EVAL, stages::GP_AFTER_EVAL];
-    let p = eval_phase(a, w, sh, "eval", &stages, w.resident, 0);
     if !evaluates_inline(w) {
-        return p;
+        return eval_phase(a, w, sh, "eval", &stages, w.resident, 0);
     }
     let high = before.iter().map(super::heap).max().unwrap_or(0);
     let eval = crate::prune::gradprobe::iterate::EVAL;

@@ -17,26 +17,26 @@ use crate::timing::{self, Work};
 
 /// The linears that share an input (q/k/v, gate/up, o, down), pruned
 /// under one configuration from that input's statistics.
-pub(super) struct Group<'c> {
+pub(super) struct Group<'c, 't, B: Compute> {
+    pub target: &'c LayerTarget<'t, B>,
     pub input: LinearInput,
     pub config: &'c PruneConfig,
     pub nsamples: usize,
 }
 
-impl Group<'_> {
+impl<B: Compute> Group<'_, '_, B> {
     /// The weight's name in the checkpoint.
-    fn full(&self, t_index: usize, name: &str) -> String {
-        format!("model.layers.{t_index}.{name}.weight")
+    fn full(&self, name: &str) -> String {
+        format!("model.layers.{}.{name}.weight", self.target.index)
     }
 
     /// Metric, selection and mask where the weights are
     /// (`on_device::handles`): DSnoT's moments, SparseGPT's saliency (the
     /// Hessian first: the norms take what is left of the input's sums),
     /// then the norms.
-    pub(super) fn on_device<B: Compute>(
+    pub(super) fn on_device(
         &self,
         layer: &mut DecoderLayer<B>,
-        t: &LayerTarget<'_, B>,
         mut stats: Option<&mut LayerStats<B>>,
         writer: Option<&mut PrunedWriter>,
     ) -> Result<Vec<LinearReport>, PruneError> {
@@ -49,7 +49,7 @@ impl Group<'_> {
         };
         let saliency = match config.method {
             LayerMethod::SparseGpt => {
-                let first = self.full(t.index, input.linears()[0]);
+                let first = self.full(input.linears()[0]);
                 let _stats = tag::tag(Category::Statistics);
                 let _factor = timing::work(Work::Sweep);
                 Some(saliency(
@@ -68,21 +68,20 @@ impl Group<'_> {
             moments: moments.as_ref(),
             saliency: saliency.as_ref(),
         };
-        self.each_linear(t, writer, Release::EachLinear, |name, full, w| {
-            prune_on_device(layer, name, full, &stat, config, w, t.ckpt)
+        self.each_linear(writer, Release::EachLinear, |name, full, w| {
+            prune_on_device(layer, name, full, &stat, config, w, self.target.ckpt)
         })
     }
 
     /// SparseGPT's sweep on the device, one factorisation per input (q/k/v
     /// and gate/up share theirs).
-    pub(super) fn sparsegpt_on_device<B: Compute>(
+    pub(super) fn sparsegpt_on_device(
         &self,
         layer: &mut DecoderLayer<B>,
-        t: &LayerTarget<'_, B>,
         stats: Option<&mut LayerStats<B>>,
         writer: Option<&mut PrunedWriter>,
     ) -> Result<Vec<LinearReport>, PruneError> {
-        let first = self.full(t.index, self.input.linears()[0]);
+        let first = self.full(self.input.linears()[0]);
         let hinv = {
             let _stats = tag::tag(Category::Statistics);
             let _sweep = timing::work(Work::Sweep);
@@ -92,41 +91,48 @@ impl Group<'_> {
                 })?
                 .map_err(|e| not_positive_definite(&first, e))?
         };
-        self.each_linear(t, writer, Release::EachLinear, |name, full, w| {
-            sparsegpt_on_device(layer, name, full, &hinv, self.config, w, t.ckpt)
+        self.each_linear(writer, Release::EachLinear, |name, full, w| {
+            sparsegpt_on_device(layer, name, full, &hinv, self.config, w, self.target.ckpt)
         })
     }
 
     /// Each linear on the host: the input's statistic finished once.
-    pub(super) fn on_host<B: Compute>(
+    pub(super) fn on_host(
         &self,
         layer: &mut DecoderLayer<B>,
-        t: &LayerTarget<'_, B>,
         stats: Option<&mut LayerStats<B>>,
         writer: Option<&mut PrunedWriter>,
     ) -> Result<Vec<LinearReport>, PruneError> {
         let stat = stats.and_then(|s| s.finish(self.input, self.nsamples));
-        self.each_linear(t, writer, Release::None, |name, full, w| {
+        self.each_linear(writer, Release::None, |name, full, w| {
             let stat = stat.as_ref();
-            prune_linear(layer, name, full, stat, self.config, t.device, w, t.ckpt)
+            prune_linear(
+                layer,
+                name,
+                full,
+                stat,
+                self.config,
+                self.target.device,
+                w,
+                self.target.ckpt,
+            )
         })
     }
 
     /// Each of the group's linears through `prune`, with its checkpoint name
     /// and the writer.
-    fn each_linear<B: Compute>(
+    fn each_linear(
         &self,
-        t: &LayerTarget<'_, B>,
         mut writer: Option<&mut PrunedWriter>,
         release: Release,
         mut prune: impl FnMut(&str, &str, Option<&mut PrunedWriter>) -> Result<LinearReport, PruneError>,
     ) -> Result<Vec<LinearReport>, PruneError> {
         let mut reports = Vec::with_capacity(self.input.linears().len());
         for name in self.input.linears() {
-            let full = self.full(t.index, name);
+            let full = self.full(name);
             reports.push(prune(name, &full, writer.as_deref_mut())?);
             if release == Release::EachLinear {
-                crate::exec::release_free::<B>(t.device);
+                crate::exec::release_free::<B>(self.target.device);
             }
         }
         Ok(reports)
